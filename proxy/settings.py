@@ -1,0 +1,75 @@
+"""The one settings object. The only module that reads the environment.
+
+Every field is settable by an environment variable ``CONTEXT_PROXY_<FIELD>`` (upper case) and,
+for ``serve``, by the matching command-line option. Build it once at start and inject it.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Runtime configuration of the proxy. Units are in the field names (``_s``, ``_tokens``, ...)."""
+
+    model_config = SettingsConfigDict(env_prefix="CONTEXT_PROXY_", extra="ignore")
+
+    # --- serving ---
+    host: str = Field("127.0.0.1", description="Address to bind.")
+    port: int = Field(8000, description="Port to bind.")
+    upstream_url: str = Field("https://api.openai.com/v1", description="Base URL of the real provider (ends in /v1).")
+    database_url: str = Field(
+        "sqlite:///./context-proxy.db",
+        description="sqlite:///PATH or postgresql://USER:PASS@HOST/DB; the async driver is picked for you.",
+    )
+    log_level: str = Field("info", description="Log level of the proxy's JSON log lines.")
+    log_message_content: bool = Field(False, description="Include message content in log lines (off: never logged).")
+
+    # --- upstream client ---
+    upstream_pool_size: int = Field(256, description="Maximum open connections to the upstream.")
+    upstream_connect_timeout_s: float = Field(10.0, description="Seconds to open a connection to the upstream.")
+    upstream_read_timeout_s: float = Field(
+        600.0, description="Seconds to wait for the upstream between bytes (a stalled stream fails after this)."
+    )
+    max_body_bytes: int = Field(64 * 1024 * 1024, description="Largest request body accepted (413 above).")
+
+    # --- credentials ---
+    upstream_api_key: str | None = Field(
+        None, description="If set, the proxy sends this key upstream and accepts only client_api_keys."
+    )
+    client_api_keys: str = Field("", description="Comma-separated client keys accepted when upstream_api_key is set.")
+    admin_api_keys: str = Field("", description="Comma-separated keys that may read every tenant's sessions.")
+    tenant_salt: str = Field(
+        "context-proxy", description="Salt for the hash that identifies a tenant by its API key."
+    )
+
+    # --- model profiles and tokens ---
+    models_file: str | None = Field(None, description="YAML/JSON file of model profiles overriding the built-in table.")
+    tiktoken_cache_dir: str | None = Field(
+        None, description="Directory of tiktoken's encoding files (sets TIKTOKEN_CACHE_DIR); never downloaded while serving."
+    )
+
+    # --- defenses (DESIGN.md section 2; defaults are its numbers) ---
+    compaction_enabled: bool = Field(True, description="Apply the defenses; off forwards every request as sent.")
+    trigger_fraction: float = Field(0.85, description="Summarize when the prompt passes this share of the window.")
+    keep_fraction: float = Field(0.10, description="Share of the window kept verbatim after a summary.")
+    fallback_trigger_tokens: int = Field(170_000, description="Trigger for models without a profile.")
+    fallback_keep_messages: int = Field(6, description="Messages kept for models without a profile.")
+    truncate_args_max_chars: int = Field(2000, description="Old tool-call string arguments longer than this are truncated.")
+    truncate_args_keep_chars: int = Field(20, description="Characters of a truncated argument kept.")
+    truncate_args_tools: str = Field("write_file,edit_file", description="Comma-separated tools whose old arguments are truncated.")
+    offload_tool_tokens: int = Field(20_000, description="Tool results over this many tokens are offloaded.")
+    offload_user_tokens: int = Field(50_000, description="User messages over this many tokens are offloaded.")
+    offload_window_fraction: float = Field(
+        0.25, description="Also offload any single tool result over this share of the model's window."
+    )
+    preview_lines: int = Field(5, description="Lines kept at the head and at the tail of an offload preview.")
+    preview_line_chars: int = Field(1000, description="Each preview line is cut at this many characters.")
+    summary_model: str | None = Field(None, description="Model for summary calls (default: the request's model).")
+    summary_max_tokens: int = Field(2048, description="Token budget of a summary reply.")
+    max_overflow_retries: int = Field(2, description="Retries after a context-overflow error.")
+    patch_dangling_tool_calls: str = Field(
+        "compacted",
+        description="Synthetic answers for unanswered tool calls: 'compacted' (only in requests the proxy changed), 'always', 'never'.",
+    )

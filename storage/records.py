@@ -1,0 +1,121 @@
+"""Frozen records returned by storage. No dependencies: the proxy and storage both import these.
+
+Times are timezone-aware UTC ``datetime``s. Message JSON is the message as first seen (a dict in
+OpenAI's chat shape); ``chain_hash`` is the hex SHA-256 chain hash of ``proxy.chat.chain_hash``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    """One session: a tenant's conversation, named by ``session_id`` (unique per tenant).
+
+    ``pk`` is the internal integer key used by every other table.
+    """
+
+    pk: int
+    session_id: str
+    tenant: str
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """A message to append to the log: ``seq`` is its 0-based position in its branch."""
+
+    chain_hash: str
+    parent_hash: str | None
+    seq: int
+    role: str
+    message: dict[str, Any]
+    internal: bool = False
+    """True for rounds the proxy ran itself (its own read tool), never sent by the client."""
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecord:
+    """A stored message of the log (a node of the session's message tree)."""
+
+    id: int
+    session_pk: int
+    chain_hash: str
+    parent_hash: str | None
+    seq: int
+    role: str
+    message: dict[str, Any]
+    internal: bool
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    """A compaction event, anchored on the chain hash of its cutoff message.
+
+    ``kind`` is one of ``summary``, ``truncate_args``, ``offload``, ``clip``, ``media``.
+    ``payload`` holds the kind's data (e.g. ``{"summary": str, "first_hash": str, ...}``).
+    Unique per ``(session_pk, kind, anchor_hash)``: storing the same event twice returns the first.
+    """
+
+    id: str
+    session_pk: int
+    kind: str
+    anchor_hash: str
+    payload: dict[str, Any]
+    tokens_before: int
+    tokens_after: int
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactRecord:
+    """Offloaded content. ``id`` is content-addressed (see ``proxy.defenses.offload``)."""
+
+    id: str
+    tenant: str
+    session_pk: int | None
+    media_type: str
+    content: str
+    size_bytes: int
+    line_count: int
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """A small record per chat request: what happened, not the body."""
+
+    id: str
+    session_pk: int
+    model: str | None
+    status: int
+    latency_ms: float
+    stream: bool
+    usage: dict[str, Any] | None
+    added_messages: int
+    first_added_seq: int | None
+    tokens_client: int | None
+    tokens_forwarded: int | None
+    defenses: list[str] = field(default_factory=list)
+    event_ids: list[str] = field(default_factory=list)
+    error: str | None = None
+    created_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSummary:
+    """Read-side view of a session: counts, tokens, timestamps, branches."""
+
+    session: SessionRecord
+    message_count: int
+    request_count: int
+    event_count: int
+    branch_count: int
+    tokens_client_total: int
+    tokens_forwarded_total: int
+    last_model: str | None
