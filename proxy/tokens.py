@@ -1,70 +1,508 @@
-"""Token counting with tiktoken, memoized per message.
+"""Token counting with tiktoken, memoized per message; never downloads an encoding while serving.
 
-Counts follow OpenAI's documented accounting for chat messages (a few tokens of framing per
-message plus the encoded text). INTERFACE STUB: being completed (images, fallback, tool schemas).
+Counts follow OpenAI's documented accounting for chat messages (OpenAI cookbook, "How to count
+tokens with tiktoken"): 3 framing tokens per message, +1 when a ``name`` is set, the encoded text
+of every field, and 3 tokens priming the reply. What the cookbook does not cover is estimated
+here, each rule documented where it is defined (images and other media, tool calls, tool
+schemas, Anthropic-style content blocks).
+
+Encodings: ``o200k_base`` (GPT-4o, GPT-4.1, GPT-5, o-series; also our estimate for every non-OpenAI
+model) and ``cl100k_base`` (GPT-4, GPT-3.5). ``load_counter`` loads an encoding only from tiktoken's
+cache directory (file name = SHA-1 of the download URL, content checked against tiktoken's pinned
+SHA-256). When the file is missing or wrong it returns a counter in *fallback mode*
+(``exact=False``) that estimates ``ceil(utf8_bytes / 4)`` tokens per text: for ASCII that is
+DESIGN.md's "about 4 chars per token"; for non-ASCII text (2-4 bytes per char) it counts more per
+char, closer to what BPE encoders do with such text.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
+import io
+import logging
+import math
+import os
+import re
+import tempfile
 from collections import OrderedDict
 from typing import Any
 
+import imagesize
 import orjson
+
+log = logging.getLogger("context_proxy.tokens")
 
 TOKENS_PER_MESSAGE = 3
 """Framing tokens per message (OpenAI cookbook, 'How to count tokens with tiktoken')."""
+TOKENS_PER_NAME = 1
+"""Extra token when a message has a ``name`` (same source)."""
 TOKENS_PER_REPLY = 3
 """Every reply is primed with ``<|start|>assistant<|message|>``."""
+TOKENS_PER_TOOL_CALL = 3
+"""Framing per ``tool_calls`` entry besides its name and arguments (our estimate)."""
+TOKENS_PER_TOOL = 8
+"""Framing per tool schema besides its JSON (our estimate; OpenAI renders tools as a TypeScript-like
+namespace, which the compact JSON of name/description/parameters over-approximates slightly)."""
+TOKENS_PER_TOOLS_BLOCK = 12
+"""Framing once per request that carries tools (our estimate)."""
+FALLBACK_BYTES_PER_TOKEN = 4
+"""Fallback estimate: one token per 4 UTF-8 bytes (DESIGN.md: about 4 chars per token)."""
+
+_BLOB_BASE = "https://openaipublic.blob.core.windows.net/encodings/"
+ENCODING_FILES: dict[str, tuple[str, str]] = {
+    "o200k_base": (
+        _BLOB_BASE + "o200k_base.tiktoken",
+        "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+    ),
+    "cl100k_base": (
+        _BLOB_BASE + "cl100k_base.tiktoken",
+        "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+    ),
+}
+"""Download URL and pinned SHA-256 of each supported encoding (as in ``tiktoken_ext.openai_public``)."""
+
+_CL100K_MODELS = re.compile(r"^(gpt-4(?![o.\d])|gpt-3\.5|gpt-35|text-embedding-(ada|3))")
+
+
+def cache_file_for(encoding_name: str, cache_dir: str) -> str:
+    """Path tiktoken reads ``encoding_name`` from: ``cache_dir/sha1(download URL)``.
+
+    Raises ``KeyError`` for an encoding not in ``ENCODING_FILES``.
+    """
+    url, _ = ENCODING_FILES[encoding_name]
+    return os.path.join(cache_dir, hashlib.sha1(url.encode()).hexdigest())
+
+
+def _default_cache_dir() -> str:
+    # The same lookup tiktoken's own loader does (tiktoken/load.py, read_file_cached).
+    return (
+        os.environ.get("TIKTOKEN_CACHE_DIR")
+        or os.environ.get("DATA_GYM_CACHE_DIR")
+        or os.path.join(tempfile.gettempdir(), "data-gym-cache")
+    )
+
+
+def _load_cached_encoding(encoding_name: str, cache_dir: str) -> tuple[Any, str | None]:
+    """Return ``(encoding, None)`` or ``(None, reason)``; never touches the network.
+
+    tiktoken downloads when its cache file is missing *or* fails the SHA-256 check, so both are
+    checked here before ``tiktoken.get_encoding`` is called.
+    """
+    if encoding_name not in ENCODING_FILES:
+        return None, f"unknown encoding {encoding_name!r}"
+    path = cache_file_for(encoding_name, cache_dir)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        return None, f"cannot read {path}: {exc.strerror or exc}"
+    if hashlib.sha256(data).hexdigest() != ENCODING_FILES[encoding_name][1]:
+        return None, f"{path} does not match the SHA-256 tiktoken pins for {encoding_name}"
+    previous = os.environ.get("TIKTOKEN_CACHE_DIR")
+    os.environ["TIKTOKEN_CACHE_DIR"] = cache_dir
+    try:
+        import tiktoken
+
+        return tiktoken.get_encoding(encoding_name), None
+    except Exception as exc:  # noqa: BLE001 - any loader failure means: use the estimate
+        return None, f"tiktoken failed to load {encoding_name}: {exc}"
+    finally:
+        if previous is None:
+            os.environ.pop("TIKTOKEN_CACHE_DIR", None)
+        else:
+            os.environ["TIKTOKEN_CACHE_DIR"] = previous
+
+
+# --- images and other media -------------------------------------------------------------------
+
+IMAGE_LOW_DETAIL_TOKENS = 85
+"""OpenAI vision pricing: an image at ``detail: low`` costs 85 tokens whatever its size."""
+IMAGE_TILE_TOKENS = 170
+"""OpenAI vision pricing (GPT-4o/4.1 tile models): 170 tokens per 512 px tile at high detail ..."""
+IMAGE_BASE_TOKENS = 85
+"""... plus 85 base tokens."""
+IMAGE_UNKNOWN_SIZE_TOKENS = 765
+"""Remote image URLs (dimensions unknown without fetching): priced as a 1024x1024 image at high
+detail (4 tiles: 4 * 170 + 85 = 765), OpenAI's own worked example."""
+ANTHROPIC_IMAGE_MAX_TOKENS = 1600
+"""Anthropic: tokens = width * height / 750; larger images are scaled down to about 1.15
+megapixels (long edge at most 1568 px), so one image costs at most about 1,600 tokens."""
+AUDIO_TOKENS_PER_SECOND = 10
+"""Estimate (approximate): audio input costs about 10 tokens per second on GPT-4o audio models."""
+AUDIO_BYTES_PER_SECOND = {"wav": 32_000, "pcm16": 48_000}
+"""Assumed byte rates to turn an audio size into seconds (16 kHz 16-bit mono WAV; 24 kHz PCM16);
+any other format is assumed to be 128 kbit/s (16,000 bytes/s). Low rates over-estimate, which is
+the safe side."""
+FILE_BYTES_PER_TOKEN = 8
+"""Estimate for inline files (PDFs...): one token per 8 decoded bytes, at least 85. Rough: PDFs mix
+compressed text streams and images."""
+FILE_UNKNOWN_TOKENS = 1000
+"""Estimate for a file given only by ``file_id`` or URL (content not seen by the proxy)."""
+
+
+def openai_image_tokens(width: int, height: int, detail: str | None = "auto") -> int:
+    """Tokens OpenAI charges for a ``width`` x ``height`` px image (GPT-4o/4.1 vision docs).
+
+    ``detail: low`` -> 85. ``high``/``auto``/unset -> scale to fit in 2048x2048, then scale so the
+    shortest side is 768 px (only ever down), then 170 per 512 px tile + 85. (``auto`` is counted
+    as ``high``: the upper bound.)
+    """
+    if detail == "low":
+        return IMAGE_LOW_DETAIL_TOKENS
+    w, h = float(max(width, 1)), float(max(height, 1))
+    if max(w, h) > 2048:
+        scale = 2048 / max(w, h)
+        w, h = w * scale, h * scale
+    if min(w, h) > 768:
+        scale = 768 / min(w, h)
+        w, h = w * scale, h * scale
+    tiles = math.ceil(w / 512) * math.ceil(h / 512)
+    return IMAGE_TILE_TOKENS * tiles + IMAGE_BASE_TOKENS
+
+
+def anthropic_image_tokens(width: int, height: int) -> int:
+    """Tokens Anthropic charges for an image (its vision docs): ``width * height / 750`` after
+    scaling the long edge down to 1568 px, capped at ``ANTHROPIC_IMAGE_MAX_TOKENS``."""
+    w, h = float(max(width, 1)), float(max(height, 1))
+    if max(w, h) > 1568:
+        scale = 1568 / max(w, h)
+        w, h = w * scale, h * scale
+    return min(ANTHROPIC_IMAGE_MAX_TOKENS, math.ceil(w * h / 750))
+
+
+def base64_image_size(payload: str) -> tuple[int, int] | None:
+    """``(width, height)`` of a base64-encoded image, or ``None`` if unreadable.
+
+    Decodes only a prefix (4 KiB, then 64 KiB, then all): PNG/GIF/WebP headers sit in the first
+    bytes; a JPEG's frame header can follow large EXIF blocks.
+    """
+    for limit in (4096, 65536, None):
+        chunk = payload if limit is None else payload[:limit]
+        chunk = "".join(chunk.split())
+        chunk = chunk[: len(chunk) // 4 * 4]
+        try:
+            data = base64.b64decode(chunk)
+        except (ValueError, binascii.Error):
+            return None
+        width, height = imagesize.get(io.BytesIO(data))
+        if width > 0 and height > 0:
+            return width, height
+        if limit is None or len(payload) <= limit:
+            return None
+    return None
+
+
+def data_url_payload(url: str) -> str | None:
+    """The base64 payload of a ``data:...;base64,`` URL, else ``None``."""
+    if not url.startswith("data:"):
+        return None
+    comma = url.find(",", 0, 256)
+    if comma < 0 or ";base64" not in url[:comma]:
+        return None
+    return url[comma + 1 :]
+
+
+def _base64_decoded_bytes(payload: str) -> int:
+    """Size of the decoded data, without decoding it."""
+    payload = payload.rstrip()
+    return max(0, len(payload) * 3 // 4 - (len(payload) - len(payload.rstrip("="))))
+
+
+def estimate_text_tokens(text: str) -> int:
+    """Fallback estimate of the tokens of ``text``: ``ceil(utf8_bytes / 4)``."""
+    if text.isascii():
+        return -(-len(text) // FALLBACK_BYTES_PER_TOKEN)
+    return -(-len(text.encode("utf-8", "surrogatepass")) // FALLBACK_BYTES_PER_TOKEN)
 
 
 class TokenCounter:
-    """Counts tokens of messages, tool schemas and requests.
+    """Counts tokens of messages, tool schemas and requests with one encoding.
 
-    ``count_message(message, key)`` is memoized by ``key`` (the message digest from
-    ``proxy.chat.message_digest``), so a request costs only the messages it adds.
+    ``exact`` is ``False`` in fallback mode (encoding not loadable; ``fallback_reason`` says why):
+    texts are then estimated with ``estimate_text_tokens``. ``count_message(message, key)`` is
+    memoized in a bounded LRU (``memo_size`` entries) by ``key`` (e.g. ``proxy.chat.message_digest``)
+    or, without a key, by a BLAKE2 hash of the message's JSON, so a request costs only the
+    messages it adds (``memo_hits`` / ``memo_misses`` count lookups).
     """
 
-    def __init__(self, encoding_name: str = "o200k_base", memo_size: int = 200_000) -> None:
-        import tiktoken
-
-        self._enc = tiktoken.get_encoding(encoding_name)
-        self.exact = True
+    def __init__(
+        self,
+        encoding_name: str = "o200k_base",
+        memo_size: int = 200_000,
+        *,
+        cache_dir: str | None = None,
+        encoding: Any = None,
+    ) -> None:
+        self.encoding_name = encoding_name
+        self.fallback_reason: str | None = None
+        if encoding is None:
+            encoding, self.fallback_reason = _load_cached_encoding(
+                encoding_name, cache_dir or _default_cache_dir()
+            )
+        self._enc = encoding
+        self.exact = encoding is not None
+        if not self.exact:
+            log.warning(
+                "tiktoken encoding %s unavailable (%s); token counts are estimated as ceil(utf8 bytes / 4)",
+                encoding_name,
+                self.fallback_reason,
+            )
         self._memo: OrderedDict[str, int] = OrderedDict()
         self._memo_size = memo_size
+        self.memo_hits = 0
+        self.memo_misses = 0
 
     def count_text(self, text: str) -> int:
-        """Tokens of ``text`` (no framing)."""
-        return len(self._enc.encode(text, disallowed_special=()))
+        """Tokens of ``text`` (no framing). Special-token strings count as plain text."""
+        if not text:
+            return 0
+        if self._enc is None:
+            return estimate_text_tokens(text)
+        return len(self._enc.encode_ordinary(text))
+
+    def _count_json(self, value: Any) -> int:
+        return self.count_text(orjson.dumps(value).decode())
+
+    def count_content(self, content: Any) -> int:
+        """Tokens of a message's ``content``: a string, or a list of parts (see ``_part_tokens``)."""
+        if content is None:
+            return 0
+        if isinstance(content, str):
+            return self.count_text(content)
+        if isinstance(content, list):
+            return sum(self._part_tokens(part) for part in content)
+        return self._count_json(content)
+
+    def _image_url_tokens(self, image_url: Any) -> int:
+        url, detail = (image_url, "auto") if isinstance(image_url, str) else ("", "auto")
+        if isinstance(image_url, dict):
+            url, detail = str(image_url.get("url") or ""), image_url.get("detail") or "auto"
+        if detail == "low":
+            return IMAGE_LOW_DETAIL_TOKENS
+        payload = data_url_payload(url)
+        size = base64_image_size(payload) if payload else None
+        return openai_image_tokens(*size, detail) if size else IMAGE_UNKNOWN_SIZE_TOKENS
+
+    def _part_tokens(self, part: Any) -> int:
+        """Tokens of one content part. Text parts: their text. ``image_url``: ``openai_image_tokens``
+        from the real dimensions (never the base64 length). ``input_audio`` / ``file``: the
+        estimates above. Anthropic blocks: ``tool_use`` = name + JSON input + ``TOKENS_PER_TOOL_CALL``;
+        ``tool_result`` = its content + ``TOKENS_PER_TOOL_CALL``; ``image`` = ``anthropic_image_tokens``;
+        ``thinking`` = its text. Anything else: its compact JSON.
+        """
+        if isinstance(part, str):
+            return self.count_text(part)
+        if not isinstance(part, dict):
+            return self._count_json(part)
+        kind = part.get("type")
+        if isinstance(part.get("text"), str) and kind in (None, "text", "input_text", "output_text"):
+            return self.count_text(part["text"])
+        if kind == "image_url" or "image_url" in part:
+            return self._image_url_tokens(part.get("image_url"))
+        if kind == "input_audio":
+            audio = part.get("input_audio") or {}
+            data = audio.get("data") if isinstance(audio, dict) else None
+            if not isinstance(data, str):
+                return self._count_json(part)
+            rate = AUDIO_BYTES_PER_SECOND.get(str(audio.get("format")), 16_000)
+            return max(1, math.ceil(_base64_decoded_bytes(data) / rate * AUDIO_TOKENS_PER_SECOND))
+        if kind == "file":
+            file = part.get("file") or {}
+            payload = data_url_payload(str(file.get("file_data") or "")) if isinstance(file, dict) else None
+            if payload is None:
+                return FILE_UNKNOWN_TOKENS
+            return max(IMAGE_BASE_TOKENS, _base64_decoded_bytes(payload) // FILE_BYTES_PER_TOKEN)
+        if kind == "refusal" and isinstance(part.get("refusal"), str):
+            return self.count_text(part["refusal"])
+        if kind == "tool_use":
+            return TOKENS_PER_TOOL_CALL + self.count_text(str(part.get("name") or "")) + self._count_json(
+                part.get("input") or {}
+            )
+        if kind == "tool_result":
+            return TOKENS_PER_TOOL_CALL + self.count_content(part.get("content"))
+        if kind in ("image", "document"):
+            return self._source_tokens(kind, part.get("source"))
+        if kind == "thinking" and isinstance(part.get("thinking"), str):
+            return self.count_text(part["thinking"])
+        return self._count_json(part)
+
+    def _source_tokens(self, kind: str, source: Any) -> int:
+        if not isinstance(source, dict):
+            return ANTHROPIC_IMAGE_MAX_TOKENS if kind == "image" else FILE_UNKNOWN_TOKENS
+        data = source.get("data")
+        if source.get("type") == "text" and isinstance(data, str):
+            return self.count_text(data)
+        if source.get("type") != "base64" or not isinstance(data, str):
+            return ANTHROPIC_IMAGE_MAX_TOKENS if kind == "image" else FILE_UNKNOWN_TOKENS
+        if kind == "image":
+            size = base64_image_size(data)
+            return anthropic_image_tokens(*size) if size else ANTHROPIC_IMAGE_MAX_TOKENS
+        return max(IMAGE_BASE_TOKENS, _base64_decoded_bytes(data) // FILE_BYTES_PER_TOKEN)
+
+
+    def _count_tool_calls(self, tool_calls: Any) -> int:
+        if not isinstance(tool_calls, list):
+            return self._count_json(tool_calls)
+        n = 0
+        for call in tool_calls:
+            fn = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(fn, dict):
+                n += self._count_json(call)
+                continue
+            n += TOKENS_PER_TOOL_CALL + self.count_text(str(fn.get("name") or ""))
+            args = fn.get("arguments")
+            n += self.count_text(args) if isinstance(args, str) else self._count_json(args)
+        return n
+
+    def _message_tokens(self, message: dict[str, Any]) -> int:
+        n = TOKENS_PER_MESSAGE
+        for field, value in message.items():
+            if value is None:
+                continue
+            if field == "content":
+                n += self.count_content(value)
+            elif field == "tool_calls":
+                n += self._count_tool_calls(value)
+            elif field == "function_call" and isinstance(value, dict):
+                n += self._count_tool_calls([{"function": value}])
+            elif isinstance(value, str):
+                n += self.count_text(value)
+                if field == "name":
+                    n += TOKENS_PER_NAME
+            else:
+                n += self._count_json(value)
+        return n
 
     def count_message(self, message: dict[str, Any], key: str | None = None) -> int:
-        """Tokens of one message including framing; memoized by ``key`` when given."""
-        if key is not None:
-            hit = self._memo.get(key)
-            if hit is not None:
-                return hit
-        n = TOKENS_PER_MESSAGE
-        for k, v in message.items():
-            if v is None:
-                continue
-            if isinstance(v, str):
-                n += self.count_text(v)
-            else:
-                n += self.count_text(orjson.dumps(v).decode())
-        if key is not None:
-            self._memo[key] = n
-            if len(self._memo) > self._memo_size:
-                self._memo.popitem(last=False)
+        """Tokens of one message including framing; memoized by ``key`` (or the message's JSON hash)."""
+        if key is None:
+            try:
+                raw = orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
+            except TypeError:
+                return self._message_tokens(message)
+            key = "j:" + hashlib.blake2b(raw, digest_size=16).hexdigest()
+        hit = self._memo.get(key)
+        if hit is not None:
+            self.memo_hits += 1
+            self._memo.move_to_end(key)
+            return hit
+        self.memo_misses += 1
+        n = self._message_tokens(message)
+        self._memo[key] = n
+        if len(self._memo) > self._memo_size:
+            self._memo.popitem(last=False)
         return n
 
     def count_tools(self, tools: list[dict[str, Any]] | None) -> int:
-        """Tokens of the tool schemas sent with a request."""
+        """Tokens of the tool schemas sent with a request (0 without tools).
+
+        Per tool: the compact JSON of its function's ``name``/``description``/``parameters`` (the
+        whole entry for non-function tools) plus ``TOKENS_PER_TOOL``; plus ``TOKENS_PER_TOOLS_BLOCK``
+        once. Memoized like a message (the same tools are sent on every request).
+        """
         if not tools:
             return 0
-        return self.count_text(orjson.dumps(tools).decode())
+        parts = []
+        for tool in tools:
+            fn = tool.get("function") if isinstance(tool, dict) else None
+            if isinstance(fn, dict):
+                parts.append({k: fn[k] for k in ("name", "description", "parameters") if fn.get(k) is not None})
+            else:
+                parts.append(tool)
+        raw = orjson.dumps(parts, option=orjson.OPT_SORT_KEYS)
+        key = "t:" + hashlib.blake2b(raw, digest_size=16).hexdigest()
+        hit = self._memo.get(key)
+        if hit is not None:
+            self.memo_hits += 1
+            return hit
+        self.memo_misses += 1
+        n = TOKENS_PER_TOOLS_BLOCK + sum(TOKENS_PER_TOOL + self._count_json(p) for p in parts)
+        self._memo[key] = n
+        return n
 
     def count_messages(self, messages: list[dict[str, Any]], keys: list[str] | None = None) -> int:
-        """Tokens of a message list plus the reply priming."""
+        """Tokens of a message list plus the reply priming. ``keys[i]`` is the memo key of message i."""
         total = TOKENS_PER_REPLY
         for i, m in enumerate(messages):
             total += self.count_message(m, keys[i] if keys else None)
         return total
+
+    def count_request(
+        self,
+        body_messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        max_output_tokens: int,
+        keys: list[str] | None = None,
+    ) -> int:
+        """Tokens a request occupies in the context window: messages + tool schemas + reserved output."""
+        return self.count_messages(body_messages, keys) + self.count_tools(tools) + max(0, max_output_tokens)
+
+
+def reserved_output_tokens(body: dict[str, Any]) -> int:
+    """Completion tokens a request reserves: ``max_completion_tokens``, else ``max_tokens``, else 0.
+
+    Non-integer or negative values count as 0 (the upstream will reject them anyway).
+    """
+    for field in ("max_completion_tokens", "max_tokens"):
+        value = body.get(field)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 0
+
+
+def load_counter(cache_dir: str | None, encoding_name: str = "o200k_base", memo_size: int = 200_000) -> TokenCounter:
+    """Build a counter for ``encoding_name`` from tiktoken's cache, never downloading.
+
+    ``cache_dir`` (settings ``tiktoken_cache_dir``) is exported as ``TIKTOKEN_CACHE_DIR`` when given;
+    otherwise tiktoken's own default lookup applies. If the encoding file is missing or corrupt the
+    counter is in fallback mode (``exact=False``) and one warning is logged.
+    """
+    if cache_dir:
+        os.environ["TIKTOKEN_CACHE_DIR"] = cache_dir
+    return TokenCounter(encoding_name, memo_size, cache_dir=cache_dir)
+
+
+def encoding_for_model(model: str) -> str:
+    """Encoding that counts ``model``'s prompts: ``cl100k_base`` for GPT-4 (not 4o/4.1) and GPT-3.5,
+    ``o200k_base`` for everything else (exact for GPT-4o/4.1/5 and o-series; an estimate for
+    non-OpenAI models, whose tokenizers we do not ship). Provider prefixes (``openai/``) are ignored.
+    """
+    name = model.rsplit("/", 1)[-1].lower()
+    return "cl100k_base" if _CL100K_MODELS.match(name) else "o200k_base"
+
+
+class TokenCounters:
+    """One ``TokenCounter`` per encoding, built once at start; ``counter_for_model`` picks one.
+
+    If ``cl100k_base`` cannot be loaded but ``o200k_base`` can, GPT-4/3.5 are counted with
+    ``o200k_base`` (a close estimate) rather than with the byte fallback.
+    """
+
+    def __init__(self, cache_dir: str | None, memo_size: int = 200_000) -> None:
+        self.default = load_counter(cache_dir, "o200k_base", memo_size)
+        legacy = load_counter(cache_dir, "cl100k_base", memo_size)
+        self._by_encoding = {
+            "o200k_base": self.default,
+            "cl100k_base": legacy if legacy.exact or not self.default.exact else self.default,
+        }
+
+    @property
+    def exact(self) -> bool:
+        """``True`` when the default encoding is loaded (not the byte estimate)."""
+        return self.default.exact
+
+    def counter_for_model(self, model: str) -> TokenCounter:
+        """The counter for ``model`` (see ``encoding_for_model``)."""
+        return self._by_encoding[encoding_for_model(model)]
+
+
+__all__ = [
+    "TokenCounter",
+    "TokenCounters",
+    "encoding_for_model",
+    "estimate_text_tokens",
+    "load_counter",
+    "reserved_output_tokens",
+]

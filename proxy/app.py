@@ -1,0 +1,128 @@
+"""``create_app(settings)``: the ASGI app, its lifespan (one upstream client, one store) and error rendering."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from proxy import __version__
+from proxy.auth import Authenticator
+from proxy.compaction import Compactor
+from proxy.errors import BadRequest, NotFound, ProxyError, StorageUnavailableError
+from proxy.pipeline import ChatPipeline
+from proxy.routes import chat, health, passthrough, read
+from proxy.session_log import SessionLog
+from proxy.settings import Settings
+from proxy.upstream import Upstream
+from storage.errors import StorageError
+from storage.migrate import upgrade
+from storage.store import Store
+
+log = logging.getLogger("context_proxy.app")
+
+
+@dataclass
+class ProxyState:
+    """What the routes reach through ``request.app.state.proxy``."""
+
+    settings: Settings
+    auth: Authenticator
+    store: Store
+    upstream: Upstream
+    pipeline: ChatPipeline
+
+
+def build_compactor(settings: Settings, store: Store, upstream: Upstream) -> Compactor:
+    """The defenses when enabled, else the pass-through compactor."""
+    if not settings.compaction_enabled:
+        return Compactor()
+    from proxy.compactor import ProjectingCompactor
+
+    return ProjectingCompactor(settings, store, upstream)
+
+
+def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
+    """The proxy as an ASGI app. ``upstream_transport`` replaces the aiohttp transport (tests)."""
+    if settings.tiktoken_cache_dir:
+        os.environ["TIKTOKEN_CACHE_DIR"] = settings.tiktoken_cache_dir
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            await upgrade(settings.database_url)
+        except StorageError:
+            log.exception("database migration failed at start; /readyz reports not ready")
+        store = await Store.open(settings.database_url, pool_size=max(5, min(settings.upstream_pool_size, 50)))
+        upstream = Upstream(
+            settings.upstream_url,
+            pool_size=settings.upstream_pool_size,
+            connect_timeout_s=settings.upstream_connect_timeout_s,
+            read_timeout_s=settings.upstream_read_timeout_s,
+            transport=upstream_transport,
+        )
+        pipeline = ChatPipeline(settings, SessionLog(store), upstream, build_compactor(settings, store, upstream))
+        app.state.proxy = ProxyState(settings, Authenticator(settings), store, upstream, pipeline)
+        try:
+            yield
+        finally:
+            await pipeline.drain()
+            await upstream.aclose()
+            await store.close()
+
+    app = FastAPI(
+        title="context-proxy",
+        version=__version__,
+        description="OpenAI-compatible proxy that keeps agents inside their context window. Read API for sessions.",
+        lifespan=lifespan,
+    )
+    for router in (health.router, read.router, chat.router, passthrough.router):
+        app.include_router(router)
+    _install_error_handlers(app)
+    return app
+
+
+def _render(exc: ProxyError) -> Response:
+    return Response(exc.body(), status_code=exc.status, media_type="application/json")
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ProxyError)
+    async def proxy_error(request: Request, exc: ProxyError) -> Response:
+        return _render(exc)
+
+    @app.exception_handler(StorageError)
+    async def storage_error(request: Request, exc: StorageError) -> Response:
+        log.error("database error: %s", type(exc).__name__)
+        return _render(StorageUnavailableError("The proxy's database is unavailable; try again shortly."))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return _render(BadRequest(f"Invalid parameter {where}: {first.get('msg', 'invalid')}", param=where or None))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404:
+            return _render(NotFound(f"No route {request.url.path}."))
+        err = ProxyError(str(exc.detail))
+        err.status = exc.status_code
+        err.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return _render(err)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, asyncio.CancelledError):
+            raise exc
+        log.exception("unexpected error")
+        return _render(ProxyError("The proxy failed to handle this request (internal error)."))

@@ -1,0 +1,67 @@
+"""Credentials and tenancy. Keys are never stored or logged: a tenant is a salted hash of its key.
+
+Clients send their key as ``Authorization: Bearer KEY`` (OpenAI), ``api-key: KEY`` (Azure) or
+``x-api-key: KEY`` (Anthropic-style gateways).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Mapping
+
+from proxy.errors import Unauthorized
+from proxy.settings import Settings
+
+ANONYMOUS = "anonymous"
+"""Tenant of requests that carry no key (only possible when the proxy does not hold the upstream key)."""
+
+
+def client_key(headers: Mapping[str, str]) -> str | None:
+    """The API key a client sent, or None."""
+    auth = headers.get("authorization")
+    if auth:
+        scheme, _, token = auth.partition(" ")
+        return token.strip() if scheme.lower() == "bearer" and token.strip() else auth.strip()
+    return headers.get("api-key") or headers.get("x-api-key") or None
+
+
+def tenant_of(key: str | None, salt: str) -> str:
+    """``t_`` + 32 hex of HMAC-SHA256(salt, key): a stable, non-reversible tenant id."""
+    if not key:
+        return ANONYMOUS
+    return "t_" + hmac.new(salt.encode(), key.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def _split(keys: str) -> list[str]:
+    return [k.strip() for k in keys.split(",") if k.strip()]
+
+
+class Authenticator:
+    """Decides who a request is. Keeps only hashes of the configured keys in memory."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._salt = settings.tenant_salt
+        self._holds_upstream_key = settings.upstream_api_key is not None
+        self._clients = {tenant_of(k, self._salt) for k in _split(settings.client_api_keys)}
+        self._admins = {tenant_of(k, self._salt) for k in _split(settings.admin_api_keys)}
+
+    def chat_tenant(self, headers: Mapping[str, str]) -> str:
+        """Tenant of a chat/pass-through request.
+
+        Raises ``Unauthorized`` when the proxy holds the upstream key and the client's key is not
+        one of ``client_api_keys`` (or an admin key).
+        """
+        tenant = tenant_of(client_key(headers), self._salt)
+        if self._holds_upstream_key and tenant not in self._clients and tenant not in self._admins:
+            raise Unauthorized("Invalid or missing API key for this proxy.")
+        return tenant
+
+    def reader(self, headers: Mapping[str, str]) -> str | None:
+        """Tenant whose data a read-API call may see; ``None`` means an admin (every tenant)."""
+        tenant = tenant_of(client_key(headers), self._salt)
+        if tenant in self._admins:
+            return None
+        if self._holds_upstream_key and tenant not in self._clients:
+            raise Unauthorized("Invalid or missing API key for this proxy.")
+        return tenant

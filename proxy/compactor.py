@@ -1,0 +1,271 @@
+"""The defenses' async shell: windows, stored events, artifacts, summary calls, learned limits.
+
+``project()`` (pure, ``proxy.projection``) decides; this module does the I/O it asks for: stores
+the artifacts a projection references *before* forwarding (an artifact that fails to store is
+forwarded in full instead), executes a planned compaction (a truncation boundary, or summary calls
+to the upstream with the client's credentials and token-limit parameter), stores it as an event,
+and projects again. Learned windows (from a provider's overflow error) are kept in the database.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from proxy.compaction import Compactor, Prepared
+from proxy.defenses.summarize import build_summary_request_messages, render_transcript, summary_chunks
+from proxy.errors import CannotFit
+from proxy.models import ModelProfiles
+from proxy.overflow import Overflow, classify_error
+from proxy.projection import DefenseConfig, Projection, SummaryPlan, TruncatePlan, project
+from proxy.session_log import now
+from proxy.settings import Settings
+from proxy.tokens import load_counter
+from proxy.upstream import Upstream
+from storage.errors import StorageError
+from storage.records import ArtifactRecord, EventRecord
+from storage.store import Store
+
+if TYPE_CHECKING:
+    from proxy.pipeline import ChatContext
+
+log = logging.getLogger("context_proxy.compaction")
+
+MAX_PLAN_ROUNDS = 4
+"""Plans executed per request at most (truncate, summarize, clip, media): a bound, not a target."""
+SUMMARY_PROMPT_OVERHEAD_TOKENS = 600
+"""Tokens of the summary request besides the transcript (instructions, framing); measured ~420."""
+TRUNCATION_SUSPECT_RATIO = 1.5
+"""A reply whose ``usage.prompt_tokens`` is under our estimate divided by this was silently cut."""
+
+
+class SummaryFailed(Exception):
+    """The upstream did not produce a summary (error status or unusable body)."""
+
+
+class ProjectingCompactor(Compactor):
+    """Runs the four defenses for the pipeline. One per app; safe for concurrent requests."""
+
+    def __init__(self, settings: Settings, store: Store, upstream: Upstream) -> None:
+        self.settings = settings
+        self.store = store
+        self.upstream = upstream
+        self.counter = load_counter(settings.tiktoken_cache_dir)
+        self.profiles = ModelProfiles(settings.models_file)
+        self._learned: dict[str, int | None] = {}
+
+    async def _learned_window(self, model: str) -> int | None:
+        if model not in self._learned:
+            self._learned[model] = await self.store.get_learned_limit(self.upstream.base_url, model)
+        return self._learned[model]
+
+    async def window(self, model: str) -> int | None:
+        """The model's context window in tokens: the smaller of its profile and a learned limit."""
+        profile = self.profiles.resolve(model, await self._learned_window(model))
+        return profile.context_window_tokens if profile is not None else None
+
+    async def prepare(self, ctx: ChatContext, *, overflow: Overflow | None) -> Prepared:
+        cfg = DefenseConfig.from_settings(self.settings, await self.window(ctx.model))
+        events = list(await self.store.list_events(ctx.session.pk))
+        unavailable: set[str] = set()
+        force = overflow is not None
+        force_media = overflow is not None and overflow.kind == "body_size"
+        proj = self._project(ctx, cfg, events, force, force_media, unavailable)
+        for _ in range(MAX_PLAN_ROUNDS):
+            if proj.artifacts and not await self._store_artifacts(ctx, proj, unavailable):
+                proj = self._project(ctx, cfg, events, force, force_media, unavailable)
+                continue
+            if proj.plan is None:
+                break
+            event = await self._execute(ctx, cfg, proj)
+            if event is None:
+                break
+            events.append(event)
+            force = False
+            proj = self._project(ctx, cfg, events, force, force_media, unavailable)
+        if proj.reason_unfittable:
+            raise CannotFit(proj.reason_unfittable)
+        changed = proj.messages is not ctx.messages and proj.messages != ctx.messages
+        body = orjson.dumps(ctx.body | {"messages": proj.messages}) if changed else ctx.raw
+        return Prepared(body, proj.tokens_client, proj.tokens_forwarded, proj.applied, proj.event_ids)
+
+    def _project(
+        self, ctx: ChatContext, cfg: DefenseConfig, events: list[EventRecord], force: bool, force_media: bool, unavailable: set[str]
+    ) -> Projection:
+        return project(
+            ctx.messages,
+            digests=ctx.digests,
+            chain_hashes=ctx.chain,
+            tools=ctx.body.get("tools"),
+            reserved_output_tokens=_reserved(ctx.body),
+            events=events,
+            config=cfg,
+            counter=self.counter,
+            session_id=ctx.session.session_id,
+            artifact_namespace=ctx.tenant,
+            force=force,
+            force_media=force_media,
+            unavailable_artifacts=frozenset(unavailable),
+        )
+
+    async def _store_artifacts(self, ctx: ChatContext, proj: Projection, unavailable: set[str]) -> bool:
+        records = [
+            ArtifactRecord(
+                id=a.id,
+                tenant=ctx.tenant,
+                session_pk=ctx.session.pk,
+                media_type=a.media_type,
+                content=a.content,
+                size_bytes=len(a.content.encode()),
+                line_count=a.content.count("\n") + (0 if a.content.endswith("\n") or not a.content else 1),
+                created_at=now(),
+            )
+            for a in proj.artifacts
+        ]
+        try:
+            await self.store.put_artifacts(records)
+            return True
+        except StorageError:
+            log.error("storing %d artifacts failed; forwarding their content in full", len(records))
+            unavailable.update(a.id for a in proj.artifacts)
+            return False
+
+    async def _execute(self, ctx: ChatContext, cfg: DefenseConfig, proj: Projection) -> EventRecord | None:
+        plan = proj.plan
+        if isinstance(plan, TruncatePlan):
+            kind, payload = "truncate_args", {"boundary_hash": plan.anchor_hash}
+            before, after = plan.tokens_before, plan.tokens_after
+        elif isinstance(plan, SummaryPlan):
+            try:
+                summary = await self._summarize(ctx, cfg, plan)
+            except SummaryFailed as exc:
+                log.error("summary call failed: %s", exc, extra={"session_id": ctx.session.session_id})
+                return None
+            kind = "summary"
+            payload = {
+                "summary": summary,
+                "first_hash": ctx.chain[plan.first_index],
+                "cutoff_hash": plan.anchor_hash,
+                "previous_event_id": plan.previous_event_id,
+                "message_count": plan.cutoff_index + 1,
+            }
+            before, after = plan.tokens_before, plan.tokens_after_estimate
+        else:
+            kind = plan.kind
+            payload = dict(plan.payload)
+            before, after = plan.tokens_before, plan.tokens_after
+        event = EventRecord(
+            id=_event_id(ctx.session.pk, kind, plan.anchor_hash),
+            session_pk=ctx.session.pk,
+            kind=kind,
+            anchor_hash=plan.anchor_hash,
+            payload=payload,
+            tokens_before=before,
+            tokens_after=after,
+            created_at=now(),
+        )
+        return await self.store.add_event(event)
+
+    async def _summarize(self, ctx: ChatContext, cfg: DefenseConfig, plan: SummaryPlan) -> str:
+        """Fold ``plan.to_summarize`` into the previous summary, one window-sized chunk per call."""
+        window = cfg.context_window_tokens or self.settings.fallback_trigger_tokens
+        summary = plan.previous_summary
+        budget = window - self.settings.summary_max_tokens - SUMMARY_PROMPT_OVERHEAD_TOKENS
+        for _attempt in range(3):
+            prior = self.counter.count_text(summary) if summary else 0
+            chunks = summary_chunks(plan.to_summarize, max(256, budget - prior), self.counter)
+            try:
+                for chunk in chunks:
+                    summary = await self._summary_call(ctx, summary, render_transcript(chunk))
+                    prior = self.counter.count_text(summary)
+                return summary or ""
+            except _SummaryOverflow as exc:
+                summary = plan.previous_summary
+                budget = min(budget // 2, exc.limit_tokens - self.settings.summary_max_tokens - SUMMARY_PROMPT_OVERHEAD_TOKENS if exc.limit_tokens else budget // 2)
+        raise SummaryFailed("the summary request overflowed the window three times")
+
+    async def _summary_call(self, ctx: ChatContext, previous: str | None, transcript: str) -> str:
+        body: dict[str, Any] = {
+            "model": self.settings.summary_model or ctx.model,
+            "messages": build_summary_request_messages(previous, transcript),
+        }
+        if "max_completion_tokens" in ctx.body:
+            body["max_completion_tokens"] = self.settings.summary_max_tokens
+        elif "max_tokens" in ctx.body:
+            body["max_tokens"] = self.settings.summary_max_tokens
+        resp = await self.upstream.send("POST", "/chat/completions", headers=ctx.upstream_headers, content=orjson.dumps(body))
+        try:
+            data = await resp.aread()
+        finally:
+            await resp.aclose()
+        if resp.status_code >= 400:
+            overflow = classify_error(resp.status_code, data, resp.headers)
+            if overflow is not None:
+                raise _SummaryOverflow(overflow.limit_tokens)
+            raise SummaryFailed(f"status {resp.status_code}: {data[:200]!r}")
+        try:
+            text = orjson.loads(data)["choices"][0]["message"]["content"]
+        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
+            raise SummaryFailed("unusable summary reply") from exc
+        if not isinstance(text, str) or not text.strip():
+            raise SummaryFailed("empty summary")
+        return text
+
+    async def learn(self, ctx: ChatContext, overflow: Overflow) -> None:
+        """Remember a provider's stated window (or, if it states none, 90% of what overflowed)."""
+        if overflow.kind != "context":
+            return
+        limit = overflow.limit_tokens
+        if limit is None and ctx.prepared is not None and ctx.prepared.tokens_forwarded:
+            limit = int(ctx.prepared.tokens_forwarded * 0.9)
+        if limit:
+            await self._set_learned(ctx.model, limit)
+
+    async def _set_learned(self, model: str, limit: int) -> None:
+        current = await self._learned_window(model)
+        if current is None or limit < current:
+            self._learned[model] = limit
+            try:
+                await self.store.set_learned_limit(self.upstream.base_url, model, limit, now())
+            except StorageError:
+                log.error("storing the learned window of %s failed", model)
+
+    def can_retry(self, ctx: ChatContext, overflow: Overflow) -> bool:
+        return True
+
+    async def observe_reply(self, ctx: ChatContext, usage: dict[str, Any] | None) -> None:
+        """Detect silent front truncation (Ollama, case 017): the provider counted far fewer tokens."""
+        if not usage or ctx.prepared is None or not ctx.prepared.tokens_forwarded:
+            return
+        prompt = usage.get("prompt_tokens")
+        if isinstance(prompt, int) and prompt > 256 and ctx.prepared.tokens_forwarded > prompt * TRUNCATION_SUSPECT_RATIO:
+            log.warning(
+                "suspected silent truncation: provider counted %d prompt tokens, proxy estimated %d; using %d as the window",
+                prompt,
+                ctx.prepared.tokens_forwarded,
+                prompt,
+                extra={"session_id": ctx.session.session_id},
+            )
+            await self._set_learned(ctx.model, prompt)
+
+
+class _SummaryOverflow(Exception):
+    def __init__(self, limit_tokens: int | None) -> None:
+        super().__init__(limit_tokens)
+        self.limit_tokens = limit_tokens
+
+
+def _reserved(body: dict[str, Any]) -> int:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 0
+
+
+def _event_id(session_pk: int, kind: str, anchor_hash: str) -> str:
+    import hashlib
+
+    return "evt_" + hashlib.sha256(f"{session_pk}:{kind}:{anchor_hash}".encode()).hexdigest()[:24]

@@ -1,0 +1,146 @@
+"""Defense 2: offload large content to artifacts, leaving a stub with a reference and a preview.
+
+DESIGN.md section 2: a tool result over ``offload_tool_tokens`` (20,000, or a quarter of a small
+window, see ``DefenseConfig.offload_tool_threshold_tokens``) and a user message over
+``offload_user_tokens`` (50,000) become a stub naming the artifact id and read URL
+(``/artifacts/{id}``), how to read it in parts, its size, and a preview of the first and last 5
+lines, each cut at 1,000 chars, with a ``... [N lines truncated] ...`` marker.
+
+Offload is applied as soon as a message is first seen and is a pure function of its content, so
+the same message always shows the same stub (prefix stability) and needs no event. A ``tool``
+message stays a ``tool`` message with its ``tool_call_id`` (case 020); a content list is measured
+and offloaded part by part and keeps its shape (a text part becomes a text part holding the stub;
+an Anthropic ``tool_result`` block keeps its type and ``tool_use_id``). Artifact ids are
+content-addressed: ``art_`` + the first 32 hex digits of the SHA-256 of the UTF-8 content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.defenses.config import DefenseConfig
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactToStore:
+    """Content the pipeline must store before forwarding a reference to it.
+
+    ``content`` is text (for media: the ``data:`` URL as sent); ``media_type`` is a MIME type.
+    """
+
+    id: str
+    content: str
+    media_type: str
+
+
+def artifact_id(content: str) -> str:
+    """Content-addressed artifact id: ``"art_" + sha256(content utf-8)[:32]``."""
+    return "art_" + hashlib.sha256(content.encode("utf-8")).hexdigest()[:32]
+
+
+def preview(text: str, head_lines: int, line_chars: int) -> str:
+    """First and last ``head_lines`` lines of ``text``, each cut at ``line_chars`` chars.
+
+    Between them a ``... [N lines truncated] ...`` line when lines were left out.
+    """
+    lines = text.split("\n")
+
+    def cut(line: str) -> str:
+        return line if len(line) <= line_chars else line[:line_chars] + f"... [{len(line) - line_chars} chars truncated]"
+
+    if len(lines) <= 2 * head_lines:
+        return "\n".join(cut(line) for line in lines)
+    hidden = len(lines) - 2 * head_lines
+    shown = [cut(line) for line in lines[:head_lines]]
+    shown.append(f"... [{hidden} lines truncated] ...")
+    shown.extend(cut(line) for line in lines[-head_lines:])
+    return "\n".join(shown)
+
+
+def stub_text(art_id: str, text: str, what: str, config: DefenseConfig) -> str:
+    """The stub that replaces offloaded ``text`` (``what``: e.g. "tool result", "user message")."""
+    line_count = text.count("\n") + 1
+    tool_hint = f" or call the `{config.read_tool_name}` tool with this id" if config.read_tool_name else ""
+    return (
+        f"[context-proxy] This {what} was too large for the context window and was offloaded "
+        f"({line_count} lines, {len(text)} chars) to artifact {art_id}.\n"
+        f"Read the full content at /artifacts/{art_id}{tool_hint}; read it in parts with "
+        f"/artifacts/{art_id}?offset=LINE&limit=LINES (offset = first line, counted from 0).\n"
+        f"Preview (first {config.preview_lines} and last {config.preview_lines} lines):\n"
+        + preview(text, config.preview_lines, config.preview_line_chars)
+    )
+
+
+def _offload_text(
+    text: str, what: str, config: DefenseConfig, unavailable: frozenset[str], out: list[ArtifactToStore]
+) -> str | None:
+    art_id = artifact_id(text)
+    if art_id in unavailable:
+        return None  # fail safe: never reference unsaved data, keep the original
+    out.append(ArtifactToStore(art_id, text, "text/plain"))
+    return stub_text(art_id, text, what, config)
+
+
+def _offload_parts(
+    parts: list[Any], threshold_for: dict[str, int], count_text: Any, what: str,
+    config: DefenseConfig, unavailable: frozenset[str], out: list[ArtifactToStore],
+) -> list[Any] | None:
+    new_parts: list[Any] = []
+    changed = False
+    for part in parts:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str) and "text" in threshold_for:
+            text = part["text"]
+            if count_text(text) > threshold_for["text"]:
+                stub = _offload_text(text, what, config, unavailable, out)
+                if stub is not None:
+                    part, changed = {**part, "text": stub}, True
+        elif kind == "tool_result" and isinstance(part.get("content"), str):
+            text = part["content"]
+            if count_text(text) > threshold_for["tool_result"]:
+                stub = _offload_text(text, "tool result", config, unavailable, out)
+                if stub is not None:
+                    part, changed = {**part, "content": stub}, True
+        new_parts.append(part)
+    return new_parts if changed else None
+
+
+def offload_message(
+    message: dict[str, Any], message_tokens: int, count_text: Any, config: DefenseConfig,
+    unavailable: frozenset[str] = frozenset(),
+) -> tuple[dict[str, Any] | None, list[ArtifactToStore]]:
+    """Offload the large content of one message.
+
+    ``message_tokens`` is the message's (memoized) token count, used to skip small messages
+    cheaply; ``count_text(str) -> int`` counts a part. Returns ``(new_message or None if
+    unchanged, artifacts to store)``. Ids in ``unavailable`` (artifacts the pipeline failed to
+    store) are never referenced: that content is kept as sent.
+    """
+    role = message.get("role")
+    tool_t = config.offload_tool_threshold_tokens
+    user_t = config.offload_user_tokens
+    if role in ("tool", "function"):
+        thresholds = {"text": tool_t, "tool_result": tool_t}
+        what = "tool result"
+    elif role == "user":
+        thresholds = {"text": user_t, "tool_result": tool_t}
+        what = "user message"
+    else:
+        return None, []
+    if message_tokens <= min(thresholds.values()):
+        return None, []
+    artifacts: list[ArtifactToStore] = []
+    content = message.get("content")
+    if isinstance(content, str):
+        if message_tokens > thresholds["text"]:
+            stub = _offload_text(content, what, config, unavailable, artifacts)
+            if stub is not None:
+                return {**message, "content": stub}, artifacts
+        return None, []
+    if isinstance(content, list):
+        new_parts = _offload_parts(content, thresholds, count_text, what, config, unavailable, artifacts)
+        if new_parts is not None:
+            return {**message, "content": new_parts}, artifacts
+    return None, []

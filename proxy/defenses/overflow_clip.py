@@ -1,0 +1,57 @@
+"""Defense 4's last resort: clip the oversized tool results a request ends with.
+
+DESIGN.md section 2: after an overflow, summarize now; if the kept tail still ends in a batch of
+oversized tool results (nothing before them left to summarize), offload each of them behind a
+stub. A tool message is never deleted (case 022: deleting a result orphans its call); it keeps its
+role and ``tool_call_id``, only its content becomes the stub.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from proxy.defenses.config import DefenseConfig
+from proxy.defenses.offload import ArtifactToStore, offload_message
+from proxy.defenses.pairs import is_tool_answer
+
+CLIP_MIN_TOKENS = 500
+"""Results at or under this are left alone: a stub with its 10-line preview costs 150-400 tokens."""
+
+
+def trailing_batch(messages: list[dict[str, Any]]) -> range:
+    """Indices of the tool answers the list ends with (empty when it ends with anything else)."""
+    start = len(messages)
+    while start > 0 and is_tool_answer(messages[start - 1]):
+        start -= 1
+    return range(start, len(messages))
+
+
+def clip_trailing_results(
+    messages: list[dict[str, Any]],
+    counts: list[int],
+    config: DefenseConfig,
+    count_text: Any,
+    unavailable: frozenset[str] = frozenset(),
+) -> tuple[list[dict[str, Any]] | None, list[int], list[ArtifactToStore]]:
+    """Offload each tool result of the trailing batch over ``CLIP_MIN_TOKENS``.
+
+    ``counts[i]`` is the token count of ``messages[i]``. Returns ``(new list or None if nothing
+    was clipped, the indices clipped, artifacts to store)``. The input is not mutated.
+    """
+    clip_config = dataclasses.replace(config, offload_tool_tokens=CLIP_MIN_TOKENS)
+    out: list[dict[str, Any]] | None = None
+    clipped: list[int] = []
+    artifacts: list[ArtifactToStore] = []
+    for i in trailing_batch(messages):
+        if counts[i] <= CLIP_MIN_TOKENS:
+            continue
+        new, arts = offload_message(messages[i], counts[i], count_text, clip_config, unavailable)
+        if new is None:
+            continue
+        if out is None:
+            out = list(messages)
+        out[i] = new
+        clipped.append(i)
+        artifacts.extend(arts)
+    return out, clipped, artifacts

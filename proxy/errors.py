@@ -1,0 +1,97 @@
+"""The proxy's exception tree and its rendering as OpenAI's error envelope.
+
+Every error that reaches a client is ``{"error": {"message", "type", "code", "param"}}`` with the
+status below, never a stack trace. Foreign exceptions (httpx, SQLAlchemy) are translated where
+they occur (``raise ProxyError(...) from exc``).
+
+=========================  ======  ==========================
+class                      status  type / code
+=========================  ======  ==========================
+BadRequest                 400     invalid_request_error
+Unauthorized               401     authentication_error / invalid_api_key
+NotFound                   404     not_found_error / not_found
+PayloadTooLarge            413     invalid_request_error / request_too_large
+CannotFit                  400     invalid_request_error / context_length_exceeded
+UpstreamUnreachable        502     upstream_error / upstream_unreachable
+UpstreamTimeout            504     upstream_error / upstream_timeout
+StorageUnavailableError    503     service_unavailable / database_unavailable
+=========================  ======  ==========================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+
+class ProxyError(Exception):
+    """Base of every error the proxy answers itself. ``status`` is the HTTP status to send."""
+
+    status: int = 500
+    type: str = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def envelope(self) -> dict[str, Any]:
+        """OpenAI's error envelope for this error."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def body(self) -> bytes:
+        return orjson.dumps(self.envelope())
+
+
+class BadRequest(ProxyError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class Unauthorized(ProxyError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class NotFound(ProxyError):
+    status = 404
+    type = "not_found_error"
+    code = "not_found"
+
+
+class PayloadTooLarge(ProxyError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class CannotFit(ProxyError):
+    """The request cannot fit the model's window whatever is compacted (e.g. tool schemas alone)."""
+
+    status = 400
+    type = "invalid_request_error"
+    code = "context_length_exceeded"
+
+
+class UpstreamUnreachable(ProxyError):
+    status = 502
+    type = "upstream_error"
+    code = "upstream_unreachable"
+
+
+class UpstreamTimeout(ProxyError):
+    status = 504
+    type = "upstream_error"
+    code = "upstream_timeout"
+
+
+class StorageUnavailableError(ProxyError):
+    status = 503
+    type = "service_unavailable"
+    code = "database_unavailable"

@@ -1,0 +1,317 @@
+"""The chat use case: log, project, forward, recover from overflow, relay, log the reply.
+
+Flow of one ``POST /v1/chat/completions`` (DESIGN.md section 5): parse -> name the session ->
+append the new messages to the log (in the background: the request is already on its way) ->
+project (stored events + defenses; a new compaction is planned, executed and stored first) ->
+forward -> on an overflow: compact even below the trigger and retry (bounded) -> relay the reply
+while reassembling it -> log the reply and a request record in a task of its own, so a client
+that disconnects cannot skip it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+
+from proxy.chat import digests_and_chain
+from proxy.compaction import Compactor, Prepared
+from proxy.errors import ProxyError, UpstreamTimeout, UpstreamUnreachable
+from proxy.overflow import Overflow, classify_error, classify_stream_event
+from proxy.requests import parse_chat_request
+from proxy.session_log import MAX_SESSION_ID_CHARS, LoggedRequest, SessionLog, derive_session_id, new_id
+from proxy.settings import Settings
+from proxy.sse import ReplyAssembler, SSESplitter
+from proxy.upstream import Upstream, forward_request_headers, response_headers, translate
+from storage.records import RequestRecord, SessionRecord
+
+log = logging.getLogger("context_proxy.pipeline")
+
+CHAT_PATH = "/chat/completions"
+
+
+@dataclass(slots=True)
+class Buffered:
+    """A complete response: status, headers and body bytes."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass(slots=True)
+class Streamed:
+    """A streaming response: status, headers and the byte iterator to relay."""
+
+    status: int
+    headers: dict[str, str]
+    chunks: AsyncIterator[bytes]
+
+
+@dataclass(slots=True)
+class ChatContext:
+    """Everything one chat request carries through the pipeline."""
+
+    request_id: str
+    tenant: str
+    session: SessionRecord
+    body: dict[str, Any]
+    raw: bytes
+    messages: list[dict[str, Any]]
+    digests: list[str]
+    chain: list[str]
+    upstream_headers: list[tuple[str, str]]
+    stream: bool
+    started: float
+    append_task: asyncio.Task[LoggedRequest]
+    prepared: Prepared | None = None
+    retries: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def model(self) -> str:
+        return str(self.body.get("model"))
+
+
+class ChatPipeline:
+    """Orchestrates one chat request. Owns no connections: the store and upstream are injected."""
+
+    def __init__(self, settings: Settings, session_log: SessionLog, upstream: Upstream, compactor: Compactor) -> None:
+        self.settings = settings
+        self.log = session_log
+        self.upstream = upstream
+        self.compactor = compactor
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        """Run ``coro`` as a tracked task (awaited at shutdown by ``drain``)."""
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def drain(self, timeout_s: float = 10.0) -> None:
+        """Wait for pending log writes (graceful shutdown)."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=timeout_s)
+
+    async def handle(self, raw: bytes, headers: Mapping[str, str], header_items: list[tuple[str, str]], tenant: str) -> Buffered | Streamed:
+        body = parse_chat_request(raw)
+        messages: list[dict[str, Any]] = body["messages"]
+        digests, chain = digests_and_chain(messages)
+        session_id = (headers.get("x-session-id") or "").strip()[:MAX_SESSION_ID_CHARS] or derive_session_id(tenant, messages, chain)
+        session = await self.log.open_session(tenant, session_id)
+        ctx = ChatContext(
+            request_id=new_id("req"),
+            tenant=tenant,
+            session=session,
+            body=body,
+            raw=raw,
+            messages=messages,
+            digests=digests,
+            chain=chain,
+            upstream_headers=forward_request_headers(
+                header_items, upstream_api_key=self.settings.upstream_api_key, identity=True
+            ),
+            stream=bool(body.get("stream")),
+            started=time.perf_counter(),
+            append_task=self.spawn(self.log.append_request(session, messages, chain)),
+        )
+        overflow: Overflow | None = None
+        while True:
+            ctx.prepared = await self.compactor.prepare(ctx, overflow=overflow)
+            try:
+                outcome = await self._forward(ctx)
+            except ProxyError as exc:
+                self.spawn(self._finish(ctx, exc.status, None, None, error=exc.message))
+                raise
+            if isinstance(outcome, Overflow):
+                overflow = outcome
+                await self.compactor.learn(ctx, overflow)
+                if ctx.retries >= self.settings.max_overflow_retries or not self.compactor.can_retry(ctx, overflow):
+                    return self._overflow_unrecoverable(ctx, overflow)
+                ctx.retries += 1
+                continue
+            return outcome
+
+    def _client_headers(self, ctx: ChatContext, upstream: httpx.Headers | None) -> dict[str, str]:
+        out = response_headers(upstream, keep_encoding=False) if upstream is not None else {}
+        out.pop("content-length", None)
+        p = ctx.prepared
+        out["x-context-proxy-session-id"] = ctx.session.session_id
+        out["x-context-proxy-request-id"] = ctx.request_id
+        if p is not None:
+            if p.tokens_client is not None:
+                out["x-context-proxy-tokens-client"] = str(p.tokens_client)
+            if p.tokens_forwarded is not None:
+                out["x-context-proxy-tokens-forwarded"] = str(p.tokens_forwarded)
+            out["x-context-proxy-defenses"] = ",".join(p.applied) or "none"
+            if p.event_ids:
+                out["x-context-proxy-events"] = ",".join(p.event_ids)
+        if ctx.retries:
+            out["x-context-proxy-overflow-retries"] = str(ctx.retries)
+        return out
+
+    async def _forward(self, ctx: ChatContext) -> Buffered | Streamed | Overflow:
+        assert ctx.prepared is not None
+        resp = await self.upstream.send("POST", CHAT_PATH, headers=ctx.upstream_headers, content=ctx.prepared.body)
+        try:
+            if resp.status_code >= 400:
+                data = await _read(resp)
+                overflow = classify_error(resp.status_code, data, resp.headers)
+                if overflow is not None:
+                    return overflow
+                self.spawn(self._finish(ctx, resp.status_code, None, None, error=data[:500].decode("utf-8", "replace")))
+                return Buffered(resp.status_code, self._client_headers(ctx, resp.headers), data)
+            if ctx.stream and "text/event-stream" in resp.headers.get("content-type", ""):
+                return await self._start_stream(ctx, resp)
+            data = await _read(resp)
+        finally:
+            if not (ctx.stream and not resp.is_closed and resp.status_code < 400):
+                await resp.aclose()
+        reply, usage = _reply_of(data)
+        self.spawn(self._finish(ctx, resp.status_code, reply, usage))
+        return Buffered(resp.status_code, self._client_headers(ctx, resp.headers), data)
+
+    async def _start_stream(self, ctx: ChatContext, resp: httpx.Response) -> Streamed | Overflow:
+        """Hold the response until the first event: an overflow there is retried, not relayed."""
+        splitter, assembler = SSESplitter(), ReplyAssembler()
+        prebuffer: list[bytes] = []
+        chunks = resp.aiter_raw()
+        try:
+            while True:
+                try:
+                    chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    break
+                prebuffer.append(chunk)
+                events = splitter.feed(chunk)
+                if events:
+                    overflow = classify_stream_event(events[0].data)
+                    if overflow is not None:
+                        await resp.aclose()
+                        return overflow
+                    for event in events:
+                        assembler.add(event)
+                    break
+        except BaseException as exc:
+            await resp.aclose()
+            raise translate(exc) from exc
+        return Streamed(resp.status_code, self._client_headers(ctx, resp.headers), self._relay(ctx, resp, chunks, prebuffer, splitter, assembler))
+
+    async def _relay(
+        self,
+        ctx: ChatContext,
+        resp: httpx.Response,
+        chunks: AsyncIterator[bytes],
+        prebuffer: list[bytes],
+        splitter: SSESplitter,
+        assembler: ReplyAssembler,
+    ) -> AsyncIterator[bytes]:
+        error: str | None = "client disconnected"
+        try:
+            for chunk in prebuffer:
+                yield chunk
+            try:
+                async for chunk in chunks:
+                    for event in splitter.feed(chunk):
+                        assembler.add(event)
+                    yield chunk
+                for event in splitter.flush():
+                    assembler.add(event)
+                error = None if assembler.done else "upstream stream ended without [DONE]"
+            except (httpx.HTTPError, OSError, asyncio.TimeoutError) as exc:
+                translated = translate(exc)
+                error = str(translated)
+                if isinstance(translated, (UpstreamUnreachable, UpstreamTimeout)):
+                    yield b"data: " + translated.body() + b"\n\n"
+            if error is not None and error.startswith("upstream stream ended"):
+                yield b"data: " + UpstreamUnreachable("The upstream stream ended before it was complete.").body() + b"\n\n"
+        finally:
+            await resp.aclose()
+            status = resp.status_code
+            reply = assembler.message() if not assembler.empty else None
+            self.spawn(self._finish(ctx, status, reply, assembler.usage, error=error, partial=error is not None))
+
+    def _overflow_unrecoverable(self, ctx: ChatContext, overflow: Overflow) -> Buffered:
+        exc = _overflow_error(overflow)
+        self.spawn(self._finish(ctx, exc.status, None, None, error=exc.message))
+        return Buffered(exc.status, self._client_headers(ctx, None) | {"content-type": "application/json"}, exc.body())
+
+    async def _finish(
+        self,
+        ctx: ChatContext,
+        status: int,
+        reply: dict[str, Any] | None,
+        usage: dict[str, Any] | None,
+        *,
+        error: str | None = None,
+        partial: bool = False,
+    ) -> None:
+        """Log the reply and the request record; runs as its own task, never raises."""
+        latency_ms = (time.perf_counter() - ctx.started) * 1000
+        try:
+            logged = await ctx.append_task
+        except Exception:
+            log.exception("appending the request's messages failed", extra={"session_id": ctx.session.session_id})
+            logged = LoggedRequest(0, None)
+        try:
+            if reply is not None and status < 400:
+                if partial:
+                    reply = reply | {"x_context_proxy": {"partial": True, "reason": error}}
+                await self.log.append_reply(ctx.session, ctx.chain[-1], len(ctx.messages), reply)
+            p = ctx.prepared
+            await self.log.record_request(
+                RequestRecord(
+                    id=ctx.request_id,
+                    session_pk=ctx.session.pk,
+                    model=ctx.model,
+                    status=status,
+                    latency_ms=latency_ms,
+                    stream=ctx.stream,
+                    usage=usage,
+                    added_messages=logged.added,
+                    first_added_seq=logged.first_added_seq,
+                    tokens_client=p.tokens_client if p else None,
+                    tokens_forwarded=p.tokens_forwarded if p else None,
+                    defenses=list(p.applied) if p else [],
+                    event_ids=list(p.event_ids) if p else [],
+                    error=error,
+                )
+            )
+            await self.compactor.observe_reply(ctx, usage)
+        except Exception:
+            log.exception("logging the reply failed", extra={"session_id": ctx.session.session_id})
+
+
+async def _read(resp: httpx.Response) -> bytes:
+    try:
+        return await resp.aread()
+    except BaseException as exc:
+        raise translate(exc) from exc
+
+
+def _reply_of(data: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    try:
+        parsed = orjson.loads(data)
+        choice = parsed["choices"][0]
+        message = dict(choice["message"])
+        return message, parsed.get("usage")
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+        return None, None
+
+
+def _overflow_error(overflow: Overflow) -> ProxyError:
+    from proxy.errors import CannotFit
+
+    limit = f" (the provider's limit: {overflow.limit_tokens} tokens)" if overflow.limit_tokens else ""
+    return CannotFit(
+        "The request still exceeds the model's context window after compaction"
+        f"{limit}; the newest messages alone are too large. Upstream said: {overflow.message[:300]}"
+    )

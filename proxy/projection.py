@@ -1,0 +1,351 @@
+"""The projection: what is forwarded, as a pure function of the client's messages and stored events.
+
+DESIGN.md section 3: ``forwarded = project(messages, events, profile, settings)``. Deterministic
+(same input, byte-identical output: no clock, no randomness, ids from content hashes) and stable
+across turns (a message once truncated, offloaded or summarized shows the same way next time).
+
+Order of application (each step reads the previous one's output):
+
+1. the deepest applicable ``summary`` event (anchor in the chain): leading system messages, then
+   the summary ``user`` message at the place of the first summarized message, then the messages
+   after the cutoff;
+2. the deepest applicable ``truncate_args`` and ``media`` events (messages up to their boundary);
+3. offload of large tool results / user messages (always, no event: a function of content);
+4. planning, when the estimate is over the trigger (or ``force`` after an overflow): a
+   ``TruncatePlan`` if truncation alone frees enough, else a ``SummaryPlan``; when nothing is left
+   to summarize and the request is still too large, clip the trailing tool results in place;
+5. synthetic answers for dangling tool calls (``patch_dangling_tool_calls``: by default only when
+   another defense changed the request, so an untouched request is forwarded as sent, case 004).
+
+Counts are ``TokenCounter`` estimates memoized by message digest: unchanged messages reuse their
+digest as key, changed ones are counted once under their new digest. Unchanged messages are shared
+(not copied); when nothing applies, ``Projection.messages`` is the very list given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.chat import message_digest, text_of
+from proxy.defenses.config import DefenseConfig
+from proxy.defenses.cutoff import last_user_turn, leading_system_count, tail_start
+from proxy.defenses.media import offload_media
+from proxy.defenses.offload import ArtifactToStore, offload_message
+from proxy.defenses.overflow_clip import clip_trailing_results
+from proxy.defenses.pairs import patch_dangling
+from proxy.defenses.plans import MediaPlan, Plan, SummaryPlan, TruncatePlan
+from proxy.defenses.summarize import summary_message
+from proxy.defenses.truncate_args import truncate_message
+
+REPLY_PRIMING_TOKENS = 3
+"""Every reply is primed with ``<|start|>assistant<|message|>`` (OpenAI cookbook)."""
+DEFENSE_ORDER = ("summary", "truncate_args", "offload", "media", "clip", "patch_dangling")
+
+
+@dataclass(frozen=True, slots=True)
+class Projection:
+    """The result of ``project``.
+
+    ``messages``: the list to forward (the input list itself when ``applied`` is empty).
+    ``tokens_forwarded``/``tokens_client``: estimates of the whole prompt (messages + tool schemas +
+    reserved output tokens) as forwarded / as the client sent it. ``applied``: defense names used,
+    in ``DEFENSE_ORDER``. ``event_ids``: stored events applied. ``artifacts``: content to store
+    BEFORE forwarding (stubs and plan inputs reference them). ``plan``: a new event to perform now,
+    or ``None``. ``fits``: estimate <= window (``True`` for an unknown window).
+    ``reason_unfittable``: why the request can never fit (answer 400 instead of compacting).
+    """
+
+    messages: list[dict[str, Any]]
+    tokens_forwarded: int
+    tokens_client: int
+    applied: tuple[str, ...]
+    event_ids: tuple[str, ...]
+    artifacts: tuple[ArtifactToStore, ...]
+    plan: Plan | None
+    fits: bool
+    reason_unfittable: str | None
+
+
+def _deepest(events: Sequence[Any], kind: str, index: dict[str, int]) -> tuple[Any, int] | None:
+    best: tuple[Any, int] | None = None
+    for ev in events:
+        if ev.kind != kind:
+            continue
+        i = index.get(ev.anchor_hash)
+        if i is not None and (best is None or i > best[1] or (i == best[1] and ev.id > best[0].id)):
+            best = (ev, i)
+    return best
+
+
+class _Projector:
+    """Working state of one projection (private; lives for one ``project`` call)."""
+
+    def __init__(self, messages: list[dict[str, Any]], chain: list[str], client_counts: list[int],
+                 cfg: DefenseConfig, counter: Any, unavailable: frozenset[str]) -> None:
+        self.messages, self.chain, self.cfg, self.counter = messages, chain, cfg, counter
+        self.client_counts, self.unavailable = client_counts, unavailable
+        self.cur: list[dict[str, Any]] = list(messages)
+        self.counts: list[int] = list(client_counts)
+        self.kinds: set[str] = set()
+        self.artifacts: dict[str, ArtifactToStore] = {}
+
+    def count_new(self, message: dict[str, Any]) -> int:
+        return self.counter.count_message(message, message_digest(message))
+
+    def transform(self, i: int, truncate: bool, media: bool, kinds: set[str]) -> tuple[dict[str, Any], int]:
+        """Message ``i`` (from ``self.cur``) with truncation, media offload and offload applied."""
+        cfg = self.cfg
+        m, cnt, changed = self.cur[i], self.counts[i], False
+        if truncate:
+            t = truncate_message(m, cfg.truncate_args_tools, cfg.truncate_args_max_chars, cfg.truncate_args_keep_chars)
+            if t is not None:
+                m, changed = t, True
+                kinds.add("truncate_args")
+        if media:
+            mm, arts = offload_media(m, self.unavailable)
+            if mm is not None:
+                m, changed = mm, True
+                kinds.add("media")
+                self.artifacts.update((a.id, a) for a in arts)
+        if changed:
+            cnt = self.count_new(m)
+        o, arts = offload_message(m, cnt, self.counter.count_text, cfg, self.unavailable)
+        if o is not None:
+            m, cnt = o, self.count_new(o)
+            kinds.add("offload")
+            self.artifacts.update((a.id, a) for a in arts)
+        return m, cnt
+
+
+def project(
+    messages: list[dict[str, Any]],
+    *,
+    digests: list[str],
+    chain_hashes: list[str],
+    events: Sequence[Any],
+    config: DefenseConfig,
+    counter: Any,
+    session_id: str,
+    tools: list[dict[str, Any]] | None = None,
+    reserved_output_tokens: int = 0,
+    force: bool = False,
+    force_media: bool = False,
+    limit_override_tokens: int | None = None,
+    unavailable_artifacts: frozenset[str] = frozenset(),
+) -> Projection:
+    """Project the client's ``messages`` through the stored ``events`` and the defenses.
+
+    ``digests``/``chain_hashes``: from ``proxy.chat.digests_and_chain(messages)``. ``events``:
+    the session's ``storage.records.EventRecord``s (any order; an event applies iff its
+    ``anchor_hash`` is in ``chain_hashes``). ``counter``: a ``proxy.tokens.TokenCounter``.
+    ``force``: an overflow happened, compact even below the trigger. ``force_media``: a body-size
+    overflow (413), plan offloading inline images of all but the newest user message.
+    ``limit_override_tokens``: a window learned from an overflow error (the smaller window wins).
+    ``unavailable_artifacts``: ids the pipeline failed to store; never referenced (the original
+    content is forwarded instead; an image becomes an error placeholder). Pure: inputs are not
+    mutated, no I/O. Raises nothing for well-formed chat messages.
+    """
+    cfg = config.with_window(limit_override_tokens)
+    window = cfg.context_window_tokens
+    tools_tokens = counter.count_tools(tools)
+    fixed = tools_tokens + reserved_output_tokens + REPLY_PRIMING_TOKENS
+    client_counts = [counter.count_message(m, d) for m, d in zip(messages, digests, strict=True)]
+    tokens_client = fixed + sum(client_counts)
+    if not cfg.enabled or not messages:
+        fits = window is None or tokens_client <= window
+        return Projection(messages, tokens_client, tokens_client, (), (), (), None, fits, None)
+
+    p = _Projector(messages, chain_hashes, client_counts, cfg, counter, unavailable_artifacts)
+    n = len(messages)
+    index = {h: i for i, h in enumerate(chain_hashes)}
+    lead = leading_system_count(messages)
+    sev = _deepest(events, "summary", index)
+    tev = _deepest(events, "truncate_args", index)
+    mev = _deepest(events, "media", index)
+    first = lead
+    c_prev = -1
+    event_ids: list[str] = []
+    if sev is not None:
+        first = index.get(sev[0].payload.get("first_hash", ""), lead)
+        c_prev = sev[1]
+        if first > c_prev:
+            first = lead
+        event_ids.append(sev[0].id)
+    lo = c_prev + 1 if sev is not None else first
+    t_bound = tev[1] if tev is not None else -1
+    m_bound = mev[1] if mev is not None else -1
+    if tev is not None and t_bound >= lo:
+        event_ids.append(tev[0].id)
+    if mev is not None and m_bound >= lo:
+        event_ids.append(mev[0].id)
+    kept = [*range(first), *range(lo, n)]
+    for i in kept:
+        p.cur[i], p.counts[i] = p.transform(i, i <= t_bound, i <= m_bound, p.kinds)
+
+    summary_msg: dict[str, Any] | None = None
+    summary_tokens = 0
+    if sev is not None:
+        ev = sev[0]
+        pinned_i = index.get(ev.payload.get("pinned_user_hash") or "")
+        pinned = text_of(messages[pinned_i].get("content")) if pinned_i is not None else None
+        summary_msg = summary_message(
+            ev.payload.get("summary", ""), session_id, ev.id,
+            int(ev.payload.get("message_count") or (c_prev - first + 1)),
+            pinned_user_text=pinned, read_tool_name=cfg.read_tool_name,
+        )
+        summary_tokens = p.count_new(summary_msg)
+        p.kinds.add("summary")
+
+    head_tokens = sum(p.counts[:first])
+    total = fixed + head_tokens + summary_tokens + sum(p.counts[lo:])
+    floor = fixed + head_tokens
+    if window is not None and floor > window:
+        reason = (
+            f"tool schemas ({tools_tokens} tokens), reserved output tokens ({reserved_output_tokens}) and "
+            f"system messages ({head_tokens} tokens) alone need {floor} tokens, over the model's context "
+            f"window of {window} tokens; no compaction of the conversation can make this request fit"
+        )
+        return _finish(p, messages, first, lo, summary_msg, total, tokens_client, event_ids, None, window, reason)
+
+    plan: Plan | None = None
+    if force_media:
+        plan = _media_plan(p, lo, m_bound, total)
+    too_big = window is not None and total > window
+    if plan is None and (force or too_big or total > cfg.trigger_tokens):
+        planner = _Planner(p, first, lo, c_prev, t_bound, fixed + head_tokens, total, sev)
+        plan = planner.plan(aggressive=force or too_big, allow_truncate=not force)
+    if plan is None and (force or too_big):
+        clipped, idx, arts = clip_trailing_results(
+            p.cur[lo:], p.counts[lo:], cfg, counter.count_text, unavailable_artifacts
+        )
+        if clipped is not None:
+            for j in idx:
+                p.cur[lo + j] = clipped[j]
+                p.counts[lo + j] = p.count_new(clipped[j])
+            p.artifacts.update((a.id, a) for a in arts)
+            p.kinds.add("clip")
+            total = fixed + head_tokens + summary_tokens + sum(p.counts[lo:])
+    return _finish(p, messages, first, lo, summary_msg, total, tokens_client, event_ids, plan, window, None)
+
+
+def _media_plan(p: _Projector, lo: int, m_bound: int, total: int) -> MediaPlan | None:
+    """Case 019: offload inline images of every kept message before the newest user message."""
+    u = last_user_turn(p.messages)
+    boundary = (u if u is not None else len(p.messages)) - 1
+    saved, found = 0, False
+    for i in range(max(lo, m_bound + 1), boundary + 1):
+        new, _ = offload_media(p.cur[i], p.unavailable)
+        if new is not None:
+            found = True
+            saved += p.counts[i] - p.count_new(new)
+    if not found:
+        return None
+    return MediaPlan(p.chain[boundary], total, total - max(0, saved))
+
+
+class _Planner:
+    """Chooses the next compaction event (truncation first, else a summary)."""
+
+    def __init__(self, p: _Projector, first: int, lo: int, c_prev: int, t_bound: int,
+                 base: int, total: int, sev: tuple[Any, int] | None) -> None:
+        self.p, self.first, self.lo, self.c_prev, self.t_bound = p, first, lo, c_prev, t_bound
+        self.base, self.total, self.sev = base, total, sev
+
+    def plan(self, aggressive: bool, allow_truncate: bool) -> Plan | None:
+        p, cfg = self.p, self.p.cfg
+        c = tail_start(p.messages, p.counts, self.lo, cfg.keep_tokens, cfg.keep_messages) - 1
+        if c < self.lo and aggressive:
+            c = tail_start(p.messages, p.counts, self.lo, 0, None) - 1  # minimal tail: the last turn
+        if c < self.lo:
+            return None
+        if allow_truncate:
+            truncate = self._truncate(c)
+            if truncate is not None:
+                return truncate
+        replaced = sum(p.counts[self.lo:c + 1]) + self.total - self.base - sum(p.counts[self.lo:])
+        if replaced <= cfg.summary_estimate_tokens:
+            return None  # the summary would not be smaller than what it replaces: clip instead
+        return self._summary(c)
+
+    def _truncate(self, c: int) -> TruncatePlan | None:
+        """Truncation alone, if it frees enough to leave ``keep_tokens`` of room under the trigger.
+
+        A truncation that leaves less room would be redone within a few turns (churning the
+        prompt prefix); a summary then makes the larger step.
+        """
+        p, cfg = self.p, self.p.cfg
+        if c <= self.t_bound:
+            return None
+        saved = 0
+        for i in range(max(self.lo, self.t_bound + 1), c + 1):
+            t = truncate_message(p.cur[i], cfg.truncate_args_tools, cfg.truncate_args_max_chars,
+                                 cfg.truncate_args_keep_chars)
+            if t is not None:
+                saved += p.counts[i] - p.count_new(t)
+        after = self.total - saved
+        if saved > 0 and after <= cfg.trigger_tokens - (cfg.keep_tokens or 0):
+            return TruncatePlan(p.chain[c], self.total, after)
+        return None
+
+    def _summary(self, c: int) -> SummaryPlan:
+        p, cfg = self.p, self.p.cfg
+        est_summary = cfg.summary_estimate_tokens
+        pinned: int | None = None
+        u = last_user_turn(p.messages)
+        if u is not None and self.first <= u <= c:
+            # Cut before the user's latest request instead (a user turn is never a tool answer, so
+            # that cut is pair-safe) when it keeps at most one more keep budget: a big step still.
+            c2 = u - 1
+            extra_ok = (sum(p.counts[c2 + 1:c + 1]) <= cfg.keep_tokens if cfg.keep_tokens is not None
+                        else c - c2 <= (cfg.keep_messages or 0))
+            if c2 >= self.lo and extra_ok:
+                c = c2
+            elif p.client_counts[u] <= (cfg.keep_tokens or 2000):
+                pinned = u
+        to_summarize: list[dict[str, Any]] = []
+        scratch: set[str] = set()
+        for i in range(self.lo, c + 1):
+            m, _ = p.transform(i, True, True, scratch)  # summarized history: media become references
+            to_summarize.append(m)
+        pinned_tokens = p.client_counts[pinned] if pinned is not None else 0
+        after = self.base + est_summary + pinned_tokens + sum(p.counts[c + 1:])
+        sev = self.sev
+        return SummaryPlan(
+            anchor_hash=p.chain[c],
+            first_hash=p.chain[self.first],
+            first_index=self.first,
+            cutoff_index=c,
+            previous_summary=sev[0].payload.get("summary") if sev else None,
+            previous_event_id=sev[0].id if sev else None,
+            to_summarize=to_summarize,
+            tokens_before=self.total,
+            tokens_after_estimate=after,
+            pinned_user_hash=p.chain[pinned] if pinned is not None else None,
+        )
+
+
+def _finish(p: _Projector, messages: list[dict[str, Any]], first: int, lo: int,
+            summary_msg: dict[str, Any] | None, total: int, tokens_client: int, event_ids: list[str],
+            plan: Plan | None, window: int | None, reason: str | None) -> Projection:
+    out = p.cur[:first] + ([summary_msg] if summary_msg is not None else []) + p.cur[lo:]
+    mode = p.cfg.patch_dangling_tool_calls
+    if mode == "always" or (mode == "compacted" and p.kinds):
+        patched = patch_dangling(out)
+        if patched is not None:
+            present = {id(m) for m in out}
+            total += sum(p.counter.count_message(m) for m in patched if id(m) not in present)
+            out = patched
+            p.kinds.add("patch_dangling")
+    if not p.kinds:
+        out = messages
+    fits = window is None or total <= window
+    if reason is None and plan is None and not fits:
+        reason = (
+            f"after compaction the request still needs about {total} tokens, over the model's context "
+            f"window of {window} tokens: the most recent messages alone do not fit"
+        )
+    applied = tuple(k for k in DEFENSE_ORDER if k in p.kinds)
+    return Projection(out, total, tokens_client, applied, tuple(event_ids), tuple(p.artifacts.values()),
+                      plan, fits, reason)

@@ -1,0 +1,67 @@
+"""Parsing and checking a client's chat request body, without a model that would drop fields.
+
+Only what the proxy relies on is checked (OpenAI's API reference for ``POST /chat/completions``):
+a JSON object with a string ``model`` and a non-empty list ``messages`` of objects whose ``role`` is
+a known chat role. Everything else is relayed as sent; the provider validates the rest.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from proxy.chat import ROLES
+from proxy.errors import BadRequest
+
+MAX_JSON_DEPTH = 64
+"""Deeper nesting than this is refused (orjson itself stops at 1024; no chat request needs 64)."""
+
+
+def _depth_ok(value: Any, limit: int) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return False
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values() if isinstance(v, (dict, list)))
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item if isinstance(v, (dict, list)))
+    return True
+
+
+def parse_chat_request(raw: bytes) -> dict[str, Any]:
+    """Parse and check a chat-completions body.
+
+    Returns the body as a plain dict. Raises ``BadRequest`` (400, OpenAI's envelope) for invalid
+    UTF-8 or JSON, a body that is not an object, a missing/ill-typed ``model`` or ``messages``, a
+    message that is not an object or has an unknown role, or JSON nested deeper than 64 levels.
+    """
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"The request body is not valid JSON: {exc}".split("\n")[0]) from None
+    if not isinstance(body, dict):
+        raise BadRequest("The request body must be a JSON object.")
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise BadRequest("'model' is required and must be a non-empty string.", param="model")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' is required and must be a non-empty array.", param="messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise BadRequest(f"messages[{i}] must be an object.", param=f"messages[{i}]")
+        role = message.get("role")
+        if role not in ROLES:
+            raise BadRequest(f"messages[{i}].role must be one of {sorted(ROLES)}; got {role!r}.", param=f"messages[{i}].role")
+        tool_calls = message.get("tool_calls")
+        if tool_calls is not None and not isinstance(tool_calls, list):
+            raise BadRequest(f"messages[{i}].tool_calls must be an array.", param=f"messages[{i}].tool_calls")
+    if "stream" in body and not isinstance(body["stream"], bool) and body["stream"] is not None:
+        raise BadRequest("'stream' must be a boolean.", param="stream")
+    if "tools" in body and body["tools"] is not None and not isinstance(body["tools"], list):
+        raise BadRequest("'tools' must be an array.", param="tools")
+    if not _depth_ok(body, MAX_JSON_DEPTH):
+        raise BadRequest(f"The request body is nested deeper than {MAX_JSON_DEPTH} levels.")
+    return body

@@ -1,0 +1,1 @@
+"""Thin route handlers: parse, call one use case, render."""

@@ -1,0 +1,38 @@
+"""Every other path under ``/v1/``: relayed untouched (method, query, headers, body, status, stream).
+
+Nothing here is parsed or logged as chat. The body is streamed to the upstream and the response
+streamed back, content encoding included, so what the client gets is byte for byte the upstream's.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.responses import StreamingResponse
+
+from proxy.upstream import forward_request_headers, response_headers, translate
+
+router = APIRouter()
+
+METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+
+
+@router.api_route("/v1/{path:path}", methods=METHODS, tags=["openai"], summary="Any other OpenAI path (pass-through)")
+async def passthrough(path: str, request: Request) -> StreamingResponse:
+    state = request.app.state.proxy
+    state.auth.chat_tenant(request.headers)
+    body = await request.body()
+    headers = forward_request_headers(request.headers.items(), upstream_api_key=state.settings.upstream_api_key, identity=False)
+    resp = await state.upstream.send(
+        request.method, "/" + path, headers=headers, content=body or None, params=request.url.query or None
+    )
+
+    async def relay():
+        try:
+            async for chunk in resp.aiter_raw():
+                yield chunk
+        except BaseException as exc:
+            raise translate(exc) from exc
+        finally:
+            await resp.aclose()
+
+    return StreamingResponse(relay(), status_code=resp.status_code, headers=response_headers(resp.headers, keep_encoding=True))

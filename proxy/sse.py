@@ -1,0 +1,157 @@
+"""Server-sent events: split a byte stream into events, and reassemble the assistant reply.
+
+The proxy relays upstream bytes unchanged; this module only *observes* them, to log the reply
+(content, tool calls with their argument pieces, finish reason, usage) once the stream ends.
+Event framing follows the WHATWG HTML "server-sent events" section: events end at a blank line,
+lines are ``field: value``; ``data`` lines of one event are joined with ``\\n``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+
+@dataclass(slots=True)
+class SSEEvent:
+    """One event: ``event`` name (None = "message") and its joined ``data`` (bytes)."""
+
+    event: str | None
+    data: bytes
+
+
+class SSESplitter:
+    """Incremental splitter: ``feed(chunk)`` returns the events completed by that chunk."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        self._buf += chunk.replace(b"\r\n", b"\n")
+        events: list[SSEEvent] = []
+        while True:
+            end = self._buf.find(b"\n\n")
+            if end < 0:
+                return events
+            block, self._buf = self._buf[:end], self._buf[end + 2 :]
+            event = _parse_block(block)
+            if event is not None:
+                events.append(event)
+
+    def flush(self) -> list[SSEEvent]:
+        """Events left in the buffer when the stream ends without a final blank line."""
+        block, self._buf = self._buf, b""
+        event = _parse_block(block.strip(b"\n"))
+        return [event] if event is not None else []
+
+
+def _parse_block(block: bytes) -> SSEEvent | None:
+    name: str | None = None
+    data: list[bytes] = []
+    for line in block.split(b"\n"):
+        if not line or line.startswith(b":"):
+            continue
+        key, _, value = line.partition(b":")
+        if value.startswith(b" "):
+            value = value[1:]
+        if key == b"data":
+            data.append(value)
+        elif key == b"event":
+            name = value.decode("utf-8", "replace")
+    if not data and name is None:
+        return None
+    return SSEEvent(name, b"\n".join(data))
+
+
+@dataclass(slots=True)
+class _ToolCallAcc:
+    id: str | None = None
+    type: str = "function"
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+class ReplyAssembler:
+    """Rebuilds the assistant message of choice 0 from chat.completion.chunk events.
+
+    ``message()`` returns it in OpenAI's shape (``role``, ``content`` — ``None`` when only tool
+    calls came —, ``tool_calls``); ``finish_reason``, ``usage`` and ``done`` (``[DONE]`` seen) are
+    attributes. Events that are not JSON chunks (errors, keep-alives) are recorded in ``errors``.
+    """
+
+    def __init__(self) -> None:
+        self._content: list[str] = []
+        self._saw_content = False
+        self._tools: dict[int, _ToolCallAcc] = {}
+        self._extra: dict[str, Any] = {}
+        self.role = "assistant"
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self.done = False
+        self.chunks = 0
+        self.errors: list[Any] = []
+
+    def add(self, event: SSEEvent) -> None:
+        if event.data == b"[DONE]":
+            self.done = True
+            return
+        try:
+            chunk = orjson.loads(event.data)
+        except orjson.JSONDecodeError:
+            self.errors.append(event.data.decode("utf-8", "replace"))
+            return
+        if not isinstance(chunk, dict):
+            return
+        if event.event == "error" or "error" in chunk:
+            self.errors.append(chunk.get("error", chunk))
+            return
+        self.chunks += 1
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+            self._add_delta(choice.get("delta") or {})
+
+    def _add_delta(self, delta: dict[str, Any]) -> None:
+        if delta.get("role"):
+            self.role = delta["role"]
+        text = delta.get("content")
+        if isinstance(text, str):
+            self._saw_content = self._saw_content or bool(text)
+            self._content.append(text)
+        for key in ("refusal", "reasoning_content"):
+            if delta.get(key):
+                self._extra[key] = self._extra.get(key, "") + delta[key]
+        for call in delta.get("tool_calls") or ():
+            acc = self._tools.setdefault(call.get("index", len(self._tools)), _ToolCallAcc())
+            if call.get("id"):
+                acc.id = call["id"]
+            if call.get("type"):
+                acc.type = call["type"]
+            fn = call.get("function") or {}
+            if fn.get("name"):
+                acc.name += fn["name"]
+            if fn.get("arguments"):
+                acc.arguments.append(fn["arguments"])
+
+    @property
+    def empty(self) -> bool:
+        """True when no content, no tool call and no finish reason arrived (an anomalous reply)."""
+        return not self._saw_content and not self._tools and self.finish_reason is None
+
+    def message(self) -> dict[str, Any]:
+        msg: dict[str, Any] = {"role": self.role}
+        content = "".join(self._content)
+        msg["content"] = content if (content or not self._tools) else None
+        if self._tools:
+            msg["tool_calls"] = [
+                {"id": acc.id, "type": acc.type, "function": {"name": acc.name, "arguments": "".join(acc.arguments)}}
+                for _, acc in sorted(self._tools.items())
+            ]
+        msg.update(self._extra)
+        return msg

@@ -1,0 +1,310 @@
+"""``Store``: the async storage API of the proxy (log, events, artifacts, requests, limits, reads).
+
+Storage inserts what it is given (ids and times come from the caller) and returns frozen records
+from ``storage.records``. Every method runs one short transaction; there is no global lock.
+Concurrent writers are safe by constraint, not by locking: inserts use ``ON CONFLICT DO
+NOTHING`` on the natural keys, so racing appends or compactions converge on one row.
+Every SQLAlchemy/driver error is raised as ``StorageError`` or ``StorageUnavailable``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from storage import reads
+from storage.engine import create_engine
+from storage.errors import FOREIGN_ERRORS, StorageError, translate_error
+from storage.records import (
+    ArtifactRecord,
+    EventRecord,
+    MessageRecord,
+    NewMessage,
+    RequestRecord,
+    SessionRecord,
+    SessionSummary,
+)
+from storage.tables import artifacts, events, learned_limits, messages, requests, sessions
+
+INSERT_BATCH_ROWS = 500
+"""Rows per multi-row INSERT: keeps bound parameters (rows x columns) under SQLite's and asyncpg's
+32,766/32,767 limits."""
+
+PREFIX_TAIL = 64
+"""``stored_prefix_len`` checks the last this-many hashes in one query before binary searching."""
+
+
+def _later(column: sa.ColumnElement[Any], now: datetime) -> sa.ColumnElement[Any]:
+    """``max(column, now)``, portable: a timestamp never moves back when clocks interleave."""
+    return sa.case((column < now, now), else_=column)
+
+
+class Store:
+    """Async storage over one engine (SQLite or PostgreSQL). Create with ``await Store.open(url)``."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._dialect = engine.dialect.name
+
+    @classmethod
+    async def open(cls, database_url: str, *, pool_size: int = 20) -> Store:
+        """Open a store on ``database_url`` (as users write it); does not migrate
+        (``storage.migrate.upgrade`` does). Connections are made lazily."""
+        return cls(create_engine(database_url, pool_size=pool_size))
+
+    async def close(self) -> None:
+        """Close every pooled connection."""
+        await self._engine.dispose()
+
+    async def ping(self, timeout_s: float = 5.0) -> bool:
+        """True iff ``SELECT 1`` succeeds within ``timeout_s``; never raises."""
+        try:
+            async with asyncio.timeout(timeout_s), self._engine.connect() as conn:
+                await conn.execute(sa.text("SELECT 1"))
+            return True
+        except (*FOREIGN_ERRORS, TimeoutError):
+            return False
+
+    @asynccontextmanager
+    async def _begin(self, operation: str) -> AsyncIterator[AsyncConnection]:
+        """One transaction, committed on exit; foreign errors become ``StorageError``s."""
+        try:
+            async with self._engine.begin() as conn:
+                yield conn
+        except FOREIGN_ERRORS as exc:
+            raise translate_error(exc, operation) from exc
+
+    @asynccontextmanager
+    async def _read(self, operation: str) -> AsyncIterator[AsyncConnection]:
+        try:
+            async with self._engine.connect() as conn:
+                yield conn
+        except FOREIGN_ERRORS as exc:
+            raise translate_error(exc, operation) from exc
+
+    def _insert(self, table: sa.Table) -> Any:
+        """The dialect's INSERT construct (it has ``on_conflict_do_nothing/do_update``)."""
+        return (postgresql.insert if self._dialect == "postgresql" else sqlite.insert)(table)
+
+    # --- sessions and the log -------------------------------------------------------------
+
+    async def get_or_create_session(self, tenant: str, session_id: str, now: datetime) -> SessionRecord:
+        """The session ``(tenant, session_id)``, created if missing; ``updated_at`` becomes ``now``
+        (never earlier than it was). Race-safe: concurrent calls return the same row."""
+        bump = (
+            sa.update(sessions)
+            .where(sessions.c.tenant == tenant, sessions.c.session_id == session_id)
+            .values(updated_at=_later(sessions.c.updated_at, now))
+            .returning(*sessions.c)
+        )
+        insert = self._insert(sessions).values(tenant=tenant, session_id=session_id, created_at=now, updated_at=now)
+        upsert = insert.on_conflict_do_update(
+            index_elements=[sessions.c.tenant, sessions.c.session_id],
+            set_={"updated_at": _later(sessions.c.updated_at, now)},
+        ).returning(*sessions.c)
+        async with self._begin("get_or_create_session") as conn:
+            row = (await conn.execute(bump)).first() or (await conn.execute(upsert)).one()
+        return SessionRecord(**row._mapping)
+
+    async def stored_prefix_len(self, session_pk: int, chain_hashes: list[str]) -> int:
+        """How many leading ``chain_hashes`` are stored in the session (0..len).
+
+        Relies on the log being prefix-closed (a message is stored only with or after its
+        parent). Cost: one point lookup when all are stored; else one ``IN`` query over the
+        last ``PREFIX_TAIL``; else a binary search of point lookups (about 13 for 5,000).
+        """
+        n = len(chain_hashes)
+        if n == 0:
+            return 0
+        base = sa.select(messages.c.chain_hash).where(messages.c.session_pk == session_pk)
+        async with self._read("stored_prefix_len") as conn:
+
+            async def stored(i: int) -> bool:
+                return (await conn.execute(base.where(messages.c.chain_hash == chain_hashes[i]))).first() is not None
+
+            if await stored(n - 1):
+                return n
+            start = max(0, n - 1 - PREFIX_TAIL)
+            window = chain_hashes[start : n - 1]
+            if window:
+                found = set((await conn.execute(base.where(messages.c.chain_hash.in_(window)))).scalars())
+                hits = [i for i, h in enumerate(window) if h in found]
+                if hits:
+                    return start + hits[-1] + 1
+            lo, hi = 0, start  # the answer is in [lo, hi]; chain_hashes[start] is not stored
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if await stored(mid - 1):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            return lo
+
+    async def append_messages(self, session_pk: int, new_messages: Sequence[NewMessage], now: datetime) -> int:
+        """Append ``new_messages`` (parents first) to the session's log; return how many were new.
+
+        One transaction: bump ``sessions.updated_at`` (its row lock orders concurrent appends of
+        one session on PostgreSQL), then ``INSERT .. ON CONFLICT (session_pk, chain_hash) DO
+        NOTHING`` in batches. Overlapping concurrent appends never duplicate nor fail.
+        """
+        if not new_messages:
+            return 0
+        rows = [
+            {
+                "session_pk": session_pk,
+                "chain_hash": m.chain_hash,
+                "parent_hash": m.parent_hash,
+                "seq": m.seq,
+                "role": m.role,
+                "message": m.message,
+                "internal": m.internal,
+                "created_at": now,
+            }
+            for m in new_messages
+        ]
+        bump = sa.update(sessions).where(sessions.c.pk == session_pk).values(updated_at=_later(sessions.c.updated_at, now))
+        added = 0
+        async with self._begin("append_messages") as conn:
+            await conn.execute(bump)
+            for i in range(0, len(rows), INSERT_BATCH_ROWS):
+                stmt = self._insert(messages).values(rows[i : i + INSERT_BATCH_ROWS])
+                stmt = stmt.on_conflict_do_nothing(index_elements=[messages.c.session_pk, messages.c.chain_hash])
+                added += (await conn.execute(stmt)).rowcount
+        return added
+
+    # --- events, artifacts, requests, learned limits ---------------------------------------
+
+    async def add_event(self, event: EventRecord) -> EventRecord:
+        """Store ``event``; if the session already has an event of this kind at this anchor,
+        return that one instead (two concurrent compactions at one point yield one event).
+        Raises ``StorageError`` if ``event.id`` is taken by a different event."""
+        stmt = self._insert(events).values(
+            id=event.id,
+            session_pk=event.session_pk,
+            kind=event.kind,
+            anchor_hash=event.anchor_hash,
+            payload=event.payload,
+            tokens_before=event.tokens_before,
+            tokens_after=event.tokens_after,
+            created_at=event.created_at,
+        )
+        existing = sa.select(*events.c).where(
+            events.c.session_pk == event.session_pk,
+            events.c.kind == event.kind,
+            events.c.anchor_hash == event.anchor_hash,
+        )
+        async with self._begin("add_event") as conn:
+            await conn.execute(stmt.on_conflict_do_nothing())
+            row = (await conn.execute(existing)).first()
+        if row is None:
+            raise StorageError(f"add_event: id {event.id!r} is already used by another event")
+        return EventRecord(**row._mapping)
+
+    async def list_events(self, session_pk: int) -> list[EventRecord]:
+        """The session's compaction events in creation order (``created_at``, then id)."""
+        query = sa.select(*events.c).where(events.c.session_pk == session_pk).order_by(events.c.created_at, events.c.id)
+        async with self._read("list_events") as conn:
+            return [EventRecord(**r._mapping) for r in await conn.execute(query)]
+
+    async def put_artifacts(self, items: Sequence[ArtifactRecord]) -> None:
+        """Store artifacts; an id already stored is left as it is (ids are content-addressed)."""
+        if not items:
+            return
+        rows = [
+            {
+                "id": a.id,
+                "tenant": a.tenant,
+                "session_pk": a.session_pk,
+                "media_type": a.media_type,
+                "content": a.content,
+                "size_bytes": a.size_bytes,
+                "line_count": a.line_count,
+                "created_at": a.created_at,
+            }
+            for a in items
+        ]
+        async with self._begin("put_artifacts") as conn:
+            for i in range(0, len(rows), INSERT_BATCH_ROWS):
+                stmt = self._insert(artifacts).values(rows[i : i + INSERT_BATCH_ROWS])
+                await conn.execute(stmt.on_conflict_do_nothing(index_elements=[artifacts.c.id]))
+
+    async def get_artifact(self, artifact_id: str, tenant: str | None) -> ArtifactRecord | None:
+        """The artifact if it exists and belongs to ``tenant`` (``None``: admin, any tenant)."""
+        query = sa.select(*artifacts.c).where(artifacts.c.id == artifact_id)
+        if tenant is not None:
+            query = query.where(artifacts.c.tenant == tenant)
+        async with self._read("get_artifact") as conn:
+            row = (await conn.execute(query)).first()
+        return None if row is None else ArtifactRecord(**row._mapping)
+
+    async def add_request(self, record: RequestRecord) -> None:
+        """Store a request record (``created_at`` ``None`` means now)."""
+        values = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+        values["created_at"] = record.created_at or datetime.now(UTC)
+        async with self._begin("add_request") as conn:
+            await conn.execute(sa.insert(requests).values(**values))
+
+    async def get_learned_limit(self, upstream: str, model: str) -> int | None:
+        """The context window (tokens) learned for ``(upstream, model)``, or ``None``."""
+        query = sa.select(learned_limits.c.context_window_tokens).where(
+            learned_limits.c.upstream == upstream, learned_limits.c.model == model
+        )
+        async with self._read("get_learned_limit") as conn:
+            return (await conn.execute(query)).scalar_one_or_none()
+
+    async def set_learned_limit(self, upstream: str, model: str, tokens: int, now: datetime) -> None:
+        """Store (or replace) the context window in tokens learned for ``(upstream, model)``."""
+        stmt = self._insert(learned_limits).values(
+            upstream=upstream, model=model, context_window_tokens=tokens, updated_at=now
+        )
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[learned_limits.c.upstream, learned_limits.c.model],
+            set_={"context_window_tokens": tokens, "updated_at": now},
+        )
+        async with self._begin("set_learned_limit") as conn:
+            await conn.execute(stmt)
+
+    # --- read side (see storage.reads) ---------------------------------------------------
+
+    async def list_sessions(
+        self, tenant: str | None, limit: int, after: str | None = None
+    ) -> tuple[list[SessionSummary], bool]:
+        """A keyset page of sessions, newest first, and ``has_more``; see ``reads.list_sessions``.
+        ``tenant=None`` is an admin listing of every tenant. Raises ``InvalidCursor``."""
+        async with self._read("list_sessions") as conn:
+            return await reads.list_sessions(conn, tenant, limit, after)
+
+    async def find_session(self, session_id: str, tenant: str | None) -> SessionRecord | None:
+        """The tenant's session ``session_id`` (``tenant=None``: admin, newest match)."""
+        async with self._read("find_session") as conn:
+            return await reads.find_session(conn, session_id, tenant)
+
+    async def session_summary(self, session: SessionRecord) -> SessionSummary:
+        """Counts, token sums and last model of ``session``."""
+        async with self._read("session_summary") as conn:
+            return await reads.session_summary(conn, session)
+
+    async def branch_leaf(self, session_pk: int, leaf_hash: str | None) -> MessageRecord | None:
+        """The message ``leaf_hash``, or (``None``) the newest leaf of the session."""
+        async with self._read("branch_leaf") as conn:
+            return await reads.branch_leaf(conn, session_pk, leaf_hash)
+
+    async def list_branch_messages(
+        self, session_pk: int, leaf_hash: str, after_seq: int | None, limit: int
+    ) -> tuple[list[MessageRecord], bool]:
+        """Root-to-``leaf_hash`` messages with ``seq > after_seq``, by seq, and ``has_more``."""
+        async with self._read("list_branch_messages") as conn:
+            return await reads.list_branch_messages(conn, session_pk, leaf_hash, after_seq, limit)
+
+    async def get_message_by_hash(self, session_pk: int, chain_hash: str) -> MessageRecord | None:
+        """The message of the session with this chain hash, or ``None``."""
+        async with self._read("get_message_by_hash") as conn:
+            return await reads.get_message_by_hash(conn, session_pk, chain_hash)

@@ -1,0 +1,19 @@
+"""Fixtures of the defense tests: one real tiktoken counter (o200k_base from the shared cache)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(Path(__file__).resolve().parents[3] / "shared" / "tiktoken"))
+
+
+@pytest.fixture(scope="session")
+def counter():
+    from proxy.tokens import TokenCounter
+
+    c = TokenCounter("o200k_base")
+    assert c.exact, "tiktoken o200k_base must load from the shared cache"
+    return c

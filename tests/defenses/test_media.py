@@ -1,0 +1,42 @@
+"""Media offload (proxy/defenses/media.py): inline images become references (case 019)."""
+
+from __future__ import annotations
+
+from proxy.defenses.media import UNSTORED_TEXT, has_inline_media, offload_media
+from proxy.defenses.offload import artifact_id
+
+DATA_URL = "data:image/png;base64," + "iVBORw0K" * 1000
+
+
+def screenshot(url: str = DATA_URL) -> dict:
+    return {"role": "user", "content": [{"type": "text", "text": "Screenshot 1"}, {"type": "image_url", "image_url": {"url": url}}]}
+
+
+def test_inline_image_becomes_a_text_reference():
+    message = screenshot()
+    new, artifacts = offload_media(message)
+    assert [p["type"] for p in new["content"]] == ["text", "text"]
+    assert new["content"][0] is message["content"][0]
+    art = artifacts[0]
+    assert art.id == artifact_id(DATA_URL) and art.content == DATA_URL and art.media_type == "image/png"
+    assert f"/artifacts/{art.id}" in new["content"][1]["text"]
+    assert message["content"][1]["type"] == "image_url"  # input untouched
+
+
+def test_remote_images_and_plain_text_are_left_alone():
+    assert offload_media(screenshot("https://example.com/x.png")) == (None, [])
+    assert offload_media({"role": "user", "content": "text"}) == (None, [])
+    assert not has_inline_media(screenshot("https://example.com/x.png"))
+    assert has_inline_media(screenshot())
+
+
+def test_anthropic_base64_image_block():
+    message = {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": "QUJD"}}]}
+    new, artifacts = offload_media(message)
+    assert artifacts[0].media_type == "image/jpeg" and artifacts[0].content == "data:image/jpeg;base64,QUJD"
+    assert new["content"][0]["type"] == "text"
+
+
+def test_unstorable_image_becomes_an_explicit_error_placeholder():
+    new, artifacts = offload_media(screenshot(), frozenset({artifact_id(DATA_URL)}))
+    assert artifacts == [] and new["content"][1] == {"type": "text", "text": UNSTORED_TEXT}

@@ -1,0 +1,96 @@
+"""Tool-pair safety and dangling-call patching (proxy/defenses/pairs.py); cases 001, 002, 004."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from proxy.defenses.pairs import CANCELLED_TEXT, dangling_calls, is_tool_answer, patch_dangling, safe_start
+from tests.strict import validate_chat_messages
+
+
+def call(cid: str, name: str = "read_file", args: str = "{}") -> dict:
+    return {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def asst(*ids: str, content=None) -> dict:
+    return {"role": "assistant", "content": content, "tool_calls": [call(i) for i in ids]}
+
+
+def tool(cid: str, content: str = "ok") -> dict:
+    return {"role": "tool", "tool_call_id": cid, "content": content}
+
+
+SYS = {"role": "system", "content": "s"}
+USER = {"role": "user", "content": "u"}
+TOOL_USE = {"role": "assistant", "content": [{"type": "tool_use", "id": "tu1", "name": "w", "input": {}}]}
+TOOL_RESULT = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu1", "content": "r"}]}
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [(tool("a"), True), ({"role": "function", "name": "f", "content": "x"}, True), (TOOL_RESULT, True),
+     (USER, False), (asst("a"), False), (TOOL_USE, False), ({"role": "user", "content": [{"type": "text", "text": "x"}]}, False)],
+)
+def test_is_tool_answer(message, expected):
+    assert is_tool_answer(message) is expected
+
+
+PARALLEL = [SYS, USER, asst("a", "b", "c"), tool("a"), tool("b"), tool("c")]
+
+
+@pytest.mark.parametrize(
+    ("messages", "start", "expected"),
+    [
+        (PARALLEL, 5, 2),  # case 001: inside a block of parallel results -> before the calling assistant
+        (PARALLEL, 3, 2),
+        (PARALLEL, 2, 2),
+        (PARALLEL, 1, 1),
+        ([SYS, USER, TOOL_USE, TOOL_RESULT], 3, 2),  # case 002: tool_result block stays with its tool_use
+        ([tool("x"), tool("y")], 1, 0),
+    ],
+)
+def test_safe_start_never_splits_a_pair(messages, start, expected):
+    assert safe_start(messages, start) == expected
+
+
+@pytest.mark.parametrize(
+    ("messages", "expected"),
+    [
+        (PARALLEL, []),
+        ([SYS, USER, asst("x1"), {"role": "user", "content": "stop"}], [(3, ["x1"])]),  # case 004 shape
+        ([USER, asst("a", "b"), tool("b"), USER], [(3, ["a"])]),
+        ([USER, asst("a")], [(2, ["a"])]),
+        ([USER, asst("a"), tool("a"), asst("b", "c"), tool("c")], [(5, ["b"])]),
+        ([USER, TOOL_USE, USER], []),  # Anthropic blocks are not patched here
+    ],
+)
+def test_dangling_calls(messages, expected):
+    assert dangling_calls(messages) == expected
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [SYS, USER, asst("x1"), {"role": "user", "content": "stop"}],
+        [USER, asst("a", "b"), tool("b"), USER],
+        [USER, asst("a")],
+        [USER, asst("a"), tool("a"), asst("b", "c"), tool("c"), USER],
+    ],
+)
+def test_patch_dangling_makes_a_strictly_valid_request_without_mutating_input(messages):
+    before = copy.deepcopy(messages)
+    assert validate_chat_messages(messages)  # the strict provider rejects the input
+    patched = patch_dangling(messages)
+    assert messages == before
+    assert patched is not None and validate_chat_messages(patched) == []
+    synthetic = [m for m in patched if m.get("content") == CANCELLED_TEXT]
+    assert len(patched) == len(messages) + len(synthetic) and synthetic
+    assert all(m["role"] == "tool" and "name" not in m for m in synthetic)
+    originals = [m for m in patched if m.get("content") != CANCELLED_TEXT]
+    assert all(a is b for a, b in zip(originals, messages, strict=True))  # shared, not copied
+
+
+def test_patch_dangling_returns_none_when_every_call_is_answered():
+    assert patch_dangling(PARALLEL) is None

@@ -1,0 +1,84 @@
+"""Defense 1 (proxy/defenses/truncate_args.py): valid JSON kept, content form kept (case 025)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from proxy.defenses.truncate_args import MARKER, truncate_arguments, truncate_message
+
+TOOLS = frozenset({"write_file", "edit_file"})
+LONG = "x" * 3000
+
+
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [
+        ('{"path": "a.py"}', '{"path": "a.py"}'),
+        (json.dumps({"path": "a.py", "content": LONG}), json.dumps({"path": "a.py", "content": "x" * 20 + MARKER})),
+        (json.dumps({"edits": [{"old": LONG, "new": "y"}]}), json.dumps({"edits": [{"old": "x" * 20 + MARKER, "new": "y"}]})),
+        (json.dumps({"content": "é" * 2500}), json.dumps({"content": "é" * 20 + MARKER}, ensure_ascii=False)),
+        ('{"content": "' + LONG, ("{\"content\": \"" + LONG)[:20] + MARKER),  # not JSON: raw cut
+        (json.dumps({"a": ["y" * 1000] * 5}), json.dumps({"a": ["y" * 1000] * 5})),  # long but no long string
+    ],
+)
+def test_truncate_arguments(arguments, expected):
+    out = truncate_arguments(arguments, 2000, 20)
+    assert out == expected
+    if expected == arguments:
+        assert out is arguments
+
+
+def test_truncated_json_keeps_keys_and_stays_valid():
+    args = json.dumps({"path": "hello.py", "content": "print('hello world')\n" * 800, "mode": 420})
+    out = json.loads(truncate_arguments(args, 2000, 20))
+    assert list(out) == ["path", "content", "mode"]
+    assert out["path"] == "hello.py" and out["mode"] == 420
+    assert out["content"] == ("print('hello world')\n" * 800)[:20] + MARKER
+
+
+@pytest.mark.parametrize("content", [None, "", "Writing the file."])
+def test_truncate_message_keeps_content_form_ids_and_order(content):
+    message = {
+        "role": "assistant",
+        "content": content,
+        "tool_calls": [
+            {"id": "w1", "type": "function", "function": {"name": "write_file", "arguments": json.dumps({"path": "p", "content": LONG})}},
+            {"id": "r1", "type": "function", "function": {"name": "run_command", "arguments": json.dumps({"command": LONG})}},
+        ],
+    }
+    before = copy.deepcopy(message)
+    out = truncate_message(message, TOOLS, 2000, 20)
+    assert message == before  # input not mutated
+    assert out is not None
+    assert "content" in out and out["content"] == content and type(out["content"]) is type(content)
+    assert [c["id"] for c in out["tool_calls"]] == ["w1", "r1"]
+    assert json.loads(out["tool_calls"][0]["function"]["arguments"])["content"].endswith(MARKER)
+    assert out["tool_calls"][1] is message["tool_calls"][1]  # not a configured tool: untouched
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "user", "content": LONG},
+        {"role": "tool", "tool_call_id": "a", "content": LONG},
+        {"role": "assistant", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "a", "type": "function", "function": {"name": "write_file", "arguments": '{"path": "short"}'}}]},
+    ],
+)
+def test_truncate_message_unchanged_returns_none(message):
+    assert truncate_message(message, TOOLS, 2000, 20) is None
+
+
+def test_truncate_message_shortens_anthropic_tool_use_input():
+    message = {"role": "assistant", "content": [
+        {"type": "text", "text": "writing"},
+        {"type": "tool_use", "id": "tu", "name": "write_file", "input": {"path": "p", "content": LONG}},
+    ]}
+    out = truncate_message(message, TOOLS, 2000, 20)
+    assert out["content"][0] is message["content"][0]
+    assert out["content"][1]["input"] == {"path": "p", "content": "x" * 20 + MARKER}
+    assert out["content"][1]["id"] == "tu"
