@@ -19,6 +19,7 @@ from proxy import __version__
 from proxy.auth import Authenticator
 from proxy.compaction import Compactor
 from proxy.errors import BadRequest, NotFound, ProxyError, StorageUnavailableError
+from proxy.metrics import Metrics, MetricsMiddleware
 from proxy.pipeline import ChatPipeline
 from proxy.routes import chat, health, passthrough, read
 from proxy.session_log import SessionLog
@@ -42,19 +43,20 @@ class ProxyState:
     pipeline: ChatPipeline
 
 
-def build_compactor(settings: Settings, store: Store, upstream: Upstream) -> Compactor:
+def build_compactor(settings: Settings, store: Store, upstream: Upstream, metrics: Metrics | None = None) -> Compactor:
     """The defenses when enabled, else the pass-through compactor."""
     if not settings.compaction_enabled:
         return Compactor()
     from proxy.compactor import ProjectingCompactor
 
-    return ProjectingCompactor(settings, store, upstream)
+    return ProjectingCompactor(settings, store, upstream, metrics=metrics)
 
 
 def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
     """The proxy as an ASGI app. ``upstream_transport`` replaces the aiohttp transport (tests)."""
     if settings.tiktoken_cache_dir:
         os.environ["TIKTOKEN_CACHE_DIR"] = settings.tiktoken_cache_dir
+    metrics = Metrics()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -70,7 +72,9 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
             read_timeout_s=settings.upstream_read_timeout_s,
             transport=upstream_transport,
         )
-        pipeline = ChatPipeline(settings, SessionLog(store), upstream, build_compactor(settings, store, upstream))
+        pipeline = ChatPipeline(
+            settings, SessionLog(store), upstream, build_compactor(settings, store, upstream, metrics), metrics=metrics
+        )
         app.state.proxy = ProxyState(settings, Authenticator(settings), store, upstream, pipeline)
         try:
             yield
@@ -87,6 +91,9 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
     )
     for router in (health.router, read.router, chat.router, passthrough.router):
         app.include_router(router)
+    app.state.metrics = metrics
+    app.add_route("/metrics", metrics.endpoint, methods=["GET"], include_in_schema=False)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
     _install_error_handlers(app)
     return app
 
@@ -103,6 +110,7 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StorageError)
     async def storage_error(request: Request, exc: StorageError) -> Response:
         log.error("database error: %s", type(exc).__name__)
+        request.app.state.metrics.database_error("request")
         return _render(StorageUnavailableError("The proxy's database is unavailable; try again shortly."))
 
     @app.exception_handler(RequestValidationError)

@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from proxy.compaction import Compactor, Prepared
-from proxy.defenses.summarize import build_summary_request_messages, render_transcript, summary_chunks
+from proxy.defenses.plans import SummaryPlan
+from proxy.defenses.summarize import build_summary_request_messages, chunk_budget_tokens, render_transcript, summary_chunks
 from proxy.errors import CannotFit
+from proxy.metrics import Metrics
 from proxy.models import ModelProfiles
 from proxy.overflow import Overflow, classify_error
-from proxy.projection import DefenseConfig, Projection, SummaryPlan, TruncatePlan, project
+from proxy.projection import DefenseConfig, Projection, project
 from proxy.session_log import now
 from proxy.settings import Settings
 from proxy.tokens import load_counter
@@ -35,8 +37,6 @@ log = logging.getLogger("context_proxy.compaction")
 
 MAX_PLAN_ROUNDS = 4
 """Plans executed per request at most (truncate, summarize, clip, media): a bound, not a target."""
-SUMMARY_PROMPT_OVERHEAD_TOKENS = 600
-"""Tokens of the summary request besides the transcript (instructions, framing); measured ~420."""
 TRUNCATION_SUSPECT_RATIO = 1.5
 """A reply whose ``usage.prompt_tokens`` is under our estimate divided by this was silently cut."""
 
@@ -48,11 +48,13 @@ class SummaryFailed(Exception):
 class ProjectingCompactor(Compactor):
     """Runs the four defenses for the pipeline. One per app; safe for concurrent requests."""
 
-    def __init__(self, settings: Settings, store: Store, upstream: Upstream) -> None:
+    def __init__(self, settings: Settings, store: Store, upstream: Upstream, *, metrics: Metrics | None = None) -> None:
+        self.metrics = metrics or Metrics()
         self.settings = settings
         self.store = store
         self.upstream = upstream
         self.counter = load_counter(settings.tiktoken_cache_dir)
+        self.metrics.tokenizer(self.counter.encoding_name, self.counter.exact)
         self.profiles = ModelProfiles(settings.models_file)
         self._learned: dict[str, int | None] = {}
 
@@ -104,7 +106,6 @@ class ProjectingCompactor(Compactor):
             config=cfg,
             counter=self.counter,
             session_id=ctx.session.session_id,
-            artifact_namespace=ctx.tenant,
             force=force,
             force_media=force_media,
             unavailable_artifacts=frozenset(unavailable),
@@ -126,75 +127,87 @@ class ProjectingCompactor(Compactor):
         ]
         try:
             await self.store.put_artifacts(records)
+            self.metrics.artifacts_stored(len(records))
             return True
         except StorageError:
+            self.metrics.artifacts_stored(len(records), ok=False)
+            self.metrics.database_error("artifacts")
             log.error("storing %d artifacts failed; forwarding their content in full", len(records))
             unavailable.update(a.id for a in proj.artifacts)
             return False
 
     async def _execute(self, ctx: ChatContext, cfg: DefenseConfig, proj: Projection) -> EventRecord | None:
+        """Carry out ``proj.plan`` and store it as an event (the stored one if another request won)."""
         plan = proj.plan
-        if isinstance(plan, TruncatePlan):
-            kind, payload = "truncate_args", {"boundary_hash": plan.anchor_hash}
-            before, after = plan.tokens_before, plan.tokens_after
-        elif isinstance(plan, SummaryPlan):
+        assert plan is not None
+        if isinstance(plan, SummaryPlan):
             try:
                 summary = await self._summarize(ctx, cfg, plan)
             except SummaryFailed as exc:
                 log.error("summary call failed: %s", exc, extra={"session_id": ctx.session.session_id})
                 return None
-            kind = "summary"
-            payload = {
-                "summary": summary,
-                "first_hash": ctx.chain[plan.first_index],
-                "cutoff_hash": plan.anchor_hash,
-                "previous_event_id": plan.previous_event_id,
-                "message_count": plan.cutoff_index + 1,
-            }
-            before, after = plan.tokens_before, plan.tokens_after_estimate
+            payload, after = plan.payload(summary), plan.tokens_after_estimate
         else:
-            kind = plan.kind
-            payload = dict(plan.payload)
-            before, after = plan.tokens_before, plan.tokens_after
+            payload, after = plan.payload(), plan.tokens_after
         event = EventRecord(
-            id=_event_id(ctx.session.pk, kind, plan.anchor_hash),
+            id=_event_id(ctx.session.pk, plan.kind, plan.anchor_hash),
             session_pk=ctx.session.pk,
-            kind=kind,
+            kind=plan.kind,
             anchor_hash=plan.anchor_hash,
             payload=payload,
-            tokens_before=before,
+            tokens_before=plan.tokens_before,
             tokens_after=after,
             created_at=now(),
         )
-        return await self.store.add_event(event)
+        stored = await self.store.add_event(event)
+        self.metrics.compaction_stored(stored.kind)
+        return stored
 
     async def _summarize(self, ctx: ChatContext, cfg: DefenseConfig, plan: SummaryPlan) -> str:
-        """Fold ``plan.to_summarize`` into the previous summary, one window-sized chunk per call."""
+        """Fold ``plan.to_summarize`` into the previous summary, one window-sized chunk per call.
+
+        Each call must fit the window itself (case 020): chunks are sized from the window, the
+        reply budget and the running summary; if the provider still reports an overflow, the
+        chunks are halved (at most three attempts) before giving up.
+        """
         window = cfg.context_window_tokens or self.settings.fallback_trigger_tokens
-        summary = plan.previous_summary
-        budget = window - self.settings.summary_max_tokens - SUMMARY_PROMPT_OVERHEAD_TOKENS
+        reply = self._reply_tokens(window)
+        shrink = 1
         for _attempt in range(3):
-            prior = self.counter.count_text(summary) if summary else 0
-            chunks = summary_chunks(plan.to_summarize, max(256, budget - prior), self.counter)
+            summary = plan.previous_summary
             try:
-                for chunk in chunks:
-                    summary = await self._summary_call(ctx, summary, render_transcript(chunk))
-                    prior = self.counter.count_text(summary)
+                for chunk in self._chunks(plan.to_summarize, window, reply, summary, shrink):
+                    summary = await self._summary_call(ctx, summary, render_transcript(chunk), reply)
                 return summary or ""
             except _SummaryOverflow as exc:
-                summary = plan.previous_summary
-                budget = min(budget // 2, exc.limit_tokens - self.settings.summary_max_tokens - SUMMARY_PROMPT_OVERHEAD_TOKENS if exc.limit_tokens else budget // 2)
+                if exc.limit_tokens:
+                    window = min(window, exc.limit_tokens)
+                shrink *= 2
         raise SummaryFailed("the summary request overflowed the window three times")
 
-    async def _summary_call(self, ctx: ChatContext, previous: str | None, transcript: str) -> str:
+    def _reply_tokens(self, window: int) -> int:
+        """The summary's output budget: the setting, but at most a quarter of the window."""
+        return max(64, min(self.settings.summary_max_tokens, window // 4))
+
+    def _chunks(self, messages: list[dict[str, Any]], window: int, reply: int, summary: str | None, shrink: int) -> list[list[dict[str, Any]]]:
+        prior = self.counter.count_text(summary) if summary else 0
+        budget = chunk_budget_tokens(window, reply, prior) // shrink
+        return summary_chunks(messages, max(128, budget), self.counter)
+
+    async def _summary_call(self, ctx: ChatContext, previous: str | None, transcript: str, reply_tokens: int) -> str:
+        """One non-streaming summary request with the client's credentials and token-limit field.
+
+        Never carries ``stream``/``stream_options`` (case 029) and uses ``max_completion_tokens``
+        or ``max_tokens`` exactly as the client did, or neither (case 028).
+        """
         body: dict[str, Any] = {
             "model": self.settings.summary_model or ctx.model,
             "messages": build_summary_request_messages(previous, transcript),
         }
         if "max_completion_tokens" in ctx.body:
-            body["max_completion_tokens"] = self.settings.summary_max_tokens
+            body["max_completion_tokens"] = reply_tokens
         elif "max_tokens" in ctx.body:
-            body["max_tokens"] = self.settings.summary_max_tokens
+            body["max_tokens"] = reply_tokens
         resp = await self.upstream.send("POST", "/chat/completions", headers=ctx.upstream_headers, content=orjson.dumps(body))
         try:
             data = await resp.aread()
@@ -231,6 +244,7 @@ class ProjectingCompactor(Compactor):
                 await self.store.set_learned_limit(self.upstream.base_url, model, limit, now())
             except StorageError:
                 log.error("storing the learned window of %s failed", model)
+                self.metrics.database_error("learned_limits")
 
     def can_retry(self, ctx: ChatContext, overflow: Overflow) -> bool:
         return True

@@ -23,6 +23,8 @@ import orjson
 from proxy.chat import digests_and_chain
 from proxy.compaction import Compactor, Prepared
 from proxy.errors import ProxyError, UpstreamTimeout, UpstreamUnreachable
+from proxy.logging_setup import bind
+from proxy.metrics import Metrics
 from proxy.overflow import Overflow, classify_error, classify_stream_event
 from proxy.requests import parse_chat_request
 from proxy.session_log import MAX_SESSION_ID_CHARS, LoggedRequest, SessionLog, derive_session_id, new_id
@@ -82,7 +84,9 @@ class ChatContext:
 class ChatPipeline:
     """Orchestrates one chat request. Owns no connections: the store and upstream are injected."""
 
-    def __init__(self, settings: Settings, session_log: SessionLog, upstream: Upstream, compactor: Compactor) -> None:
+    def __init__(self, settings: Settings, session_log: SessionLog, upstream: Upstream, compactor: Compactor,
+                 *, metrics: Metrics | None = None) -> None:
+        self.metrics = metrics or Metrics()
         self.settings = settings
         self.log = session_log
         self.upstream = upstream
@@ -123,6 +127,7 @@ class ChatPipeline:
             started=time.perf_counter(),
             append_task=self.spawn(self.log.append_request(session, messages, chain)),
         )
+        bind(request_id=ctx.request_id, session_id=session.session_id, model=ctx.model)
         overflow: Overflow | None = None
         while True:
             ctx.prepared = await self.compactor.prepare(ctx, overflow=overflow)
@@ -137,6 +142,7 @@ class ChatPipeline:
                 if ctx.retries >= self.settings.max_overflow_retries or not self.compactor.can_retry(ctx, overflow):
                     return self._overflow_unrecoverable(ctx, overflow)
                 ctx.retries += 1
+                self.metrics.overflow("retried")
                 continue
             return outcome
 
@@ -160,7 +166,9 @@ class ChatPipeline:
 
     async def _forward(self, ctx: ChatContext) -> Buffered | Streamed | Overflow:
         assert ctx.prepared is not None
+        sent = time.perf_counter()
         resp = await self.upstream.send("POST", CHAT_PATH, headers=ctx.upstream_headers, content=ctx.prepared.body)
+        self.metrics.upstream_answered(ctx.model, time.perf_counter() - sent)
         try:
             if resp.status_code >= 400:
                 data = await _read(resp)
@@ -241,6 +249,7 @@ class ChatPipeline:
 
     def _overflow_unrecoverable(self, ctx: ChatContext, overflow: Overflow) -> Buffered:
         exc = _overflow_error(overflow)
+        self.metrics.overflow("unrecoverable")
         self.spawn(self._finish(ctx, exc.status, None, None, error=exc.message))
         return Buffered(exc.status, self._client_headers(ctx, None) | {"content-type": "application/json"}, exc.body())
 
@@ -256,10 +265,15 @@ class ChatPipeline:
     ) -> None:
         """Log the reply and the request record; runs as its own task, never raises."""
         latency_ms = (time.perf_counter() - ctx.started) * 1000
+        if ctx.prepared is not None:
+            self.metrics.chat_forwarded(ctx.model, ctx.prepared.tokens_client, ctx.prepared.tokens_forwarded, ctx.prepared.applied)
+        if ctx.retries and status < 400:
+            self.metrics.overflow("recovered")
         try:
             logged = await ctx.append_task
         except Exception:
             log.exception("appending the request's messages failed", extra={"session_id": ctx.session.session_id})
+            self.metrics.database_error("log")
             logged = LoggedRequest(0, None)
         try:
             if reply is not None and status < 400:
@@ -288,6 +302,7 @@ class ChatPipeline:
             await self.compactor.observe_reply(ctx, usage)
         except Exception:
             log.exception("logging the reply failed", extra={"session_id": ctx.session.session_id})
+            self.metrics.database_error("log")
 
 
 async def _read(resp: httpx.Response) -> bytes:

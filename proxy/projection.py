@@ -140,7 +140,9 @@ def project(
     ``digests``/``chain_hashes``: from ``proxy.chat.digests_and_chain(messages)``. ``events``:
     the session's ``storage.records.EventRecord``s (any order; an event applies iff its
     ``anchor_hash`` is in ``chain_hashes``). ``counter``: a ``proxy.tokens.TokenCounter``.
-    ``force``: an overflow happened, compact even below the trigger. ``force_media``: a body-size
+    ``force``: an overflow happened, compact even below the trigger (pass it once per overflow:
+    after storing the planned event, re-project with ``force=False``; a forced projection may
+    plan a summary that keeps only the last turn). ``force_media``: a body-size
     overflow (413), plan offloading inline images of all but the newest user message.
     ``limit_override_tokens``: a window learned from an overflow error (the smaller window wins).
     ``unavailable_artifacts``: ids the pipeline failed to store; never referenced (the original
@@ -227,7 +229,26 @@ def project(
             p.artifacts.update((a.id, a) for a in arts)
             p.kinds.add("clip")
             total = fixed + head_tokens + summary_tokens + sum(p.counts[lo:])
+        if window is not None and total > window:
+            total += _truncate_tail(p, lo)
     return _finish(p, messages, first, lo, summary_msg, total, tokens_client, event_ids, plan, window, None)
+
+
+def _truncate_tail(p: _Projector, lo: int) -> int:
+    """Last resort after clipping: truncate configured tools' arguments in the kept tail too.
+
+    Those calls already ran (their files exist and can be re-read), so their long arguments are the
+    cheapest thing left to cut. Returns the token delta (<= 0).
+    """
+    cfg, delta = p.cfg, 0
+    for i in range(lo, len(p.cur)):
+        t = truncate_message(p.cur[i], cfg.truncate_args_tools, cfg.truncate_args_max_chars, cfg.truncate_args_keep_chars)
+        if t is not None:
+            new_count = p.count_new(t)
+            delta += new_count - p.counts[i]
+            p.cur[i], p.counts[i] = t, new_count
+            p.kinds.add("truncate_args")
+    return delta
 
 
 def _media_plan(p: _Projector, lo: int, m_bound: int, total: int) -> MediaPlan | None:

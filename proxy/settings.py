@@ -73,3 +73,9 @@ class Settings(BaseSettings):
         "compacted",
         description="Synthetic answers for unanswered tool calls: 'compacted' (only in requests the proxy changed), 'always', 'never'.",
     )
+
+    # --- operations (issue 6) ---
+    log_format: str = Field("json", description="Log line format: 'json' (one JSON object per line) or 'text'.")
+    shutdown_grace_s: float = Field(
+        30.0, description="On SIGTERM, seconds in-flight requests and streams get to finish before they are cancelled."
+    )

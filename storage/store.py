@@ -215,7 +215,11 @@ class Store:
             return [EventRecord(**r._mapping) for r in await conn.execute(query)]
 
     async def put_artifacts(self, items: Sequence[ArtifactRecord]) -> None:
-        """Store artifacts; an id already stored is left as it is (ids are content-addressed)."""
+        """Store artifacts; an id already stored for that tenant is left as it is.
+
+        Ids are content-addressed, so two tenants offloading the same content get the same id:
+        the primary key is ``(tenant, id)`` and each tenant owns its own copy.
+        """
         if not items:
             return
         rows = [
@@ -234,7 +238,7 @@ class Store:
         async with self._begin("put_artifacts") as conn:
             for i in range(0, len(rows), INSERT_BATCH_ROWS):
                 stmt = self._insert(artifacts).values(rows[i : i + INSERT_BATCH_ROWS])
-                await conn.execute(stmt.on_conflict_do_nothing(index_elements=[artifacts.c.id]))
+                await conn.execute(stmt.on_conflict_do_nothing(index_elements=[artifacts.c.tenant, artifacts.c.id]))
 
     async def get_artifact(self, artifact_id: str, tenant: str | None) -> ArtifactRecord | None:
         """The artifact if it exists and belongs to ``tenant`` (``None``: admin, any tenant)."""

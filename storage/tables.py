@@ -106,8 +106,8 @@ events = sa.Table(
 artifacts = sa.Table(
     "artifacts",
     metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
     sa.Column("id", sa.Text, primary_key=True),
-    sa.Column("tenant", sa.Text, nullable=False),
     sa.Column("session_pk", BigId, sa.ForeignKey("sessions.pk", ondelete="SET NULL"), nullable=True),
     sa.Column("media_type", sa.Text, nullable=False),
     sa.Column("content", sa.Text, nullable=False),

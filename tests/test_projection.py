@@ -13,7 +13,7 @@ import time
 import orjson
 import pytest
 
-from proxy.chat import digests_and_chain, text_of
+from proxy.chat import digests_and_chain
 from proxy.defenses.config import DefenseConfig
 from proxy.defenses.offload import artifact_id
 from proxy.defenses.plans import MediaPlan, SummaryPlan, TruncatePlan
@@ -118,7 +118,6 @@ def test_case_005_first_user_fact_survives_repeated_compaction(counter):
     for send in range(3):
         if send:
             history = history[:-1] + [m for k in range(6) for m in _read_round(10 * send + k + 1)] + [question]
-        digests, chain = digests_and_chain(history)
         p, events = run_plans(history, cfg, counter, events, tools=req["tools"])
         assert validate_chat_messages(p.messages) == [] and p.fits
         text = forwarded_text(p.messages)
@@ -309,10 +308,43 @@ def test_large_history_projects_fast(counter):
     cfg = DefenseConfig(context_window_tokens=128_000)
     _, events = run_plans(history, cfg, counter)
     grown = history + [{"role": "user", "content": "Go on."}]
-    digests, chain = digests_and_chain(grown)
     project_once(grown, cfg, counter, events)  # warm the memo for the new message
     start = time.perf_counter()
     p = project_once(grown, cfg, counter, events)
     elapsed = time.perf_counter() - start
     assert p.fits and "summary" in p.applied
     assert elapsed < 0.5, elapsed
+
+
+def test_images_in_summarized_history_become_references_for_the_summary_call(counter):
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "iVBORw0K" * 500}}
+    messages = [{"role": "system", "content": "s"},
+                {"role": "user", "content": [{"type": "text", "text": "Screenshot of the bug."}, image]},
+                {"role": "assistant", "content": "I see the bug. " + "details " * 1200},
+                {"role": "user", "content": "Fix it. QUESTION: bug"}]
+    p = project_once(messages, DefenseConfig(context_window_tokens=2048), counter)
+    plan = p.plan
+    assert isinstance(plan, SummaryPlan) and plan.cutoff_index == 2
+    part = plan.to_summarize[0]["content"][1]
+    assert part["type"] == "text" and "/artifacts/art_" in part["text"]
+    assert "base64" not in render_transcript(plan.to_summarize)
+    assert [a.media_type for a in p.artifacts] == ["image/png"] and p.artifacts[0].id in part["text"]
+    assert p.messages is messages  # the forwarded request is unchanged until the summary is stored
+
+
+def test_dangling_call_is_patched_once_the_proxy_changed_the_request(counter):
+    req = load_case("026")["request"]
+    dangling = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_z", "type": "function", "function": {"name": "run_command", "arguments": "{}"}}]}
+    messages = req["messages"][:3] + [dangling] + req["messages"][3:]
+    p, _ = run_plans(messages, DefenseConfig(context_window_tokens=2048), counter)
+    assert p.applied[0] == "summary" and p.applied[-1] == "patch_dangling"
+    assert validate_chat_messages(p.messages) == []
+    i = next(i for i, m in enumerate(p.messages) if m is dangling)
+    assert p.messages[i + 1]["tool_call_id"] == "call_z" and p.messages[i + 2] is messages[-1]
+
+
+def test_force_with_a_last_message_too_large_to_fit_says_why(counter):
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "word " * 3000}]
+    p = project_once(messages, DefenseConfig(context_window_tokens=2048), counter, force=True)
+    assert p.plan is None and not p.fits and "most recent messages" in p.reason_unfittable

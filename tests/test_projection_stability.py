@@ -15,7 +15,7 @@ import random
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from proxy.defenses.config import DefenseConfig
@@ -122,8 +122,10 @@ def histories(draw):
             n = draw(st.integers(1, 3))
             ids = [f"c{k}_{j}" for j in range(n)]
             messages.append({"role": "assistant", "content": draw(st.sampled_from([None, "", "ok"])), "tool_calls": [
-                {"id": i, "type": "function", "function": {"name": draw(st.sampled_from(["read_file", "write_file"])),
-                                                           "arguments": json.dumps({"content": text(rng, 3) * draw(st.sampled_from([1, 40]))})}}
+                {"id": i, "type": "function", "function": {"name": "write_file", "arguments": json.dumps(
+                    {"path": i, "content": text(rng, 3) * draw(st.sampled_from([1, 40]))})}}
+                if draw(st.booleans()) else
+                {"id": i, "type": "function", "function": {"name": "read_file", "arguments": json.dumps({"path": i})}}
                 for i in ids]})
             for i in ids:
                 size = draw(st.sampled_from([1, 10, 60, 400]))
@@ -141,12 +143,13 @@ def histories(draw):
     return messages
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(messages=histories(), window=st.sampled_from([2048, 4096, 8192, 32_000]), force=st.booleans())
 def test_any_valid_history_projects_to_a_valid_request_that_fits(counter, messages, window, force):
     assert validate_chat_messages(messages) == []
     p, _ = run_plans(messages, DefenseConfig(context_window_tokens=window), counter, force=force)
+    event("applied: " + (",".join(p.applied) or "none"))
     assert validate_chat_messages(p.messages) == []
-    assert p.fits or p.reason_unfittable, (p.tokens_forwarded, window)
-    if p.reason_unfittable:  # only when the newest turn alone cannot fit
-        assert messages[-1]["role"] != "tool" or p.tokens_forwarded > window
+    # every generated user turn is small and large tool results can be offloaded: fitting is possible
+    assert p.fits and p.reason_unfittable is None, (p.tokens_forwarded, window)
+    assert p.tokens_forwarded <= max(window, p.tokens_client)

@@ -3,7 +3,8 @@
 The pipeline executes a plan (for a summary: the upstream calls), stores an ``EventRecord`` with
 ``kind=plan.kind``, ``anchor_hash=plan.anchor_hash``, ``payload=plan.payload(...)``,
 ``tokens_before``/``tokens_after``, then projects again with the new event included; that second
-projection needs no plan. Anchors are chain hashes (DESIGN.md section 3): an event applies to a
+projection needs no plan (store a summary event's ``tokens_after`` as that re-projection's
+``tokens_forwarded``). Anchors are chain hashes (DESIGN.md section 3): an event applies to a
 request iff its ``anchor_hash`` is among the request's chain hashes.
 """
 

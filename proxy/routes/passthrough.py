@@ -22,9 +22,13 @@ async def passthrough(path: str, request: Request) -> StreamingResponse:
     state.auth.chat_tenant(request.headers)
     body = await request.body()
     headers = forward_request_headers(request.headers.items(), upstream_api_key=state.settings.upstream_api_key, identity=False)
-    resp = await state.upstream.send(
-        request.method, "/" + path, headers=headers, content=body or None, params=request.url.query or None
-    )
+    # The path and query exactly as the client wrote them (percent-encoding kept): httpx would
+    # re-encode a ``params`` string (``%20`` -> ``+``) and the decoded ``path`` loses ``%2F``.
+    raw_path = request.scope.get("raw_path") or ("/v1/" + path).encode()
+    target = raw_path.decode("latin-1").removeprefix("/v1")
+    if request.url.query:
+        target += "?" + request.url.query
+    resp = await state.upstream.send(request.method, target, headers=headers, content=body or None)
 
     async def relay():
         try:

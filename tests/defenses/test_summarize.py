@@ -76,3 +76,13 @@ def test_summary_chunks_fit_the_budget_and_keep_order(counter, budget):
 
 def test_summary_chunks_one_chunk_when_it_fits(counter):
     assert summary_chunks(HISTORY, 10_000, counter) == [HISTORY]
+
+
+@pytest.mark.parametrize(
+    ("window", "reply", "previous", "expected"),
+    [(32_000, 2048, 0, 28_800 - 2048 - 400), (4096, 1024, 500, 3686 - 1024 - 400 - 500), (2048, 2048, 0, 64)],
+)
+def test_chunk_budget_tokens(window, reply, previous, expected):
+    from proxy.defenses.summarize import chunk_budget_tokens
+
+    assert chunk_budget_tokens(window, reply, previous) == expected

@@ -268,6 +268,6 @@ async def test_unmigrated_database_raises_storage_error(tmp_path: Any) -> None:
     try:
         with pytest.raises(StorageError) as caught:
             await empty.get_learned_limit("u", "m")
-        assert not isinstance(caught.value, StorageUnavailable)
+        assert not isinstance(caught.value, StorageUnavailable), repr(caught.value.__cause__)
     finally:
         await empty.close()

@@ -69,8 +69,8 @@ def upgrade() -> None:
 
     op.create_table(
         "artifacts",
+        sa.Column("tenant", sa.Text, primary_key=True),
         sa.Column("id", sa.Text, primary_key=True),
-        sa.Column("tenant", sa.Text, nullable=False),
         sa.Column("session_pk", _ID, sa.ForeignKey("sessions.pk", ondelete="SET NULL"), nullable=True),
         sa.Column("media_type", sa.Text, nullable=False),
         sa.Column("content", sa.Text, nullable=False),
