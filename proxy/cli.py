@@ -1,17 +1,38 @@
-"""The ``context-proxy`` command (typer): serve, database upgrade, and operator commands."""
+"""The ``context-proxy`` command (typer): serve, database upgrade, and operator commands.
+
+    context-proxy serve [--host H --port P --upstream-url URL --database-url URL --log-format json|text]
+    context-proxy db upgrade
+    context-proxy sessions list [--limit N] [--json]
+    context-proxy sessions show SESSION_ID
+    context-proxy archive SESSION_ID            # the Markdown archive, as GET /sessions/{id}/archive
+    context-proxy replay TRACE.jsonl --model M [--window N] [--plot FILE.png]
+
+Operator commands read the database directly (``--database-url`` or ``CONTEXT_PROXY_DATABASE_URL``)
+with admin scope: every tenant's sessions. Exit status 1 with a message on stderr when a session is
+not found or the database cannot be read.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import signal
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
 
+import orjson
 import typer
 
 from proxy.settings import Settings
 
 app = typer.Typer(help="context-proxy: an OpenAI-compatible proxy that keeps agents inside their context window.", no_args_is_help=True)
 db_app = typer.Typer(help="Database commands.", no_args_is_help=True)
+sessions_app = typer.Typer(help="Browse the stored sessions (all tenants).", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+app.add_typer(sessions_app, name="sessions")
+
+T = TypeVar("T")
+DATABASE_HELP = "sqlite:///PATH or postgresql://… [env CONTEXT_PROXY_DATABASE_URL]."
 
 
 def load_settings(**overrides: Any) -> Settings:
@@ -19,26 +40,43 @@ def load_settings(**overrides: Any) -> Settings:
     return Settings(**{k: v for k, v in overrides.items() if v is not None})
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(0)
+
+
 @app.command()
 def serve(
     host: str | None = typer.Option(None, help="Address to bind [env CONTEXT_PROXY_HOST, default 127.0.0.1]."),
     port: int | None = typer.Option(None, help="Port [env CONTEXT_PROXY_PORT, default 8000]."),
     upstream_url: str | None = typer.Option(None, help="Provider base URL [env CONTEXT_PROXY_UPSTREAM_URL]."),
-    database_url: str | None = typer.Option(None, help="sqlite:///PATH or postgresql://… [env CONTEXT_PROXY_DATABASE_URL]."),
+    database_url: str | None = typer.Option(None, help=DATABASE_HELP),
+    log_format: str | None = typer.Option(None, help="json or text [env CONTEXT_PROXY_LOG_FORMAT, default json]."),
+    shutdown_grace_s: float | None = typer.Option(None, help="Seconds in-flight streams get after SIGTERM [env CONTEXT_PROXY_SHUTDOWN_GRACE_S]."),
 ) -> None:
-    """Run the proxy."""
+    """Run the proxy (migrates the database at start).
+
+    On SIGTERM or Ctrl-C: stop accepting connections, let in-flight requests and streams finish
+    within ``shutdown_grace_s``, drain the log writes, close the database, exit 0.
+    """
     import uvicorn
 
     from proxy.app import create_app
+    from proxy.logging_setup import configure_logging
 
-    settings = load_settings(host=host, port=port, upstream_url=upstream_url, database_url=database_url)
+    settings = load_settings(host=host, port=port, upstream_url=upstream_url, database_url=database_url,
+                             log_format=log_format, shutdown_grace_s=shutdown_grace_s)
+    configure_logging(settings.log_level, settings.log_format, log_message_content=settings.log_message_content)
+    # uvicorn handles SIGTERM while serving, then re-raises it once shut down: this handler makes
+    # that (and a SIGTERM before uvicorn starts) a clean exit 0, as Kubernetes and Docker expect.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     uvicorn.run(
         create_app(settings),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        log_config=None,
         access_log=False,
-        timeout_graceful_shutdown=30,
+        timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),
     )
 
 
@@ -50,6 +88,167 @@ def db_upgrade(database_url: str | None = typer.Option(None, help="Database URL 
     settings = load_settings(database_url=database_url)
     asyncio.run(upgrade(settings.database_url))
     typer.echo("database is at the newest migration")
+
+
+# --- operator commands over the store --------------------------------------------------------
+
+
+def _with_store(database_url: str | None, use: Callable[[Any], Awaitable[T]]) -> T:
+    """Run ``use(store)`` on a store opened on the configured database; storage errors exit 1."""
+    from storage.errors import StorageError
+    from storage.store import Store
+
+    settings = load_settings(database_url=database_url)
+
+    async def run() -> T:
+        store = await Store.open(settings.database_url, pool_size=1)
+        try:
+            return await use(store)
+        finally:
+            await store.close()
+
+    try:
+        return asyncio.run(run())
+    except StorageError as exc:
+        typer.echo(f"error: cannot read the database: {exc}", err=True)
+        raise typer.Exit(1) from exc
+
+
+async def _find(store: Any, session_id: str) -> Any:
+    session = await store.find_session(session_id, None)
+    if session is None:
+        typer.echo(f"error: no session {session_id!r}", err=True)
+        raise typer.Exit(1)
+    return session
+
+
+@sessions_app.command("list")
+def sessions_list(
+    limit: int = typer.Option(20, min=1, max=1000, help="Sessions to show, newest first."),
+    as_json: bool = typer.Option(False, "--json", help="Print the API's list object instead of a table."),
+    database_url: str | None = typer.Option(None, help=DATABASE_HELP),
+) -> None:
+    """Sessions, newest first: id, messages, requests, compactions, tokens sent and forwarded."""
+    from proxy.routes.read import session_json
+
+    rows, has_more = _with_store(database_url, lambda store: store.list_sessions(None, limit))
+    data = [session_json(s) for s in rows]
+    if as_json:
+        typer.echo(orjson.dumps({"object": "list", "data": data, "has_more": has_more}, option=orjson.OPT_INDENT_2).decode())
+        return
+    typer.echo(f"{'session':<40} {'msgs':>6} {'reqs':>6} {'events':>6} {'tokens client':>14} {'forwarded':>12}  last model")
+    for s in data:
+        typer.echo(f"{s['id']:<40} {s['message_count']:>6} {s['request_count']:>6} {s['event_count']:>6} "
+                   f"{s['tokens_client_total']:>14,} {s['tokens_forwarded_total']:>12,}  {s['last_model'] or '-'}")
+    if has_more:
+        typer.echo(f"(more sessions: raise --limit above {limit})")
+
+
+@sessions_app.command("show")
+def sessions_show(
+    session_id: str = typer.Argument(..., help="The session id (X-Session-Id or the derived sess_…)."),
+    database_url: str | None = typer.Option(None, help=DATABASE_HELP),
+) -> None:
+    """One session as JSON: counts, tokens, timestamps, branches, and its compaction events."""
+    from proxy.routes.read import event_json, session_json
+
+    async def use(store: Any) -> dict[str, Any]:
+        session = await _find(store, session_id)
+        out = session_json(await store.session_summary(session))
+        out["tenant"] = session.tenant
+        out["events"] = [event_json(e) | {"payload": _short_payload(e.payload)} for e in await store.list_events(session.pk)]
+        return out
+
+    typer.echo(orjson.dumps(_with_store(database_url, use), option=orjson.OPT_INDENT_2).decode())
+
+
+def _short_payload(payload: dict[str, Any]) -> dict[str, Any]:
+    """An event payload with the summary text cut to its first 200 chars (the archive has it all)."""
+    summary = payload.get("summary")
+    if isinstance(summary, str) and len(summary) > 200:
+        return payload | {"summary": summary[:200] + f"… ({len(summary)} chars)"}
+    return payload
+
+
+@app.command()
+def archive(
+    session_id: str = typer.Argument(..., help="The session id."),
+    leaf: str | None = typer.Option(None, help="Chain hash of the branch's last message (default: newest branch)."),
+    database_url: str | None = typer.Option(None, help=DATABASE_HELP),
+) -> None:
+    """Print a session's archive (Markdown): the log, one section per compaction."""
+    from proxy.archive import render_archive
+
+    async def use(store: Any) -> str:
+        session = await _find(store, session_id)
+        tip = await store.branch_leaf(session.pk, leaf)
+        messages = []
+        if tip is not None:
+            messages, _ = await store.list_branch_messages(session.pk, tip.chain_hash, None, 10**9)
+        return render_archive(session.session_id, messages, await store.list_events(session.pk))
+
+    typer.echo(_with_store(database_url, use), nl=False)
+
+
+@app.command()
+def replay(
+    trace: Path = typer.Argument(..., exists=True, dir_okay=False, help="JSONL trace: one chat message per line."),
+    model: str = typer.Option(..., help="Model the agent used (picks the context window from the model profiles)."),
+    window: int | None = typer.Option(None, min=256, help="Context window in tokens (overrides the model profile)."),
+    plot: Path | None = typer.Option(None, help="Write a PNG of tokens per turn with and without the proxy."),
+    turns: bool = typer.Option(True, "--turns/--no-turns", help="Print one line per turn."),
+) -> None:
+    """Replay a recorded conversation through the projection offline and print what the proxy saves.
+
+    No upstream is called: summaries come from a deterministic local summarizer, so the numbers
+    are an offline estimate (cutoffs and token counts as the proxy computes them).
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from proxy.replay import OFFLINE_LABEL, load_trace
+    from proxy.replay import replay as run_replay
+
+    settings = load_settings()
+    try:
+        messages = load_trace(trace)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    with Progress(TextColumn("replaying"), BarColumn(), MofNCompleteColumn(), console=Console(stderr=True),
+                  transient=True) as progress:
+        task = progress.add_task("replay", total=None)
+        report = run_replay(messages, model=model, settings=settings, window_tokens=window,
+                            on_turn=lambda _r, total: progress.update(task, advance=1, total=total))
+    _print_report(report, trace, turns, OFFLINE_LABEL)
+    if plot is not None:
+        try:
+            from proxy.plot import plot_replay
+        except ImportError as exc:  # pragma: no cover - matplotlib is the optional 'plot' extra
+            typer.echo("error: --plot needs matplotlib (pip install 'context-proxy[plot]')", err=True)
+            raise typer.Exit(1) from exc
+        plot_replay(report, plot, title=f"{trace.name} ({model})")
+        typer.echo(f"plot written to {plot}")
+
+
+def _print_report(report: Any, trace: Path, turns: bool, label: str) -> None:
+    window = f"{report.window_tokens:,} tokens" if report.window_tokens else "unknown (fallback thresholds)"
+    typer.echo(f"# {trace.name}: {len(report.turns)} requests, model {report.model}, context window {window}")
+    typer.echo(f"# {label}" + ("" if report.exact_tokens else "; tiktoken unavailable, tokens estimated from bytes"))
+    if turns:
+        typer.echo(f"{'turn':>5} {'msgs':>5} {'without proxy':>14} {'with proxy':>11} {'saved':>6}  compactions  overflow")
+        for t in report.turns:
+            saved = 1 - t.tokens_with / t.tokens_without if t.tokens_without else 0.0
+            over = ("without" if t.overflow_without else "") + ("+WITH" if t.overflow_with else "")
+            typer.echo(f"{t.turn:>5} {t.message_count:>5} {t.tokens_without:>14,} {t.tokens_with:>11,} {saved:>6.0%}  "
+                       f"{','.join(t.compactions) or '-':<11}  {over or '-'}")
+    kinds = ", ".join(f"{k} {v}" for k, v in sorted(report.compactions.items())) or "none"
+    typer.echo("total:")
+    typer.echo(f"  prompt tokens without the proxy: {report.tokens_without:,}")
+    typer.echo(f"  prompt tokens with the proxy:    {report.tokens_with:,} ({report.saved_fraction:.1%} saved)")
+    typer.echo(f"  summary calls the proxy would make: {report.summary_calls} ({report.summary_input_tokens:,} input tokens)")
+    typer.echo(f"  compactions: {kinds}")
+    typer.echo(f"  requests over the window: {report.overflows_without} without the proxy, {report.overflows_with} with it")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -89,3 +89,19 @@ def proxy_factory(database_url: str, upstream: Upstream, tmp_path: Path) -> Iter
 @pytest.fixture
 def proxy(proxy_factory: Callable[..., Proxy]) -> Proxy:
     return proxy_factory()
+
+
+def wait_logged(proxy: Proxy, session_id: str, requests: int, timeout_s: float = 10.0) -> dict[str, Any]:
+    """Wait until ``session_id`` has ``requests`` request records (the log is written after the
+    response, in a task of its own); returns the session's JSON."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    with proxy.http() as http:
+        while True:
+            r = http.get(f"/sessions/{session_id}")
+            if r.status_code == 200 and r.json()["request_count"] >= requests:
+                return r.json()
+            if time.monotonic() > deadline:
+                raise AssertionError(f"session {session_id} did not reach {requests} logged requests: {r.text}")
+            time.sleep(0.02)

@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from tests.conftest import SHARED_DIR
-from tests.e2e.conftest import CLIENT_KEY, Proxy, Upstream
+from tests.e2e.conftest import CLIENT_KEY, Proxy, Upstream, wait_logged
 from tests.fakes.state import ReceivedRequest
 from tests.strict import validate_chat_messages
 
@@ -171,6 +171,7 @@ def test_case_005_three_compactions_keep_the_first_task(proxy: Proxy, upstream: 
     for call in model_calls(upstream):
         text = call.body.decode()
         assert "FACT: deploy_token=T-4471" in text
+    wait_logged(proxy, "case-005", 3)
     with proxy.http() as http:
         events = http.get("/sessions/case-005/events").json()["data"]
     assert sum(e["kind"] == "summary" for e in events) >= 2
@@ -217,6 +218,7 @@ def test_case_016_without_a_window_the_empty_stream_is_not_logged_as_a_reply(pro
     with proxy.http() as http:
         with http.stream("POST", "/v1/chat/completions", json=body, headers={"x-session-id": "s16"}) as r:
             b"".join(r.iter_raw())
+        wait_logged(proxy, "s16", 1)
         msgs = http.get("/sessions/s16/messages").json()["data"]
     assert [m["role"] for m in msgs] == [m["role"] for m in case["request"]["messages"]]
 

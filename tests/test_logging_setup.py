@@ -1,0 +1,108 @@
+"""proxy/logging_setup.py: one JSON object per line, request/session ids, no content, no keys."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import sys
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from proxy.logging_setup import JsonFormatter, TextFormatter, bind, configure_logging, request_context
+from tests.e2e.conftest import Proxy, Upstream, proxy, proxy_factory, upstream  # noqa: F401 - fixtures
+
+
+@pytest.fixture
+def captured() -> Iterator[Callable[..., list[dict]]]:
+    """A JSON handler on the ``context_proxy`` loggers; call the fixture to read the lines so far."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("context_proxy")
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield lambda: [json.loads(line) for line in stream.getvalue().splitlines()]
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+
+
+def _format(formatter: logging.Formatter, msg: str, *args: object, exc: bool = False, **extra: object) -> str:
+    record = logging.makeLogRecord({"name": "context_proxy.test", "levelname": "WARNING", "levelno": 30,
+                                    "msg": msg, "args": args, **extra})
+    if exc:
+        try:
+            raise RuntimeError("boom with sk-abcdefghijklmnop")
+        except RuntimeError:
+            record.exc_info = sys.exc_info()
+    return formatter.format(record)
+
+
+def test_a_line_is_one_json_object_with_the_request_context() -> None:
+    with request_context():
+        bind(request_id="req_1", session_id="sess_1", model="m")
+        line = _format(JsonFormatter(), "forwarded %d tokens", 42, status=200)
+    assert "\n" not in line
+    out = json.loads(line)
+    assert list(out)[:6] == ["ts", "level", "logger", "msg", "request_id", "session_id"]
+    assert out["ts"].endswith("Z") and out["level"] == "warning" and out["logger"] == "context_proxy.test"
+    assert out["msg"] == "forwarded 42 tokens" and out["status"] == 200
+    assert (out["request_id"], out["session_id"]) == ("req_1", "sess_1")
+    outside = json.loads(_format(JsonFormatter(), "no request"))
+    assert "request_id" not in outside and "session_id" not in outside
+
+
+def test_never_keys_and_no_content_unless_asked() -> None:
+    line = _format(JsonFormatter(), "upstream said: Bearer sk-live-0123456789abcdef", exc=True,
+                   authorization="Bearer sk-0123456789abcdef", api_key="sk-0123456789abcdef",
+                   content="the user's secret plans", messages=[{"role": "user"}])
+    out = json.loads(line)
+    assert "0123456789abcdef" not in line and "sk-abcdefghijklmnop" not in line
+    assert out["msg"] == "upstream said: Bearer ***"
+    assert "authorization" not in out and "api_key" not in out
+    assert "secret plans" not in line and out["content_chars"] == len("the user's secret plans")
+    assert out["messages_chars"] == 1
+    assert "RuntimeError: boom with ***" in out["exc"]
+    shown = json.loads(_format(JsonFormatter(log_message_content=True), "x", content="the user's secret plans"))
+    assert shown["content"] == "the user's secret plans"
+
+
+def test_text_format_and_configuration() -> None:
+    with request_context():
+        bind(request_id="req_2")
+        line = _format(TextFormatter(), "hello key sk-0123456789abcdef")
+    assert line.endswith("hello key *** [request_id=req_2]")
+    with pytest.raises(ValueError):
+        configure_logging("info", "xml")
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    stream = io.StringIO()
+    try:
+        configure_logging("warning", "json", stream=stream)
+        logging.getLogger("uvicorn.error").warning("from uvicorn")
+        logging.getLogger("context_proxy.x").info("below the level")
+    finally:
+        for h in list(root.handlers):
+            root.removeHandler(h)
+        for h in saved[0]:
+            root.addHandler(h)
+        root.setLevel(saved[1])
+    lines = [json.loads(x) for x in stream.getvalue().splitlines()]
+    assert [(x["logger"], x["msg"]) for x in lines] == [("uvicorn.error", "from uvicorn")]
+
+
+def test_access_lines_carry_the_ids_of_the_chat_request(proxy: Proxy, captured: Callable[[], list[dict]]) -> None:
+    with proxy.http() as http:
+        resp = http.post("/v1/chat/completions", json={"model": "gpt-4o", "messages": [{"role": "user", "content": "private words"}]})
+    assert resp.status_code == 200
+    lines = [x for x in captured() if x["logger"] == "context_proxy.access"]
+    chat = [x for x in lines if x.get("route") == "/v1/chat/completions"]
+    assert len(chat) == 1
+    assert chat[0]["request_id"] == resp.headers["x-context-proxy-request-id"]
+    assert chat[0]["session_id"] == resp.headers["x-context-proxy-session-id"]
+    assert chat[0]["status"] == 200 and chat[0]["duration_ms"] >= 0
+    assert all("private words" not in json.dumps(x) for x in captured())

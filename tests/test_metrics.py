@@ -1,0 +1,115 @@
+"""proxy/metrics.py: a registry per app, and the counters moving during a real session through the
+proxy (fake upstream, real uvicorn, SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.metrics import Metrics
+from tests.e2e.conftest import Proxy, Upstream, proxy_factory, upstream  # noqa: F401 - fixtures
+
+MODEL = "fake-4k-openai"
+FILLER = "alpha beta gamma delta epsilon zeta eta theta " * 75  # about 600 tokens
+
+
+def _samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def _value(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def _scrape(proxy: Proxy) -> dict:
+    with proxy.http(key=None) as http:
+        resp = http.get("/metrics")
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith("text/plain")
+    return _samples(resp.text)
+
+
+def _scrape_until(proxy: Proxy, done: Callable[[dict], bool], timeout_s: float = 10.0) -> dict:
+    """Counters of a request are recorded as its last byte goes out (and its log task finishes)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        samples = _scrape(proxy)
+        if done(samples) or time.monotonic() > deadline:
+            return samples
+        time.sleep(0.05)
+
+
+def _models_file(tmp_path: Path, window_tokens: int) -> str:
+    path = tmp_path / "models.yaml"
+    path.write_text(f"{MODEL}:\n  context_window_tokens: {window_tokens}\n  max_output_tokens: 1024\n")
+    return str(path)
+
+
+def _session(proxy: Proxy, turns: int) -> list[dict]:
+    client = proxy.client()
+    messages: list[dict] = [{"role": "system", "content": "You are terse."}]
+    for turn in range(turns):
+        messages.append({"role": "user", "content": f"FACT: key{turn}=value{turn}\n{FILLER}"})
+        reply = client.chat.completions.create(model=MODEL, messages=messages, extra_headers={"X-Session-Id": "metrics"})
+        messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+    return messages
+
+
+def test_each_metrics_has_its_own_registry() -> None:
+    first, second = Metrics(), Metrics()
+    first.request_served("/healthz", "", 200, 0.01)
+    first.chat_forwarded("m", 100, 40, ("summary",))
+    one, two = _samples(first.render()[0].decode()), _samples(second.render()[0].decode())
+    assert _value(one, "context_proxy_requests_total", route="/healthz", model="", status="200") == 1
+    assert _value(two, "context_proxy_requests_total", route="/healthz", model="", status="200") == 0
+    assert _value(one, "context_proxy_tokens_client_total", model="m") == 100
+    assert _value(one, "context_proxy_tokens_forwarded_total", model="m") == 40
+    assert _value(one, "context_proxy_defenses_applied_total", defense="summary") == 1
+
+
+def test_counters_move_during_a_session(proxy_factory: Callable[..., Proxy], upstream: Upstream, tmp_path: Path) -> None:
+    proxy = proxy_factory(models_file=_models_file(tmp_path, 4096))
+    before = _scrape(proxy)
+    assert _value(before, "context_proxy_tokenizer_exact", encoding="o200k_base") == 1
+    turns = 8
+    _session(proxy, turns)
+    with proxy.http() as http:
+        assert http.get("/sessions/metrics").status_code == 200
+    chat = {"route": "/v1/chat/completions", "model": MODEL, "status": "200"}
+    after = _scrape_until(proxy, lambda s: _value(s, "context_proxy_requests_total", **chat) == turns
+                          and _value(s, "context_proxy_upstream_latency_seconds_count", model=MODEL) == turns
+                          and _value(s, "context_proxy_tokens_client_total", model=MODEL) > 0)
+    assert _value(after, "context_proxy_requests_total", **chat) == turns
+    # Route templates, not raw paths: one series for every session id.
+    assert _value(after, "context_proxy_requests_total", route="/sessions/{session_id}", model="", status="200") == 1
+    assert _value(after, "context_proxy_upstream_latency_seconds_count", model=MODEL) == turns
+    sent = _value(after, "context_proxy_tokens_client_total", model=MODEL)
+    forwarded = _value(after, "context_proxy_tokens_forwarded_total", model=MODEL)
+    assert sent > turns * 500, "the client resent a growing history"
+    assert 0 < forwarded < sent, "compaction forwards fewer tokens than the client sent"
+    summaries = _value(after, "context_proxy_compactions_total", kind="summary")
+    assert summaries >= 1
+    assert _value(after, "context_proxy_defenses_applied_total", defense="summary") >= 1
+    assert len(upstream.state.summary_requests) >= summaries
+    assert _value(after, "context_proxy_database_errors_total", where="log") == 0
+
+
+def test_overflow_retries_and_recovery_are_counted(proxy_factory: Callable[..., Proxy], upstream: Upstream,
+                                                   tmp_path: Path) -> None:
+    # The proxy believes the window is 4x larger than the upstream's: the upstream rejects, the
+    # proxy learns the stated limit, compacts and retries.
+    proxy = proxy_factory(models_file=_models_file(tmp_path, 16384))
+    _session(proxy, 8)
+    after = _scrape_until(proxy, lambda s: _value(s, "context_proxy_overflows_total", outcome="recovered") >= 1)
+    assert _value(after, "context_proxy_overflows_total", outcome="retried") >= 1
+    assert _value(after, "context_proxy_overflows_total", outcome="recovered") >= 1
+    assert _value(after, "context_proxy_overflows_total", outcome="unrecoverable") == 0
+    assert _value(after, "context_proxy_requests_total", route="/v1/chat/completions", model=MODEL, status="200") == 8
