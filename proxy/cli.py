@@ -248,6 +248,8 @@ def _print_report(report: Any, trace: Path, turns: bool, label: str) -> None:
     typer.echo(f"  prompt tokens with the proxy:    {report.tokens_with:,} ({report.saved_fraction:.1%} saved)")
     typer.echo(f"  summary calls the proxy would make: {report.summary_calls} ({report.summary_input_tokens:,} input tokens)")
     typer.echo(f"  compactions: {kinds}")
+    applied = ", ".join(f"{k} {v}" for k, v in sorted(report.defenses_applied.items())) or "none"
+    typer.echo(f"  requests changed, by defense: {applied}")
     typer.echo(f"  requests over the window: {report.overflows_without} without the proxy, {report.overflows_with} with it")
 
 

@@ -254,11 +254,12 @@ class ProjectingCompactor(Compactor):
         if not usage or ctx.prepared is None or not ctx.prepared.tokens_forwarded:
             return
         prompt = usage.get("prompt_tokens")
-        if isinstance(prompt, int) and prompt > 256 and ctx.prepared.tokens_forwarded > prompt * TRUNCATION_SUSPECT_RATIO:
+        estimate = ctx.prepared.tokens_forwarded - _reserved(ctx.body)  # the estimate counts reserved output
+        if isinstance(prompt, int) and prompt > 256 and estimate > prompt * TRUNCATION_SUSPECT_RATIO:
             log.warning(
                 "suspected silent truncation: provider counted %d prompt tokens, proxy estimated %d; using %d as the window",
                 prompt,
-                ctx.prepared.tokens_forwarded,
+                estimate,
                 prompt,
                 extra={"session_id": ctx.session.session_id},
             )

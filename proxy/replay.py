@@ -139,6 +139,15 @@ class ReplayReport:
         return out
 
     @property
+    def defenses_applied(self) -> dict[str, int]:
+        """Requests each defense changed (offload and clipping need no event, so are not compactions)."""
+        out: dict[str, int] = {}
+        for t in self.turns:
+            for name in t.applied:
+                out[name] = out.get(name, 0) + 1
+        return out
+
+    @property
     def overflows_without(self) -> int:
         return sum(t.overflow_without for t in self.turns)
 

@@ -6,6 +6,7 @@ Supported: SQLite through ``aiosqlite`` (the embedded default) and PostgreSQL th
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -120,9 +121,20 @@ def _pg_connect_args(url: URL) -> tuple[URL, dict[str, Any]]:
 
 
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    """Per-connection pragmas. WAL is a property of the database file: switch it once, without
+    waiting (busy_timeout still 0). Waiting could deadlock: the switch holds a shared lock while it
+    asks for an exclusive one, and another connection's committing write waits on that shared
+    lock. If another connection holds a lock now, it is switching or writing; a later connection
+    switches instead, and this one sees WAL from its next transaction on."""
     cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode")
+    if str(cursor.fetchone()[0]).lower() != "wal":
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
     cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
-    cursor.execute("PRAGMA journal_mode = WAL")
     cursor.execute("PRAGMA synchronous = NORMAL")
     cursor.execute("PRAGMA foreign_keys = ON")
     cursor.close()

@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import sys
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -99,8 +100,12 @@ def test_access_lines_carry_the_ids_of_the_chat_request(proxy: Proxy, captured: 
     with proxy.http() as http:
         resp = http.post("/v1/chat/completions", json={"model": "gpt-4o", "messages": [{"role": "user", "content": "private words"}]})
     assert resp.status_code == 200
-    lines = [x for x in captured() if x["logger"] == "context_proxy.access"]
-    chat = [x for x in lines if x.get("route") == "/v1/chat/completions"]
+    deadline = time.monotonic() + 5  # the access line is written once the last byte has gone out
+    while True:
+        chat = [x for x in captured() if x["logger"] == "context_proxy.access" and x.get("route") == "/v1/chat/completions"]
+        if chat or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
     assert len(chat) == 1
     assert chat[0]["request_id"] == resp.headers["x-context-proxy-request-id"]
     assert chat[0]["session_id"] == resp.headers["x-context-proxy-session-id"]
