@@ -16,7 +16,6 @@ router = APIRouter()
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 
-@router.api_route("/v1/{path:path}", methods=METHODS, tags=["openai"], summary="Any other OpenAI path (pass-through)")
 async def passthrough(path: str, request: Request) -> StreamingResponse:
     state = request.app.state.proxy
     state.auth.chat_tenant(request.headers)
@@ -40,3 +39,14 @@ async def passthrough(path: str, request: Request) -> StreamingResponse:
             await resp.aclose()
 
     return StreamingResponse(relay(), status_code=resp.status_code, headers=response_headers(resp.headers, keep_encoding=True))
+
+
+for _method in METHODS:  # one route per method: one shared route gives duplicate OpenAPI operation ids (a warning)
+    router.add_api_route(
+        "/v1/{path:path}",
+        passthrough,
+        methods=[_method],
+        tags=["openai"],
+        summary="Any other OpenAI path (pass-through)",
+        operation_id=f"passthrough_{_method.lower()}",
+    )

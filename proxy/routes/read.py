@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, PlainTextResponse
 
 from proxy.archive import render_archive
 from proxy.errors import BadRequest, NotFound
+from storage.errors import InvalidCursor
 from storage.records import EventRecord, MessageRecord, SessionRecord, SessionSummary
 
 router = APIRouter(tags=["read"])
@@ -89,7 +90,10 @@ async def _session(request: Request, session_id: str) -> SessionRecord:
 async def list_sessions(request: Request, limit: int = Query(20, ge=1, le=100), after: str | None = None) -> JSONResponse:
     state = request.app.state.proxy
     tenant = state.auth.reader(request.headers)
-    rows, has_more = await state.store.list_sessions(tenant, limit, after)
+    try:
+        rows, has_more = await state.store.list_sessions(tenant, limit, after)
+    except InvalidCursor:
+        raise BadRequest(f"'after' is not a session id you can see: {after}", param="after") from None
     return _list([session_json(s) for s in rows], has_more)
 
 
