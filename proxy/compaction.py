@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 if TYPE_CHECKING:
     from proxy.overflow import Overflow
     from proxy.pipeline import ChatContext
@@ -27,13 +29,24 @@ class Prepared:
     tokens_forwarded: int | None = None
     applied: tuple[str, ...] = ()
     event_ids: tuple[str, ...] = ()
+    forwarded: dict[str, Any] | None = None
+    """The forwarded body as a dict when it differs from the client's (``None``: ``body`` is the client's bytes)."""
+    own_tools: frozenset[str] = frozenset()
+    """Names of the proxy's own tools appended to ``tools`` (served by the proxy, hidden from the client)."""
+    window_tokens: int | None = None
 
 
 class Compactor:
     """Pass-through: forwards the body as sent and never retries an overflow."""
 
     async def prepare(self, ctx: ChatContext, *, overflow: Overflow | None) -> Prepared:
+        if ctx.expanded:
+            forwarded = ctx.body | {"messages": ctx.messages}
+            return Prepared(orjson.dumps(forwarded), forwarded=forwarded)
         return Prepared(ctx.raw)
+
+    async def compact_now(self, ctx: ChatContext) -> str:
+        return "[context-proxy] Compaction is disabled on this proxy; nothing was removed."
 
     async def learn(self, ctx: ChatContext, overflow: Overflow) -> None:
         return None

@@ -9,6 +9,7 @@ and projects again. Learned windows (from a provider's overflow error) are kept 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ from proxy.metrics import Metrics
 from proxy.models import ModelProfiles
 from proxy.overflow import Overflow, classify_error
 from proxy.projection import DefenseConfig, Projection, project
+from proxy.read_tool import compact_tool_schema, read_tool_schema, references_in
 from proxy.session_log import now
 from proxy.settings import Settings
 from proxy.tokens import load_counter
@@ -68,8 +70,36 @@ class ProjectingCompactor(Compactor):
         profile = self.profiles.resolve(model, await self._learned_window(model))
         return profile.context_window_tokens if profile is not None else None
 
+    def _offerable(self, ctx: ChatContext) -> tuple[list[str], list[dict[str, Any]]]:
+        """Names and schemas of the proxy's tools this request may carry (client names never shadowed)."""
+        if ctx.body.get("tool_choice") == "none":
+            return [], []
+        client = {(t.get("function") or {}).get("name") for t in ctx.body.get("tools") or () if isinstance(t, dict)}
+        names, schemas = [], []
+        if self.settings.read_tool_enabled and self.settings.read_tool_name not in client:
+            names.append(self.settings.read_tool_name)
+            schemas.append(read_tool_schema(self.settings.read_tool_name))
+        if ctx.compact_tool and self.settings.compact_tool_name not in client:
+            names.append(self.settings.compact_tool_name)
+            schemas.append(compact_tool_schema(self.settings.compact_tool_name))
+        return names, schemas
+
+    def _own_tools(self, ctx: ChatContext, proj: Projection, names: list[str], schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The proxy's tools to append: the read tool only when the forwarded messages name stored content."""
+        out = []
+        for name, schema in zip(names, schemas, strict=True):
+            if name == self.settings.read_tool_name and not any(references_in(proj.messages)):
+                continue
+            out.append(schema)
+        return out
+
     async def prepare(self, ctx: ChatContext, *, overflow: Overflow | None) -> Prepared:
-        cfg = DefenseConfig.from_settings(self.settings, await self.window(ctx.model))
+        window = await self.window(ctx.model)
+        cfg = DefenseConfig.from_settings(self.settings, window)
+        own_names, own_schemas = self._offerable(ctx)
+        if self.settings.read_tool_name in own_names:
+            cfg = dataclasses.replace(cfg, read_tool_name=self.settings.read_tool_name)
+        ctx.count_tools = [*(ctx.body.get("tools") or []), *own_schemas] or None
         events = list(await self.store.list_events(ctx.session.pk))
         unavailable: set[str] = set()
         force = overflow is not None
@@ -89,9 +119,16 @@ class ProjectingCompactor(Compactor):
             proj = self._project(ctx, cfg, events, force, force_media, unavailable)
         if proj.reason_unfittable:
             raise CannotFit(proj.reason_unfittable)
-        changed = proj.messages is not ctx.messages and proj.messages != ctx.messages
-        body = orjson.dumps(ctx.body | {"messages": proj.messages}) if changed else ctx.raw
-        return Prepared(body, proj.tokens_client, proj.tokens_forwarded, proj.applied, proj.event_ids)
+        own = self._own_tools(ctx, proj, own_names, own_schemas)
+        changed = ctx.expanded or (proj.messages is not ctx.messages and proj.messages != ctx.messages)
+        forwarded = None
+        if changed or own:
+            forwarded = ctx.body | {"messages": proj.messages}
+            if own:
+                forwarded["tools"] = [*(ctx.body.get("tools") or []), *own]
+        body = orjson.dumps(forwarded) if forwarded is not None else ctx.raw
+        names = frozenset((t["function"]["name"] for t in own))
+        return Prepared(body, proj.tokens_client, proj.tokens_forwarded, proj.applied, proj.event_ids, forwarded, names, window)
 
     def _project(
         self, ctx: ChatContext, cfg: DefenseConfig, events: list[EventRecord], force: bool, force_media: bool, unavailable: set[str]
@@ -100,7 +137,7 @@ class ProjectingCompactor(Compactor):
             ctx.messages,
             digests=ctx.digests,
             chain_hashes=ctx.chain,
-            tools=ctx.body.get("tools"),
+            tools=ctx.count_tools,
             reserved_output_tokens=_reserved(ctx.body),
             events=events,
             config=cfg,
@@ -245,6 +282,34 @@ class ProjectingCompactor(Compactor):
             except StorageError:
                 log.error("storing the learned window of %s failed", model)
                 self.metrics.database_error("learned_limits")
+
+    async def compact_now(self, ctx: ChatContext) -> str:
+        """Serve the manual compaction tool: summarize now if the session is past half the trigger.
+
+        Never an error for the model: a failed compaction says that nothing was removed.
+        """
+        cfg = DefenseConfig.from_settings(self.settings, await self.window(ctx.model))
+        events = list(await self.store.list_events(ctx.session.pk))
+        proj = self._project(ctx, cfg, events, False, False, set())
+        if proj.tokens_forwarded < cfg.trigger_tokens // 2:
+            return (
+                f"[context-proxy] Nothing to compact yet: the conversation uses about {proj.tokens_forwarded} tokens, "
+                f"under half of the automatic trigger ({cfg.trigger_tokens})."
+            )
+        forced = self._project(ctx, cfg, events, True, False, set())
+        try:
+            if forced.artifacts and not await self._store_artifacts(ctx, forced, set()):
+                raise SummaryFailed("artifacts could not be stored")
+            event = await self._execute(ctx, cfg, forced) if forced.plan is not None else None
+        except (SummaryFailed, StorageError) as exc:
+            log.error("manual compaction failed: %s", exc)
+            event = None
+        if event is None:
+            return "[context-proxy] Compaction did not happen this time; nothing was removed from the conversation."
+        return (
+            f"[context-proxy] Compacted: the earlier conversation was summarized (event {event.id}); from the next "
+            "request on the summary replaces those messages, which stay readable in the archive."
+        )
 
     def can_retry(self, ctx: ChatContext, overflow: Overflow) -> bool:
         return True

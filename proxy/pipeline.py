@@ -29,7 +29,8 @@ from proxy.overflow import Overflow, classify_error, classify_stream_event
 from proxy.requests import parse_chat_request
 from proxy.session_log import MAX_SESSION_ID_CHARS, LoggedRequest, SessionLog, derive_session_id, new_id
 from proxy.settings import Settings
-from proxy.sse import ReplyAssembler, SSESplitter
+from proxy.sse import ReplyAssembler, SSEEvent, SSESplitter
+from proxy.tool_rounds import ToolRounds, own_only
 from proxy.upstream import Upstream, forward_request_headers, response_headers, translate
 from storage.records import RequestRecord, SessionRecord
 
@@ -74,7 +75,15 @@ class ChatContext:
     append_task: asyncio.Task[LoggedRequest]
     prepared: Prepared | None = None
     retries: int = 0
-    notes: list[str] = field(default_factory=list)
+    compact_tool: bool = False
+    """The client asked for the manual compaction tool (header ``X-Context-Proxy-Compact-Tool``)."""
+    count_tools: list[dict[str, Any]] | None = None
+    """Tool schemas counted against the window: the client's plus the proxy's own."""
+    internal: list[dict[str, Any]] = field(default_factory=list)
+    """Messages of the proxy's own tool rounds in this request (logged as internal)."""
+    read_rounds: int = 0
+    expanded: bool = False
+    """``messages`` include internal rounds the client's history does not (forward them, not ``raw``)."""
 
     @property
     def model(self) -> str:
@@ -91,6 +100,7 @@ class ChatPipeline:
         self.log = session_log
         self.upstream = upstream
         self.compactor = compactor
+        self.rounds = ToolRounds(settings, session_log.store, upstream, compactor)
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
@@ -111,6 +121,9 @@ class ChatPipeline:
         digests, chain = digests_and_chain(messages)
         session_id = (headers.get("x-session-id") or "").strip()[:MAX_SESSION_ID_CHARS] or derive_session_id(tenant, messages, chain)
         session = await self.log.open_session(tenant, session_id)
+        expanded = await self.log.expand_internal(session, messages, digests, chain)
+        if expanded is not None:  # the proxy's earlier tool rounds, put back where they happened
+            messages, digests, chain = expanded
         ctx = ChatContext(
             request_id=new_id("req"),
             tenant=tenant,
@@ -126,6 +139,8 @@ class ChatPipeline:
             stream=bool(body.get("stream")),
             started=time.perf_counter(),
             append_task=self.spawn(self.log.append_request(session, messages, chain)),
+            compact_tool=(headers.get("x-context-proxy-compact-tool") or "").lower() in ("1", "on", "true", "yes"),
+            expanded=expanded is not None,
         )
         bind(request_id=ctx.request_id, session_id=session.session_id, model=ctx.model)
         overflow: Overflow | None = None
@@ -138,6 +153,7 @@ class ChatPipeline:
                 raise
             if isinstance(outcome, Overflow):
                 overflow = outcome
+                ctx.internal, ctx.read_rounds = [], 0  # rounds start over on the compacted request
                 await self.compactor.learn(ctx, overflow)
                 if ctx.retries >= self.settings.max_overflow_retries or not self.compactor.can_retry(ctx, overflow):
                     return self._overflow_unrecoverable(ctx, overflow)
@@ -184,6 +200,12 @@ class ChatPipeline:
             if not (ctx.stream and not resp.is_closed and resp.status_code < 400):
                 await resp.aclose()
         reply, usage = _reply_of(data)
+        mine, theirs = own_only(reply, ctx.prepared.own_tools)
+        if mine and not theirs and self.rounds.may_continue(ctx):
+            await self.rounds.serve(ctx, reply or {}, mine)
+            return await self._forward(ctx)
+        if mine and reply is not None:
+            data, reply = self.rounds.strip(data, reply, theirs)
         self.spawn(self._finish(ctx, resp.status_code, reply, usage))
         return Buffered(resp.status_code, self._client_headers(ctx, resp.headers), data)
 
@@ -191,6 +213,7 @@ class ChatPipeline:
         """Hold the response until the first event: an overflow there is retried, not relayed."""
         splitter, assembler = SSESplitter(), ReplyAssembler()
         prebuffer: list[bytes] = []
+        first: list[SSEEvent] = []
         chunks = resp.aiter_raw()
         try:
             while True:
@@ -205,13 +228,43 @@ class ChatPipeline:
                     if overflow is not None:
                         await resp.aclose()
                         return overflow
-                    for event in events:
-                        assembler.add(event)
+                    first = events
                     break
         except BaseException as exc:
             await resp.aclose()
             raise translate(exc) from exc
-        return Streamed(resp.status_code, self._client_headers(ctx, resp.headers), self._relay(ctx, resp, chunks, prebuffer, splitter, assembler))
+        headers = self._client_headers(ctx, resp.headers)
+        if ctx.prepared is not None and ctx.prepared.own_tools:
+            return Streamed(resp.status_code, headers, self._relay_rounds(ctx, resp, chunks, first, splitter, assembler))
+        for event in first:
+            assembler.add(event)
+        return Streamed(resp.status_code, headers, self._relay(ctx, resp, chunks, prebuffer, splitter, assembler))
+
+    async def _relay_rounds(
+        self,
+        ctx: ChatContext,
+        resp: httpx.Response,
+        chunks: AsyncIterator[bytes],
+        first: list[SSEEvent],
+        splitter: SSESplitter,
+        assembler: ReplyAssembler,
+    ) -> AsyncIterator[bytes]:
+        """Relay a stream that offered the proxy's tools (their calls served and hidden)."""
+        error: str | None = "client disconnected"
+        try:
+            try:
+                async for data in self.rounds.relay(ctx, resp, chunks, first, splitter, assembler):
+                    yield data
+                error = None if assembler.done else "upstream stream ended without [DONE]"
+            except ProxyError as exc:
+                error = exc.message
+                yield b"data: " + exc.body() + b"\n\n"
+            if error is not None and error.startswith("upstream stream ended"):
+                yield b"data: " + UpstreamUnreachable("The upstream stream ended before it was complete.").body() + b"\n\n"
+        finally:
+            await resp.aclose()
+            reply = assembler.message() if not assembler.empty else None
+            self.spawn(self._finish(ctx, resp.status_code, reply, assembler.usage, error=error, partial=error is not None))
 
     async def _relay(
         self,
@@ -276,10 +329,14 @@ class ChatPipeline:
             self.metrics.database_error("log")
             logged = LoggedRequest(0, None)
         try:
+            parent, seq = ctx.chain[-1], len(ctx.messages)
+            if ctx.internal:
+                parent = await self.log.append_internal(ctx.session, parent, seq, ctx.internal)
+                seq += len(ctx.internal)
             if reply is not None and status < 400:
                 if partial:
                     reply = reply | {"x_context_proxy": {"partial": True, "reason": error}}
-                await self.log.append_reply(ctx.session, ctx.chain[-1], len(ctx.messages), reply)
+                await self.log.append_reply(ctx.session, parent, seq, reply)
             p = ctx.prepared
             await self.log.record_request(
                 RequestRecord(

@@ -94,3 +94,49 @@ class SessionLog:
 
     async def record_request(self, record: RequestRecord) -> None:
         await self.store.add_request(record)
+
+    async def expand_internal(
+        self, session: SessionRecord, messages: list[dict[str, Any]], digests: list[str], chain: list[str]
+    ) -> tuple[list[dict[str, Any]], list[str], list[str]] | None:
+        """The client's messages with the proxy's earlier internal rounds put back where they happened.
+
+        An internal round is stored as internal messages whose parent is the message after which it
+        ran; the chain continues through them, so the reply that followed (and the client's echo
+        of it) hash identically. Returns ``None`` when the session has no internal rounds.
+        """
+        internal = await self.store.list_internal_messages(session.pk)
+        if not internal:
+            return None
+        children: dict[str | None, Any] = {}
+        for record in internal:
+            children.setdefault(record.parent_hash, record)
+        out_m: list[dict[str, Any]] = []
+        out_d: list[str] = []
+        out_c: list[str] = []
+        parent: str | None = None
+        shifted = False
+        for i, message in enumerate(messages):
+            h = chain_hash(parent, digests[i]) if shifted else chain[i]
+            out_m.append(message)
+            out_d.append(digests[i])
+            out_c.append(h)
+            while h in children:
+                record = children[h]
+                out_m.append(record.message)
+                out_d.append(message_digest(record.message))
+                out_c.append(record.chain_hash)
+                h = record.chain_hash
+                shifted = True
+            parent = h
+        return (out_m, out_d, out_c) if shifted else None
+
+    async def append_internal(self, session: SessionRecord, parent: str | None, seq: int, messages: list[dict[str, Any]]) -> str | None:
+        """Store the proxy's own rounds after ``parent`` (marked internal); returns the last chain hash."""
+        new = []
+        for i, message in enumerate(messages):
+            h = chain_hash(parent, message_digest(message))
+            new.append(NewMessage(chain_hash=h, parent_hash=parent, seq=seq + i, role=str(message.get("role")), message=message, internal=True))
+            parent = h
+        if new:
+            await self.store.append_messages(session.pk, new, now())
+        return parent

@@ -79,3 +79,12 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(
         30.0, description="On SIGTERM, seconds in-flight requests and streams get to finish before they are cancelled."
     )
+
+    # --- the proxy's own tools (issue 4) ---
+    read_tool_enabled: bool = Field(True, description="Offer the read tool when a forwarded request carries a stub or summary.")
+    read_tool_name: str = Field("context_proxy_read", description="Name of the proxy's read tool.")
+    read_tool_max_rounds: int = Field(3, description="Rounds of read-tool calls the proxy serves per request.")
+    compact_tool_enabled: bool = Field(
+        False, description="Offer the manual compaction tool (also per request: header X-Context-Proxy-Compact-Tool: on)."
+    )
+    compact_tool_name: str = Field("context_proxy_compact", description="Name of the proxy's manual compaction tool.")

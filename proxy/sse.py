@@ -20,6 +20,8 @@ class SSEEvent:
 
     event: str | None
     data: bytes
+    raw: bytes = b""
+    """The event's block as received (newlines normalized), without the blank line that ends it."""
 
 
 class SSESplitter:
@@ -62,7 +64,7 @@ def _parse_block(block: bytes) -> SSEEvent | None:
             name = value.decode("utf-8", "replace")
     if not data and name is None:
         return None
-    return SSEEvent(name, b"\n".join(data))
+    return SSEEvent(name, b"\n".join(data), block)
 
 
 @dataclass(slots=True)
@@ -107,6 +109,10 @@ class ReplyAssembler:
         if event.event == "error" or "error" in chunk:
             self.errors.append(chunk.get("error", chunk))
             return
+        self.add_chunk(chunk)
+
+    def add_chunk(self, chunk: dict[str, Any]) -> None:
+        """Add one parsed ``chat.completion.chunk``."""
         self.chunks += 1
         if chunk.get("usage"):
             self.usage = chunk["usage"]
@@ -138,6 +144,12 @@ class ReplyAssembler:
                 acc.name += fn["name"]
             if fn.get("arguments"):
                 acc.arguments.append(fn["arguments"])
+
+    def reset_round(self) -> None:
+        """Forget the tool calls and finish of a round the client did not see (keep the content)."""
+        self._tools.clear()
+        self.finish_reason = None
+        self.done = False
 
     @property
     def empty(self) -> bool:

@@ -37,6 +37,10 @@ HOP_BY_HOP = frozenset(
 PROXY_HEADERS = frozenset({"x-session-id"})
 """Headers addressed to this proxy, not to the provider."""
 
+OWN_RESPONSE_HEADERS = frozenset({"date", "server"})
+"""Set by the proxy's own server; the upstream's copies would be duplicates."""
+"""Headers addressed to this proxy, not to the provider."""
+
 
 def forward_request_headers(
     headers: Iterable[tuple[str, str]], *, upstream_api_key: str | None, identity: bool
@@ -68,7 +72,7 @@ def response_headers(headers: httpx.Headers, *, keep_encoding: bool) -> dict[str
     out: dict[str, str] = {}
     for name, value in headers.multi_items():
         low = name.lower()
-        if low in HOP_BY_HOP or (not keep_encoding and low == "content-encoding"):
+        if low in HOP_BY_HOP or low in OWN_RESPONSE_HEADERS or (not keep_encoding and low == "content-encoding"):
             continue
         if low in out:
             out[low] += ", " + value

@@ -312,3 +312,13 @@ class Store:
         """The message of the session with this chain hash, or ``None``."""
         async with self._read("get_message_by_hash") as conn:
             return await reads.get_message_by_hash(conn, session_pk, chain_hash)
+
+    async def list_internal_messages(self, session_pk: int) -> list[MessageRecord]:
+        """The session's internal messages (rounds the proxy served itself), oldest first."""
+        query = (
+            sa.select(*messages.c)
+            .where(messages.c.session_pk == session_pk, messages.c.internal.is_(True))
+            .order_by(messages.c.id)
+        )
+        async with self._read("list_internal_messages") as conn:
+            return [MessageRecord(**r._mapping) for r in await conn.execute(query)]

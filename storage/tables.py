@@ -86,6 +86,7 @@ messages = sa.Table(
     sa.UniqueConstraint("session_pk", "chain_hash", name="uq_messages_session_chain_hash"),
     sa.Index("ix_messages_session_parent", "session_pk", "parent_hash"),
     sa.Index("ix_messages_session_id", "session_pk", "id"),
+    sa.Index("ix_messages_session_internal", "session_pk", "internal"),
 )
 
 events = sa.Table(

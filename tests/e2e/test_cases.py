@@ -97,10 +97,12 @@ def test_case_is_answered_after_compaction(case_id: str, proxy: Proxy, upstream:
     last = model_calls(upstream)[-1]
     assert last.outcome == "ok"
     assert last.prompt_tokens <= case["upstream"]["context_window_tokens"]
-    if case_id == "007":  # tools forwarded byte-identical on every request
-        tools = orjson.dumps(case["request"]["tools"])
+    if case_id == "007":  # the client's tools are forwarded byte-identical, in order, on every request;
+        # the only addition is the proxy's own read tool, appended after them (issue 4)
+        n = len(case["request"]["tools"])
         for call in model_calls(upstream):
-            assert orjson.dumps(call.json["tools"]) == tools
+            assert orjson.dumps(call.json["tools"][:n]) == orjson.dumps(case["request"]["tools"])
+            assert [t["function"]["name"] for t in call.json["tools"][n:]] in ([], ["context_proxy_read"])
     if case_id in ("001", "022"):  # tool messages stay right after their assistant message
         for call in model_calls(upstream):
             ids = [m.get("tool_call_id") for m in call.json["messages"] if m["role"] == "tool"]

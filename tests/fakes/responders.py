@@ -160,7 +160,11 @@ def answer_for(key: str, text: str) -> str:
 def respond_summary(prompt: Prompt, state: Any) -> Reply | None:
     if not prompt.is_summary:
         return None
-    return Reply(summary_text(prompt, state.summary_substring))
+    text = summary_text(prompt, state.summary_substring)
+    drop = getattr(state, "summary_drop_substring", None)
+    if drop:  # a summarizer that misses some details: they survive only in the archive
+        text = "\n".join(line for line in text.splitlines() if drop not in line)
+    return Reply(text)
 
 
 def respond_question(prompt: Prompt, state: Any) -> Reply | None:

@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.fakes.read_tool import respond_read_tool
 from tests.fakes.responders import DEFAULT_RESPONDERS, Responder
 from tests.fakes.styles import OverflowStyle, style_for
 from tests.fakes.tokens import DEFAULT_WINDOW_TOKENS, parse_fake_model
@@ -70,7 +71,7 @@ class FakeState:
     requests: list[ReceivedRequest] = field(default_factory=list)
     script: deque[dict[str, Any]] = field(default_factory=deque)
     fail_next: list[Fault] = field(default_factory=list)
-    responders: list[Responder] = field(default_factory=lambda: list(DEFAULT_RESPONDERS))
+    responders: list[Responder] = field(default_factory=lambda: [DEFAULT_RESPONDERS[0], respond_read_tool, *DEFAULT_RESPONDERS[1:]])
     windows: dict[str, int] = field(default_factory=dict)
     styles: dict[str, str] = field(default_factory=dict)
     hidden_windows: set[str] = field(default_factory=set)
@@ -84,6 +85,10 @@ class FakeState:
     tpm_retry_after_s: int = 7
     max_body_bytes: int | None = None
     summary_substring: str = "summarize the conversation"
+    summary_drop_substring: str | None = None
+    """Lines containing this are left out of summaries (details only the archive keeps)."""
+    read_tool_loop: bool = False
+    """The model keeps calling the proxy's read tool whenever it is offered (bounded-rounds tests)."""
     chunk_delay_s: float = 0.0
     stream_gate: Any = None
     stream_gate_after_chunks: int = 1

@@ -52,6 +52,7 @@ def upgrade() -> None:
     )
     op.create_index("ix_messages_session_parent", "messages", ["session_pk", "parent_hash"])
     op.create_index("ix_messages_session_id", "messages", ["session_pk", "id"])
+    op.create_index("ix_messages_session_internal", "messages", ["session_pk", "internal"])
 
     op.create_table(
         "events",

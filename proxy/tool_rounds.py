@@ -1,0 +1,197 @@
+"""Serving the proxy's own tool calls inside a request (see ``proxy.own_tools`` for the strategy).
+
+A round: the model called only the proxy's tools; the proxy answers each call from the database,
+appends the assistant message and the tool results to the forwarded messages (and to
+``ctx.internal``, logged as internal messages), and asks the model again. Streams stay open in
+the meantime (an SSE comment line, which SDKs ignore) and stay well-formed: the finish, usage and
+``[DONE]`` events of the rounds the client does not see are held back and dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from proxy.errors import UpstreamUnreachable
+from proxy.own_tools import StreamToolFilter, split_calls
+from proxy.read_tool import references_in, serve_read
+from proxy.sse import ReplyAssembler, SSEEvent, SSESplitter
+from proxy.upstream import translate
+
+if TYPE_CHECKING:
+    from proxy.compactor import ProjectingCompactor
+    from proxy.pipeline import ChatContext
+    from proxy.settings import Settings
+    from proxy.upstream import Upstream
+    from storage.store import Store
+
+log = logging.getLogger("context_proxy.tools")
+
+KEEPALIVE = b": context-proxy is serving its own tool call\n\n"
+CHARS_PER_TOKEN = 4
+"""Size budget of one read result: a quarter of the window at ~4 characters a token (DESIGN.md)."""
+CONSERVATIVE_CHARS_PER_TOKEN = 3
+"""Characters per token assumed when measuring room left (code and logs run below 4)."""
+MIN_READ_CHARS = 1000
+
+
+class ToolRounds:
+    """Serves calls to the proxy's read and compaction tools for the pipeline."""
+
+    def __init__(self, settings: Settings, store: Store, upstream: Upstream, compactor: Any) -> None:
+        self.settings = settings
+        self.store = store
+        self.upstream = upstream
+        self.compactor: ProjectingCompactor | Any = compactor
+
+    def may_continue(self, ctx: ChatContext) -> bool:
+        return ctx.read_rounds < self.settings.read_tool_max_rounds
+
+    async def serve(self, ctx: ChatContext, assistant: dict[str, Any], calls: list[dict[str, Any]]) -> None:
+        """Answer ``calls`` (all the proxy's own), record the round, and prepare the next body."""
+        assert ctx.prepared is not None and ctx.prepared.forwarded is not None
+        forwarded = ctx.prepared.forwarded
+        visible = references_in([*forwarded["messages"], *ctx.internal])
+        max_chars = self._read_budget_chars(ctx)
+        results = []
+        for call in calls:
+            fn = call.get("function") or {}
+            if fn.get("name") == self.settings.compact_tool_name:
+                text = await self.compactor.compact_now(ctx)
+            else:
+                text = await self._read(ctx, fn.get("arguments", ""), visible, max_chars)
+            results.append({"role": "tool", "tool_call_id": call.get("id"), "content": text})
+        message = {"role": "assistant", "content": assistant.get("content"), "tool_calls": calls}
+        ctx.internal += [message, *results]
+        ctx.read_rounds += 1
+        body = forwarded | {"messages": [*forwarded["messages"], *ctx.internal]}
+        if not self.may_continue(ctx):  # the last round: the model must answer
+            tools = [t for t in body.get("tools") or () if (t.get("function") or {}).get("name") not in ctx.prepared.own_tools]
+            body = {k: v for k, v in body.items() if k not in ("tools", "tool_choice")} | ({"tools": tools} if tools else {})
+            if tools and "tool_choice" in forwarded:
+                body["tool_choice"] = forwarded["tool_choice"]
+        ctx.prepared = dataclasses.replace(ctx.prepared, body=orjson.dumps(body))
+
+    async def _read(self, ctx: ChatContext, arguments: str, visible: tuple[set[str], set[str]], max_chars: int) -> str:
+        """One read, cut (by re-reading fewer characters) until it fits the token budget."""
+        budget = self._read_budget_tokens(ctx)
+        counter = self.compactor.counter
+        for _ in range(4):
+            text = await serve_read(self.store, ctx.tenant, ctx.session, arguments, visible, max_chars)
+            tokens = counter.count_text(text)
+            if tokens <= budget or max_chars <= MIN_READ_CHARS:
+                return text
+            max_chars = max(MIN_READ_CHARS, int(max_chars * budget / tokens * 0.9))
+        return text
+
+    def _read_budget_tokens(self, ctx: ChatContext) -> int:
+        """Tokens one read may add: half the room left in the window, at most a quarter of the window."""
+        assert ctx.prepared is not None
+        window = ctx.prepared.window_tokens or self.settings.fallback_trigger_tokens
+        counter = self.compactor.counter
+        used = (ctx.prepared.tokens_forwarded or 0) + sum(counter.count_message(m) for m in ctx.internal)
+        return max(MIN_READ_CHARS // 4, min((window - used) // 2, window // 4))
+
+    def _read_budget_chars(self, ctx: ChatContext) -> int:
+        """Characters one read may return: half the room left in the window, at most a quarter of it.
+
+        Room = window - the forwarded estimate - what earlier rounds added (counted at
+        ``CONSERVATIVE_CHARS_PER_TOKEN``), so a few reads in a row never overflow the window.
+        """
+        assert ctx.prepared is not None
+        window = ctx.prepared.window_tokens or self.settings.fallback_trigger_tokens
+        used = (ctx.prepared.tokens_forwarded or 0) + len(orjson.dumps(ctx.internal)) // CONSERVATIVE_CHARS_PER_TOKEN
+        room_chars = (window - used) // 2 * CONSERVATIVE_CHARS_PER_TOKEN
+        return max(MIN_READ_CHARS, min(room_chars, window * CHARS_PER_TOKEN // 4))
+
+    def strip(self, data: bytes, reply: dict[str, Any], client_calls: list[dict[str, Any]]) -> tuple[bytes, dict[str, Any]]:
+        """A non-streaming response with the proxy's calls removed (the client's kept)."""
+        parsed = orjson.loads(data)
+        message = dict(parsed["choices"][0]["message"])
+        message["tool_calls"] = client_calls
+        parsed["choices"][0]["message"] = message
+        return orjson.dumps(parsed), reply | {"tool_calls": client_calls}
+
+    async def relay(
+        self,
+        ctx: ChatContext,
+        resp: Any,
+        chunks: AsyncIterator[bytes],
+        first: list[SSEEvent],
+        splitter: SSESplitter,
+        assembler: ReplyAssembler,
+    ) -> AsyncIterator[bytes]:
+        """Relay a stream whose request offered the proxy's tools, serving its calls in between.
+
+        Yields bytes for the client; ``assembler`` ends up with the reply as the client saw it.
+        Raises the translated upstream error if the upstream fails (the caller reports it).
+        """
+        assert ctx.prepared is not None
+        own = ctx.prepared.own_tools
+        pending = list(first)
+        while True:
+            filt = StreamToolFilter(own)
+            held: list[bytes] = []
+            async for event in _events(pending, chunks, splitter):
+                if event.data == b"[DONE]":
+                    held.append(event.raw + b"\n\n")
+                    assembler.add(event)
+                    continue
+                try:
+                    chunk = orjson.loads(event.data)
+                except orjson.JSONDecodeError:
+                    yield event.raw + b"\n\n"
+                    continue
+                if not isinstance(chunk, dict) or "error" in chunk or event.event == "error":
+                    assembler.add(event)
+                    yield event.raw + b"\n\n"
+                    continue
+                out = filt.filter(chunk)
+                if out is None:
+                    continue
+                data = event.raw + b"\n\n" if out is chunk else b"data: " + orjson.dumps(out) + b"\n\n"
+                choices = out.get("choices") or []
+                if (choices and choices[0].get("finish_reason")) or (not choices and out.get("usage")):
+                    held.append(data)
+                else:
+                    yield data
+                assembler.add_chunk(out)
+            await resp.aclose()
+            calls = [c.as_tool_call() for c in filt.own_calls]
+            if not calls or filt.client_calls or not self.may_continue(ctx):
+                for data in held:
+                    yield data
+                return
+            yield KEEPALIVE
+            await self.serve(ctx, {"content": None}, calls)
+            assembler.reset_round()
+            resp = await self.upstream.send("POST", "/chat/completions", headers=ctx.upstream_headers, content=ctx.prepared.body)
+            if resp.status_code >= 400:
+                body = await resp.aread()
+                await resp.aclose()
+                raise UpstreamUnreachable(f"The upstream failed during a context-proxy tool round (status {resp.status_code}): {body[:200]!r}")
+            chunks, splitter, pending = resp.aiter_raw(), SSESplitter(), []
+
+
+async def _events(pending: list[SSEEvent], chunks: AsyncIterator[bytes], splitter: SSESplitter) -> AsyncIterator[SSEEvent]:
+    for event in pending:
+        yield event
+    try:
+        async for chunk in chunks:
+            for event in splitter.feed(chunk):
+                yield event
+    except BaseException as exc:
+        raise translate(exc) from exc
+    for event in splitter.flush():
+        yield event
+
+
+def own_only(reply: dict[str, Any] | None, own: frozenset[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(own_calls, client_calls)`` of a complete reply."""
+    if not reply or not own:
+        return [], []
+    return split_calls(reply.get("tool_calls"), own)

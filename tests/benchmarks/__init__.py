@@ -1,0 +1,22 @@
+"""Benchmarks against the anchors, measured side by side in one run (issue 7).
+
+    python -m tests.benchmarks --out DIR            # full
+    python -m tests.benchmarks --quick --out DIR    # under 3 minutes on 2 cores
+
+Sections (each a module with ``run(cfg) -> dict``): ``overhead`` (pass-through latency, requests/s
+and CPU per request against a direct call, a raw aiohttp relay and the proxy, servers in their own
+processes), ``pipeline`` (the proxy's own CPU time per request against history length),
+``storage_growth`` (database bytes after replaying each shared trace), ``compression`` (tokens
+forwarded on real traces at 16k/32k/128k windows). ``report`` writes ``report.md``, the plots,
+``results.json`` and the README's Performance section.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_DIR = Path(__file__).resolve().parents[2]
+SHARED_DIR = REPO_DIR.parent / "shared"
+TRACES_DIR = SHARED_DIR / "traces"
+os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED_DIR / "tiktoken"))

@@ -1,0 +1,38 @@
+"""``BenchConfig``: what one run measures and how much (quick or full)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class BenchConfig:
+    """Sizes of one run. ``quick`` keeps the whole run under 3 minutes on 2 cores.
+
+    ``requests``: recorded requests per overhead point, by concurrency; ``reps``: repetitions of
+    every overhead point (candidates interleaved within each repetition); ``pipeline_sizes``:
+    history lengths in messages; ``pipeline_requests``: timed requests per size;
+    ``compression_traces``: how many shared traces (``None``: all); ``windows``: windows in tokens.
+    """
+
+    out: Path
+    quick: bool = False
+    concurrencies: tuple[int, ...] = (1, 16, 64)
+    requests: dict[int, int] = field(default_factory=lambda: {1: 1000, 16: 4000, 64: 8000})
+    reps: int = 5
+    pipeline_sizes: tuple[int, ...] = (10, 100, 1000, 5000)
+    pipeline_requests: int = 10
+    pipeline_compaction_reps: int = 3
+    compression_traces: int | None = None
+    windows: tuple[int, ...] = (16_384, 32_768, 131_072)
+    storage_traces: int | None = None
+    trace_filter: str | None = None
+    """Only traces whose file name contains this (storage and compression; smoke test)."""
+
+    @classmethod
+    def make(cls, out: Path, quick: bool) -> BenchConfig:
+        if not quick:
+            return cls(out=out)
+        return cls(out=out, quick=True, requests={1: 40, 16: 160, 64: 320}, reps=3, pipeline_requests=4,
+                   pipeline_compaction_reps=1, compression_traces=3, windows=(16_384, 32_768))

@@ -1,0 +1,250 @@
+"""Overhead of the pass-through path: the proxy against a direct call and a raw relay (issue 7, item 2).
+
+Processes: the fast fake upstream and the load generator on the first core, the candidate (floor
+relay or proxy) on the second, each a ``python -m tests.benchmarks.servers`` process, so the
+candidate's CPU time is read from ``/proc/<pid>/task/*/schedstat`` (nanoseconds, summed over its
+threads; ``/proc/<pid>/stat`` utime+stime as a fallback). For every point (concurrency x streaming)
+each repetition runs every candidate once, in order (direct, floor, proxy, proxy-httpx, ...), so
+the candidates are interleaved in time and a noisy moment hits all of them. Added latency is a
+candidate's percentile minus the direct call's percentile of the same repetition; the ratio to the
+floor is taken per repetition, then the median and spread (min..max) over repetitions reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from tests.benchmarks import REPO_DIR
+from tests.benchmarks.config import BenchConfig
+from tests.benchmarks.stats import percentile, spread
+
+CANDIDATES = ("direct", "floor", "proxy", "proxy-httpx")
+REQUEST_BODY = {
+    "model": "bench-model",
+    "messages": [
+        {"role": "system", "content": "You are a helpful assistant. " * 10},
+        {"role": "user", "content": "Summarize the plot of Hamlet in three sentences. " * 8},
+    ],
+    "max_tokens": 256,
+}
+
+
+def request_body(stream: bool) -> bytes:
+    """The request every candidate gets (compact JSON, ~1 KB)."""
+    return orjson.dumps(REQUEST_BODY | ({"stream": True} if stream else {}))
+
+
+def cores() -> tuple[int | None, int | None]:
+    """(core for load generator + upstream, core for the candidate); ``None`` on one core."""
+    available = sorted(os.sched_getaffinity(0))
+    if len(available) < 2:
+        return None, None
+    return available[0], available[1]
+
+
+def cpu_ns(pid: int) -> int:
+    """CPU time (user + system) of process ``pid`` in nanoseconds, over its live threads."""
+    total = 0
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        return total
+    except (OSError, ValueError):
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+class Server:
+    """A ``tests.benchmarks.servers`` process; ``url`` is its base URL (``http://127.0.0.1:P``)."""
+
+    def __init__(self, kind: str, cpu: int | None, workdir: Path, upstream: str | None = None,
+                 ready_path: str = "/healthz") -> None:
+        cmd = [sys.executable, "-m", "tests.benchmarks.servers", kind, "--workdir", str(workdir)]
+        if cpu is not None:
+            cmd += ["--cpu", str(cpu)]
+        if upstream:
+            cmd += ["--upstream", upstream]
+        self.kind = kind
+        self.log = open(workdir / f"{kind}.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(cmd, cwd=REPO_DIR, stdout=subprocess.PIPE, stderr=self.log, env=os.environ.copy())
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().decode()
+        if not line.startswith("PORT "):
+            self.stop()
+            raise RuntimeError(f"server {kind} failed to start; see {workdir / (kind + '.log')}")
+        self.url = f"http://127.0.0.1:{int(line.split()[1])}"
+        self._wait_ready(ready_path)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _wait_ready(self, path: str, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                data = b"{}" if path != "/healthz" else None
+                with urllib.request.urlopen(urllib.request.Request(self.url + path, data=data), timeout=5) as r:
+                    r.read()
+                return
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    self.stop()
+                    raise RuntimeError(f"server {self.kind} not ready") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+class LoadGenerator:
+    """The ``tests.benchmarks.loadgen`` process, driven one point at a time over a pipe."""
+
+    def __init__(self, cpu: int | None) -> None:
+        cmd = [sys.executable, "-m", "tests.benchmarks.loadgen"] + (["--cpu", str(cpu)] if cpu is not None else [])
+        self.proc = subprocess.Popen(cmd, cwd=REPO_DIR, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def run(self, url: str, body: bytes, concurrency: int, requests: int, stream: bool) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        cmd = {"url": url, "body": body.decode(), "concurrency": concurrency, "requests": requests,
+               "warmup": max(10, concurrency), "stream": stream}
+        self.proc.stdin.write(orjson.dumps(cmd) + b"\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("load generator died")
+        return orjson.loads(line)
+
+    def stop(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def litellm_status() -> str | None:
+    """``None`` when LiteLLM's proxy is importable, else why it is not measured."""
+    if importlib.util.find_spec("litellm") is None:
+        return "litellm not installed (optional; not installed by the benchmark)"
+    return "litellm is installed but this benchmark does not launch its proxy yet"
+
+
+@contextlib.contextmanager
+def servers(workdir: Path, kinds: tuple[str, ...]) -> Iterator[dict[str, Server | None]]:
+    """The upstream plus one server per candidate kind (``direct`` has none)."""
+    near, far = cores()
+    started: list[Server] = []
+    try:
+        upstream = Server("upstream", near, workdir, ready_path="/v1/chat/completions")
+        started.append(upstream)
+        out: dict[str, Server | None] = {"upstream": upstream, "direct": None}
+        for kind in kinds:
+            if kind == "direct":
+                continue
+            server = Server(kind, far, workdir, upstream=upstream.url + "/v1")
+            started.append(server)
+            out[kind] = server
+        yield out
+    finally:
+        for server in reversed(started):
+            server.stop()
+
+
+def measure_point(gen: LoadGenerator, srv: dict[str, Server | None], kinds: tuple[str, ...], concurrency: int,
+                  requests: int, stream: bool, reps: int) -> dict[str, Any]:
+    """Every candidate at one point, ``reps`` interleaved repetitions; see the module docstring."""
+    upstream = srv["upstream"]
+    assert upstream is not None
+    body = request_body(stream)
+    runs: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
+    for _rep in range(reps):
+        for kind in kinds:
+            server = srv[kind]
+            url = (server.url if server is not None else upstream.url) + "/v1/chat/completions"
+            pid = server.pid if server is not None else upstream.pid
+            cpu0 = cpu_ns(pid)
+            res = gen.run(url, body, concurrency, requests, stream)
+            cpu1 = cpu_ns(pid)
+            runs[kind].append({
+                "rps": requests / res["wall_s"],
+                "p50_ms": percentile(res["total_ms"], 0.5), "p99_ms": percentile(res["total_ms"], 0.99),
+                "ttfb_p50_ms": percentile(res["ttfb_ms"], 0.5), "ttfb_p99_ms": percentile(res["ttfb_ms"], 0.99),
+                "cpu_ms_per_request": (cpu1 - cpu0) / 1e6 / requests, "errors": res["errors"],
+            })
+    out: dict[str, Any] = {"concurrency": concurrency, "stream": stream, "requests": requests, "reps": reps, "candidates": {}}
+    direct = runs["direct"]
+    for kind in kinds:
+        rows = runs[kind]
+        entry: dict[str, Any] = {key: spread([r[key] for r in rows]) for key in rows[0] if key != "errors"}
+        entry["errors"] = sum(int(r["errors"]) for r in rows)
+        for key in ("p50_ms", "p99_ms", "ttfb_p50_ms", "ttfb_p99_ms"):
+            entry["added_" + key] = spread([r[key] - d[key] for r, d in zip(rows, direct, strict=True)])
+        if kind not in ("direct", "floor") and "floor" in runs:
+            entry["added_p50_vs_floor"] = spread([
+                (r["p50_ms"] - d["p50_ms"]) / max(f["p50_ms"] - d["p50_ms"], 1e-3)
+                for r, d, f in zip(rows, direct, runs["floor"], strict=True)
+            ])
+        if kind == "direct":
+            entry["cpu_note"] = "CPU of the upstream process (direct has no proxy)"
+        out["candidates"][kind] = entry
+    return out
+
+
+def run(cfg: BenchConfig, kinds: tuple[str, ...] = CANDIDATES) -> dict[str, Any]:
+    """The overhead section: ``{"points": [...], "litellm": reason|None, "cores": [...]}``."""
+    near, far = cores()
+    points: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp, servers(Path(tmp), kinds) as srv:
+        gen = LoadGenerator(near)
+        try:
+            for stream in (False, True):
+                for c in cfg.concurrencies:
+                    point = measure_point(gen, srv, kinds, c, cfg.requests[c], stream, cfg.reps)
+                    points.append(point)
+                    _progress(point)
+        finally:
+            gen.stop()
+    return {"points": points, "litellm": litellm_status(), "cores": {"loadgen_upstream": near, "candidate": far}}
+
+
+def _progress(point: dict[str, Any]) -> None:
+    cells = [f"{k} +{v['added_p50_ms']['median']:.2f}ms {v['rps']['median']:.0f}/s" for k, v in point["candidates"].items()]
+    print(f"  overhead c={point['concurrency']} stream={point['stream']}: " + ", ".join(cells), flush=True)
+
+
+def goals(result: dict[str, Any]) -> dict[str, Any]:
+    """Added non-streaming p50 of the proxy ÷ the floor's, by concurrency; and the TTFB goal."""
+    ratios: dict[str, float] = {}
+    ttfb_added: float | None = None
+    for point in result["points"]:
+        proxy = point["candidates"].get("proxy")
+        if proxy is None:
+            continue
+        if not point["stream"] and "added_p50_vs_floor" in proxy:
+            ratios[str(point["concurrency"])] = proxy["added_p50_vs_floor"]["median"]
+        if point["stream"] and point["concurrency"] == 1:
+            ttfb_added = proxy["added_ttfb_p50_ms"]["median"]
+    return {"added_latency_vs_floor": ratios, "added_ttfb_ms_at_1": ttfb_added}

@@ -1,0 +1,270 @@
+"""Writing a run: ``results.json``, ``report.md``, the PNG plots and the README's Performance section."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import re
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+README_START, README_END = "<!-- perf:start -->", "<!-- perf:end -->"
+PIPELINE_GOAL_MS_PER_MB = 5.0
+FLOOR_GOAL_RATIO = 3.0
+TTFB_GOAL_MS = 1.0
+STORAGE_GOAL_RATIO = 1.2
+
+
+def machine() -> dict[str, Any]:
+    """nproc, the CPU model (``/proc/cpuinfo``), Python, and the date of the run (UTC)."""
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"nproc": len(os.sched_getaffinity(0)), "cpu_model": model, "python": platform.python_version(),
+            "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def goals(results: dict[str, Any]) -> dict[str, Any]:
+    """The ``goals`` object of ``results.json`` (keys fixed by issue 7), plus the verdicts."""
+    from tests.benchmarks import overhead
+
+    ov = overhead.goals(results["overhead"]) if results.get("overhead") else {}
+    pipe, store = results.get("pipeline") or {}, results.get("storage") or {}
+    out: dict[str, Any] = {
+        "added_latency_vs_floor": ov.get("added_latency_vs_floor") or None,
+        "added_latency_vs_litellm": None,
+        "pipeline_ms_per_mb": pipe.get("ms_per_mb"),
+        "storage_vs_unique_bytes_max": store.get("vs_unique_max"),
+        "added_ttfb_ms_at_1": ov.get("added_ttfb_ms_at_1"),
+        "pipeline_linearity_slope": pipe.get("linearity"),
+    }
+    verdicts: dict[str, bool | None] = {}
+    if out["added_latency_vs_floor"]:
+        verdicts["added_latency_vs_floor"] = all(r <= FLOOR_GOAL_RATIO for r in out["added_latency_vs_floor"].values())
+    if out["added_ttfb_ms_at_1"] is not None:
+        verdicts["added_ttfb_ms_at_1"] = out["added_ttfb_ms_at_1"] <= TTFB_GOAL_MS
+    if out["pipeline_ms_per_mb"] is not None:
+        verdicts["pipeline_ms_per_mb"] = out["pipeline_ms_per_mb"] <= PIPELINE_GOAL_MS_PER_MB
+    if out["storage_vs_unique_bytes_max"] is not None:
+        verdicts["storage_vs_unique_bytes_max"] = out["storage_vs_unique_bytes_max"] <= STORAGE_GOAL_RATIO
+    out["met"] = verdicts
+    return out
+
+
+def _ms(s: dict[str, float], digits: int = 2) -> str:
+    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
+
+
+def overhead_tables(ov: dict[str, Any]) -> list[str]:
+    lines = ["## Overhead (pass-through)", "",
+             "Added latency = candidate − direct, same repetition; median (min–max) over repetitions. "
+             "CPU per request: the candidate's process (for *direct*: the upstream's). "
+             f"LiteLLM: {ov.get('litellm') or 'measured'}.", ""]
+    for point in ov["points"]:
+        mode = "streaming" if point["stream"] else "non-streaming"
+        lines += [f"### concurrency {point['concurrency']}, {mode} ({point['requests']} requests × {point['reps']} reps)", "",
+                  "| candidate | requests/s | added p50 ms | added p99 ms | added TTFB p50 ms | CPU ms/request | added p50 ÷ floor |",
+                  "|---|---|---|---|---|---|---|"]
+        for kind, c in point["candidates"].items():
+            ratio = _ms(c["added_p50_vs_floor"], 1) if "added_p50_vs_floor" in c else "–"
+            lines.append(f"| {kind} | {c['rps']['median']:.0f} | {_ms(c['added_p50_ms'])} | {_ms(c['added_p99_ms'])} | "
+                         f"{_ms(c['added_ttfb_p50_ms'])} | {c['cpu_ms_per_request']['median']:.2f} | {ratio} |")
+        lines.append("")
+    return lines
+
+
+def pipeline_table(pipe: dict[str, Any]) -> list[str]:
+    lines = ["## Pipeline CPU per request against history length", "",
+             "In-process; harness (client + ASGI plumbing) subtracted. Warm: median (min–max) of the requests after the "
+             f"first. ms/MB goal ≤ {PIPELINE_GOAL_MS_PER_MB:g}: {pipe['ms_per_mb']:.1f} ({pipe['ms_per_mb_note']}); "
+             f"marginal cost between the two largest sizes {pipe.get('marginal_ms_per_mb') or float('nan'):.1f} ms/MB; "
+             f"log-log slope {pipe.get('linearity') or float('nan'):.2f} (1.0 = linear).", "",
+             "| messages | history MB | tokens | cold ms | warm ms | warm ms/MB | compaction turn ms | compaction ms/MB | defenses |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in pipe["sizes"]:
+        lines.append(f"| {r['messages']} | {r['history_bytes'] / 1e6:.2f} | {r['tokens']} | {r['cold_ms']:.1f} | "
+                     f"{r['warm_ms']:.2f} ({r['warm']['min'] - r['harness_ms']:.2f}–{r['warm']['max'] - r['harness_ms']:.2f}) | "
+                     f"{r['warm_ms_per_mb']:.2f} | {_ms(r['compaction'], 1)} | {r['compaction_ms_per_mb']:.1f} | {r['compaction_defenses']} |")
+    return [*lines, ""]
+
+
+def storage_table(st: dict[str, Any]) -> list[str]:
+    lines = ["## Storage growth", "",
+             f"Row bytes: SQLite's payload of the tables (the goal's measure, ≤ {STORAGE_GOAL_RATIO}× the unique messages); "
+             f"file: VACUUMed file minus an empty database ({st['empty_db_bytes'] / 1e3:.0f} kB); naive: every request body stored.", "",
+             "| trace | messages | requests | unique kB | rows kB (×) | file kB (×) | naive log kB (×) |", "|---|---|---|---|---|---|---|"]
+    for r in st["traces"]:
+        rows = f"{r['row_bytes'] / 1e3:.0f} ({r['rows_vs_unique']:.2f}×)" if r["row_bytes"] is not None else "–"
+        lines.append(f"| {r['trace']} | {r['messages']} | {r['requests']} | {r['unique_message_bytes'] / 1e3:.0f} | {rows} | "
+                     f"{r['db_bytes'] / 1e3:.0f} ({r['file_vs_unique']:.2f}×) | {r['naive_log_bytes'] / 1e3:.0f} "
+                     f"({r['naive_log_bytes'] / r['unique_message_bytes']:.1f}×) |")
+    return [*lines, ""]
+
+
+def compression_table(cp: dict[str, Any]) -> list[str]:
+    lines = ["## Compression on real traces", "",
+             "Prompt tokens summed over turns (the fake provider's count). Total = forwarded + summary prompts. "
+             f"Overflows: turns over the window without the proxy → overflow answers / client errors with it. "
+             f"Deep Agents' middleware: {cp['deepagents']}.", "",
+             "| trace | window | turns | pass-through tokens | forwarded (×) | summary calls | summary tokens | total (×) | overflows without → with | prefix stability |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in cp["rows"]:
+        stab = f"{r['prefix_stability']:.3f}" if r["prefix_stability"] is not None else "–"
+        lines.append(f"| {r['trace']} | {r['window'] // 1024}k | {r['turns']} | {r['passthrough_tokens']} | "
+                     f"{r['forwarded_tokens']} ({r['forwarded_ratio']:.2f}) | {r['summary_calls']} | {r['summary_prompt_tokens']} | "
+                     f"{r['upstream_total_tokens']} ({r['upstream_total_ratio']:.2f}) | {r['overflows_without']} → "
+                     f"{r['overflow_answers_with']}/{r['client_errors_with']} | {stab} |")
+    return [*lines, ""]
+
+
+def goals_table(g: dict[str, Any]) -> list[str]:
+    met = g["met"]
+
+    def verdict(key: str) -> str:
+        return {True: "met", False: "**not met**", None: "–"}[met.get(key)]
+
+    floor = g["added_latency_vs_floor"]
+    lines = ["| goal | measured | verdict |", "|---|---|---|"]
+    if floor:
+        cells = " / ".join(f"{floor[k]:.1f}×" for k in sorted(floor, key=int))
+        lines.append(f"| added p50 ≤ {FLOOR_GOAL_RATIO:g}× the floor's (concurrency {' / '.join(sorted(floor, key=int))}) | "
+                     f"{cells} | {verdict('added_latency_vs_floor')} |")
+    if g["added_ttfb_ms_at_1"] is not None:
+        lines.append(f"| ≤ {TTFB_GOAL_MS:g} ms added before the first streamed event (concurrency 1) | "
+                     f"{g['added_ttfb_ms_at_1']:.2f} ms | {verdict('added_ttfb_ms_at_1')} |")
+    if g["pipeline_ms_per_mb"] is not None:
+        lines.append(f"| pipeline ≤ {PIPELINE_GOAL_MS_PER_MB:g} ms per MB of history | {g['pipeline_ms_per_mb']:.1f} ms/MB | "
+                     f"{verdict('pipeline_ms_per_mb')} |")
+    if g["storage_vs_unique_bytes_max"] is not None:
+        lines.append(f"| storage ≤ {STORAGE_GOAL_RATIO:g}× the unique messages (worst trace) | "
+                     f"{g['storage_vs_unique_bytes_max']:.2f}× | {verdict('storage_vs_unique_bytes_max')} |")
+    lines.append(f"| added latency vs LiteLLM | {'not measured (not installed)' if g['added_latency_vs_litellm'] is None else g['added_latency_vs_litellm']} | – |")
+    return lines
+
+
+def plots(results: dict[str, Any], out: Path) -> list[str]:
+    """Write the PNG plots; returns their file names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names: list[str] = []
+    ov = results.get("overhead")
+    if ov:
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+        for ax, stream in zip(axes, (False, True), strict=True):
+            pts = [p for p in ov["points"] if p["stream"] is stream]
+            kinds = [k for k in pts[0]["candidates"] if k != "direct"]
+            width = 0.8 / max(1, len(kinds))
+            for j, kind in enumerate(kinds):
+                key = "added_ttfb_p50_ms" if stream else "added_p50_ms"
+                med = [max(p["candidates"][kind][key]["median"], 1e-2) for p in pts]
+                lo = [m - max(p["candidates"][kind][key]["min"], 1e-2) for m, p in zip(med, pts, strict=True)]
+                hi = [max(p["candidates"][kind][key]["max"], 1e-2) - m for m, p in zip(med, pts, strict=True)]
+                xs = [i + j * width for i in range(len(pts))]
+                ax.bar(xs, med, width, yerr=[[max(v, 0) for v in lo], [max(v, 0) for v in hi]], label=kind, capsize=2)
+            ax.set_xticks([i + width * (len(kinds) - 1) / 2 for i in range(len(pts))], [str(p["concurrency"]) for p in pts])
+            ax.set_yscale("log")
+            ax.set_xlabel("concurrency")
+            ax.set_title("added TTFB p50 (streaming)" if stream else "added p50 (non-streaming)")
+        axes[0].set_ylabel("ms over direct")
+        axes[0].legend()
+        fig.tight_layout()
+        fig.savefig(out / "overhead.png", dpi=110)
+        plt.close(fig)
+        names.append("overhead.png")
+    pipe = results.get("pipeline")
+    if pipe:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        mb = [r["history_bytes"] / 1e6 for r in pipe["sizes"]]
+        ax.loglog(mb, [max(r["warm_ms"], 1e-2) for r in pipe["sizes"]], "o-", label="warm request")
+        ax.loglog(mb, [max(r["compaction_ms"], 1e-2) for r in pipe["sizes"]], "s-", label="compaction turn")
+        ax.loglog(mb, [max(r["cold_ms"], 1e-2) for r in pipe["sizes"]], "^--", label="first request (cold)")
+        ax.loglog(mb, [PIPELINE_GOAL_MS_PER_MB * m for m in mb], "k:", label=f"goal {PIPELINE_GOAL_MS_PER_MB:g} ms/MB")
+        for r, m in zip(pipe["sizes"], mb, strict=True):
+            ax.annotate(f"{r['messages']} msgs", (m, max(r["warm_ms"], 1e-2)), fontsize=7)
+        ax.set_xlabel("history (MB)")
+        ax.set_ylabel("proxy CPU ms per request")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "pipeline.png", dpi=110)
+        plt.close(fig)
+        names.append("pipeline.png")
+    cp = results.get("compression")
+    if cp and cp.get("plot"):
+        p = cp["plot"]
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ax.plot(p["client"], label="without the proxy (client prompt)")
+        ax.plot(p["forwarded"], label="forwarded by the proxy")
+        ax.axhline(p["window"], color="k", ls=":", label=f"window {p['window'] // 1024}k")
+        ax.set_xlabel("turn")
+        ax.set_ylabel("prompt tokens")
+        ax.set_title(p["trace"], fontsize=8)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "compression.png", dpi=110)
+        plt.close(fig)
+        names.append("compression.png")
+    return names
+
+
+def readme_section(results: dict[str, Any], out: Path, readme: Path, command: str) -> str:
+    """The README's Performance section (between the markers): machine, date, goals, plots."""
+    m = results["machine"]
+    try:
+        rel = os.path.relpath(out, readme.parent)
+    except ValueError:
+        rel = str(out)
+    lines = ["## Performance", "",
+             f"Measured by `{command}` on {m['date']}: {m['nproc']} cores ({m['cpu_model']}), Python {m['python']}. "
+             "Every comparison is a ratio within one run, candidates interleaved, median of repetitions; "
+             f"full tables in [{rel}/report.md]({rel}/report.md).", "",
+             *goals_table(results["goals"]), ""]
+    lines += [f"![{name}]({rel}/{name})" for name in results.get("plots", [])]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def update_readme(readme: Path, section: str) -> bool:
+    """Replace the text between ``README_START`` and ``README_END``; False if the markers are absent."""
+    if not readme.is_file():
+        return False
+    text = readme.read_text()
+    pattern = re.compile(re.escape(README_START) + r".*?" + re.escape(README_END), re.S)
+    if not pattern.search(text):
+        return False
+    readme.write_text(pattern.sub(lambda _m: f"{README_START}\n{section}{README_END}", text, count=1))
+    return True
+
+
+def write(results: dict[str, Any], out: Path, readme: Path, command: str) -> None:
+    """Write ``results.json``, the plots, ``report.md``, ``README_perf.md`` and the README section."""
+    out.mkdir(parents=True, exist_ok=True)
+    results["goals"] = goals(results)
+    results["plots"] = plots(results, out)
+    lines = [f"# Benchmarks ({'quick' if results['config']['quick'] else 'full'})", "",
+             f"Machine: {results['machine']['nproc']} cores, {results['machine']['cpu_model']}; "
+             f"Python {results['machine']['python']}; {results['machine']['date']}. Command: `{command}`.", "",
+             "## Goals", "", *goals_table(results["goals"]), ""]
+    if results.get("overhead"):
+        lines += overhead_tables(results["overhead"])
+    if results.get("pipeline"):
+        lines += pipeline_table(results["pipeline"])
+    if results.get("storage"):
+        lines += storage_table(results["storage"])
+    if results.get("compression"):
+        lines += compression_table(results["compression"])
+    lines += [f"![{name}]({name})" for name in results["plots"]]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    (out / "results.json").write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    section = readme_section(results, out, readme, command)
+    (out / "README_perf.md").write_text(section)
+    results["readme_updated"] = update_readme(readme, section)

@@ -1,0 +1,81 @@
+"""The benchmark's pieces at trivial size, so ``python -m tests.benchmarks`` cannot rot silently.
+
+Not the benchmark itself (its numbers are meaningless at this size): each section runs on a few
+requests and the report is written with the keys issue 7 fixes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.benchmarks import TRACES_DIR, compression, overhead, pipeline, report, storage_growth
+from tests.benchmarks.config import BenchConfig
+from tests.benchmarks.stats import percentile, spread
+
+pytestmark = pytest.mark.skipif(not TRACES_DIR.is_dir(), reason="../shared/traces is absent")
+
+
+def test_order_statistics() -> None:
+    assert percentile([1, 2, 3, 4], 0.5) == 2.5
+    assert percentile([5], 0.99) == 5
+    assert spread([3, 1, 2]) == {"median": 2, "min": 1, "max": 3}
+
+
+def test_prefix_share() -> None:
+    assert compression.prefix_share(b"abcd", b"abXY") == 0.5
+    assert compression.prefix_share(b"abcd", b"abcdef") == 1.0
+
+
+def test_history_is_made_of_unique_trace_messages() -> None:
+    pool = pipeline.trace_messages()[:7]
+    history = pipeline.build_history(20, pool)
+    assert len(history) == 20
+    assert len({orjson.dumps(m) for m in history if isinstance(m.get("content"), str)}) == sum(
+        isinstance(m.get("content"), str) for m in history)
+
+
+def test_sections_and_report_at_trivial_size(tmp_path: Path) -> None:
+    cfg = BenchConfig(out=tmp_path, quick=True, concurrencies=(1, 4), requests={1: 5, 4: 8}, reps=2,
+                      pipeline_sizes=(10, 30), pipeline_requests=2, pipeline_compaction_reps=1,
+                      compression_traces=1, windows=(8_192,), storage_traces=1,
+                      trace_filter="tau-bench__airline-task2")
+    results = {
+        "machine": report.machine(), "config": {"quick": True},
+        "overhead": overhead.run(cfg, kinds=("direct", "floor", "proxy")),
+        "pipeline": pipeline.run(cfg),
+        "storage": storage_growth.run(cfg),
+        "compression": compression.run(cfg),
+    }
+    point = results["overhead"]["points"][0]
+    assert set(point["candidates"]) == {"direct", "floor", "proxy"}
+    assert all(c["errors"] == 0 for p in results["overhead"]["points"] for c in p["candidates"].values())
+    assert point["candidates"]["proxy"]["cpu_ms_per_request"]["median"] > 0
+    assert [r["compaction_defenses"] for r in results["pipeline"]["sizes"]][0].startswith("summary")
+    assert results["storage"]["traces"][0]["message_payload_bytes"] > 0
+    assert results["compression"]["rows"][0]["turns"] > 0
+
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n<!-- perf:start -->\nold\n<!-- perf:end -->\ntail\n")
+    report.write(results, tmp_path / "out", readme, "python -m tests.benchmarks --quick --out out")
+    saved = orjson.loads((tmp_path / "out" / "results.json").read_bytes())
+    assert {"overhead", "pipeline", "storage", "compression", "goals"} <= set(saved)
+    goals = saved["goals"]
+    assert set(goals["added_latency_vs_floor"]) == {"1", "4"}
+    assert goals["added_latency_vs_litellm"] is None
+    assert goals["pipeline_ms_per_mb"] > 0 and goals["storage_vs_unique_bytes_max"] > 0
+    assert {"overhead.png", "pipeline.png", "compression.png"} <= {p.name for p in (tmp_path / "out").iterdir()}
+    text = readme.read_text()
+    assert "old" not in text and "## Performance" in text and text.endswith("<!-- perf:end -->\ntail\n")
+
+
+def test_cpu_of_a_process_grows() -> None:
+    import os
+
+    before = overhead.cpu_ns(os.getpid())
+    asyncio.run(asyncio.sleep(0))
+    sum(i * i for i in range(200_000))
+    assert overhead.cpu_ns(os.getpid()) > before
