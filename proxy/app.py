@@ -41,6 +41,30 @@ class ProxyState:
     store: Store
     upstream: Upstream
     pipeline: ChatPipeline
+    migrated: bool = False
+    """The schema is at the newest migration (``/readyz`` is not ready until it is)."""
+
+
+MIGRATION_RETRY_MAX_S = 30.0
+
+
+async def _try_upgrade(database_url: str) -> bool:
+    try:
+        await upgrade(database_url)
+        return True
+    except StorageError as exc:
+        log.error("database migration failed (%s); /readyz reports not ready and it is retried", type(exc).__name__)
+        return False
+
+
+async def _migrate_until_done(state: ProxyState) -> None:
+    """Retry the migration with backoff (0.5 s doubling to 30 s) until the database is there."""
+    delay = 0.5
+    while not state.migrated:
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, MIGRATION_RETRY_MAX_S)
+        state.migrated = await _try_upgrade(state.settings.database_url)
+    log.info("database migrated; ready")
 
 
 def build_compactor(settings: Settings, store: Store, upstream: Upstream, metrics: Metrics | None = None) -> Compactor:
@@ -60,10 +84,7 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        try:
-            await upgrade(settings.database_url)
-        except StorageError:
-            log.exception("database migration failed at start; /readyz reports not ready")
+        migrated = await _try_upgrade(settings.database_url)
         store = await Store.open(settings.database_url, pool_size=max(5, min(settings.upstream_pool_size, 50)))
         upstream = Upstream(
             settings.upstream_url,
@@ -75,10 +96,14 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
         pipeline = ChatPipeline(
             settings, SessionLog(store), upstream, build_compactor(settings, store, upstream, metrics), metrics=metrics
         )
-        app.state.proxy = ProxyState(settings, Authenticator(settings), store, upstream, pipeline)
+        state = ProxyState(settings, Authenticator(settings), store, upstream, pipeline, migrated=migrated)
+        app.state.proxy = state
+        retry = None if migrated else asyncio.create_task(_migrate_until_done(state))
         try:
             yield
         finally:
+            if retry is not None:
+                retry.cancel()
             await pipeline.drain()
             await upstream.aclose()
             await store.close()

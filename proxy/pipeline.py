@@ -32,11 +32,13 @@ from proxy.settings import Settings
 from proxy.sse import ReplyAssembler, SSEEvent, SSESplitter
 from proxy.tool_rounds import ToolRounds, own_only
 from proxy.upstream import Upstream, forward_request_headers, response_headers, translate
+from storage.errors import StorageError
 from storage.records import RequestRecord, SessionRecord
 
 log = logging.getLogger("context_proxy.pipeline")
 
 CHAT_PATH = "/chat/completions"
+DEGRADED_WARNING = "database unavailable: this request was forwarded without logging or compaction"
 
 
 @dataclass(slots=True)
@@ -83,6 +85,8 @@ class ChatContext:
     """Messages of the proxy's own tool rounds in this request (logged as internal)."""
     read_rounds: int = 0
     expanded: bool = False
+    degraded: bool = False
+    """The database failed and ``database_failure_mode`` is open: forwarded without compaction."""
     """``messages`` include internal rounds the client's history does not (forward them, not ``raw``)."""
 
     @property
@@ -120,8 +124,13 @@ class ChatPipeline:
         messages: list[dict[str, Any]] = body["messages"]
         digests, chain = digests_and_chain(messages)
         session_id = (headers.get("x-session-id") or "").strip()[:MAX_SESSION_ID_CHARS] or derive_session_id(tenant, messages, chain)
-        session = await self.log.open_session(tenant, session_id)
-        expanded = await self.log.expand_internal(session, messages, digests, chain)
+        try:
+            session = await self.log.open_session(tenant, session_id)
+            expanded = await self.log.expand_internal(session, messages, digests, chain)
+        except StorageError:
+            if self.settings.database_failure_mode != "open":
+                raise
+            return await self._forward_unlogged(raw, bool(body.get("stream")), header_items)
         if expanded is not None:  # the proxy's earlier tool rounds, put back where they happened
             messages, digests, chain = expanded
         ctx = ChatContext(
@@ -145,7 +154,14 @@ class ChatPipeline:
         bind(request_id=ctx.request_id, session_id=session.session_id, model=ctx.model)
         overflow: Overflow | None = None
         while True:
-            ctx.prepared = await self.compactor.prepare(ctx, overflow=overflow)
+            try:
+                ctx.prepared = await self.compactor.prepare(ctx, overflow=overflow)
+            except StorageError:
+                if self.settings.database_failure_mode != "open":
+                    raise
+                self.metrics.database_error("fail_open")
+                ctx.degraded = True
+                ctx.prepared = Prepared(orjson.dumps(ctx.body | {"messages": ctx.messages}) if ctx.expanded else ctx.raw)
             try:
                 outcome = await self._forward(ctx)
             except ProxyError as exc:
@@ -178,7 +194,35 @@ class ChatPipeline:
                 out["x-context-proxy-events"] = ",".join(p.event_ids)
         if ctx.retries:
             out["x-context-proxy-overflow-retries"] = str(ctx.retries)
+        if ctx.degraded:
+            out["x-context-proxy-warning"] = DEGRADED_WARNING
         return out
+
+    async def _forward_unlogged(self, raw: bytes, stream: bool, header_items: list[tuple[str, str]]) -> Buffered | Streamed:
+        """Fail open: relay the request as sent, without logging or compaction (database down)."""
+        self.metrics.database_error("fail_open")
+        log.warning("database unavailable: forwarding without logging or compaction (database_failure_mode=open)")
+        headers = forward_request_headers(header_items, upstream_api_key=self.settings.upstream_api_key, identity=True)
+        resp = await self.upstream.send("POST", CHAT_PATH, headers=headers, content=raw)
+        out = response_headers(resp.headers, keep_encoding=False) | {"x-context-proxy-warning": DEGRADED_WARNING}
+        out.pop("content-length", None)
+        if stream and resp.status_code < 400:
+
+            async def relay() -> AsyncIterator[bytes]:
+                try:
+                    async for chunk in resp.aiter_raw():
+                        yield chunk
+                except (httpx.HTTPError, OSError, asyncio.TimeoutError) as exc:
+                    yield b"data: " + _as_proxy_error(translate(exc)).body() + b"\n\n"
+                finally:
+                    await resp.aclose()
+
+            return Streamed(resp.status_code, out, relay())
+        try:
+            data = await _read(resp)
+        finally:
+            await resp.aclose()
+        return Buffered(resp.status_code, out, data)
 
     async def _forward(self, ctx: ChatContext) -> Buffered | Streamed | Overflow:
         assert ctx.prepared is not None
@@ -387,3 +431,7 @@ def _overflow_error(overflow: Overflow) -> ProxyError:
         "The request still exceeds the model's context window after compaction"
         f"{limit}; the newest messages alone are too large. Upstream said: {overflow.message[:300]}"
     )
+
+
+def _as_proxy_error(exc: BaseException) -> ProxyError:
+    return exc if isinstance(exc, ProxyError) else UpstreamUnreachable(f"Upstream error: {type(exc).__name__}")

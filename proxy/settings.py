@@ -6,6 +6,8 @@ for ``serve``, by the matching command-line option. Build it once at start and i
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -33,6 +35,11 @@ class Settings(BaseSettings):
         600.0, description="Seconds to wait for the upstream between bytes (a stalled stream fails after this)."
     )
     max_body_bytes: int = Field(64 * 1024 * 1024, description="Largest request body accepted (413 above).")
+    database_failure_mode: Literal["closed", "open"] = Field(
+        "closed",
+        description="Database down while serving: 'closed' answers 503; 'open' forwards without logging or "
+        "compaction (counted in metrics, warned in the x-context-proxy-warning header).",
+    )
 
     # --- credentials ---
     upstream_api_key: str | None = Field(

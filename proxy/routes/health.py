@@ -15,6 +15,8 @@ async def healthz() -> JSONResponse:
 
 @router.get("/readyz", tags=["health"], summary="The database is reachable")
 async def readyz(request: Request) -> JSONResponse:
-    store = request.app.state.proxy.store
-    ok = store is not None and await store.ping()
-    return JSONResponse({"status": "ready" if ok else "not ready", "database": ok}, status_code=200 if ok else 503)
+    state = request.app.state.proxy
+    reachable = await state.store.ping()
+    ok = reachable and state.migrated
+    body = {"status": "ready" if ok else "not ready", "database": reachable, "migrated": state.migrated}
+    return JSONResponse(body, status_code=200 if ok else 503)

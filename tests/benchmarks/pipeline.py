@@ -16,6 +16,7 @@ the same fake).
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import time
 from typing import Any
@@ -95,8 +96,6 @@ async def harness_ms(body: bytes, reps: int = 5) -> float:
 
 async def measure_size(n: int, cfg: BenchConfig, pool: list[dict[str, Any]]) -> dict[str, Any]:
     from proxy.tokens import load_counter
-
-    import os
 
     history = build_history(n, pool)
     counter = load_counter(os.environ.get("TIKTOKEN_CACHE_DIR"))

@@ -92,38 +92,38 @@ def request_kwargs(stream: bool) -> dict[str, Any]:
 # --- 1. the SDK receives the same thing through the proxy as straight from the upstream --------
 
 
-@pytest.mark.parametrize("reply_name", list(REPLIES))
-def test_sync_non_streaming_same_as_direct(any_proxy: Proxy, upstream: Upstream, reply_name: str) -> None:
-    reply = REPLIES[reply_name]
-    upstream.state.script.extend([reply, reply])
-    direct = direct_client(upstream).chat.completions.create(**request_kwargs(False))
-    via_proxy = any_proxy.client().chat.completions.create(**request_kwargs(False))
+def test_sync_non_streaming_same_as_direct(any_proxy: Proxy, upstream: Upstream) -> None:
+    direct_sdk, proxy_sdk = direct_client(upstream), any_proxy.client()
+    for name, reply in REPLIES.items():
+        upstream.state.script.extend([reply, reply])
+        direct = direct_sdk.chat.completions.create(**request_kwargs(False))
+        via_proxy = proxy_sdk.chat.completions.create(**request_kwargs(False))
 
-    assert comparable(via_proxy) == comparable(direct)
-    message = via_proxy.choices[0].message
-    assert message.content == reply["content"]
-    expected_calls = reply.get("tool_calls")
-    assert [c.model_dump() for c in message.tool_calls or []] == (expected_calls or [])
-    assert via_proxy.choices[0].finish_reason == ("tool_calls" if expected_calls else "stop")
-    assert via_proxy.usage is not None and via_proxy.usage.total_tokens > 0
-    assert via_proxy.usage == direct.usage
+        assert comparable(via_proxy) == comparable(direct), name
+        message = via_proxy.choices[0].message
+        assert message.content == reply["content"]
+        expected_calls = reply.get("tool_calls")
+        assert [c.model_dump() for c in message.tool_calls or []] == (expected_calls or [])
+        assert via_proxy.choices[0].finish_reason == ("tool_calls" if expected_calls else "stop")
+        assert via_proxy.usage is not None and via_proxy.usage.total_tokens > 0
+        assert via_proxy.usage == direct.usage
 
 
-@pytest.mark.parametrize("reply_name", list(REPLIES))
-def test_sync_streaming_same_chunks_as_direct(any_proxy: Proxy, upstream: Upstream, reply_name: str) -> None:
-    reply = REPLIES[reply_name]
-    upstream.state.script.extend([reply, reply])
-    direct = [comparable(c) for c in direct_client(upstream).chat.completions.create(**request_kwargs(True))]
-    via_proxy_chunks = list(any_proxy.client().chat.completions.create(**request_kwargs(True)))
-    via_proxy = [comparable(c) for c in via_proxy_chunks]
+def test_sync_streaming_same_chunks_as_direct(any_proxy: Proxy, upstream: Upstream) -> None:
+    direct_sdk, proxy_sdk = direct_client(upstream), any_proxy.client()
+    for name, reply in REPLIES.items():
+        upstream.state.script.extend([reply, reply])
+        direct = [comparable(c) for c in direct_sdk.chat.completions.create(**request_kwargs(True))]
+        via_proxy_chunks = list(proxy_sdk.chat.completions.create(**request_kwargs(True)))
+        via_proxy = [comparable(c) for c in via_proxy_chunks]
 
-    assert via_proxy == direct
-    assert len(via_proxy) >= 4
-    finish = [c.choices[0].finish_reason for c in via_proxy_chunks if c.choices and c.choices[0].finish_reason]
-    assert finish == ["tool_calls" if reply.get("tool_calls") else "stop"]
-    assert via_proxy_chunks[-1].usage is not None and via_proxy_chunks[-1].usage.completion_tokens > 0
-    text = "".join(c.choices[0].delta.content or "" for c in via_proxy_chunks if c.choices)
-    assert text == (reply["content"] or "")
+        assert via_proxy == direct, name
+        assert len(via_proxy) >= 4
+        finish = [c.choices[0].finish_reason for c in via_proxy_chunks if c.choices and c.choices[0].finish_reason]
+        assert finish == ["tool_calls" if reply.get("tool_calls") else "stop"]
+        assert via_proxy_chunks[-1].usage is not None and via_proxy_chunks[-1].usage.completion_tokens > 0
+        text = "".join(c.choices[0].delta.content or "" for c in via_proxy_chunks if c.choices)
+        assert text == (reply["content"] or "")
 
 
 async def test_async_non_streaming_same_as_direct(any_proxy: Proxy, upstream: Upstream) -> None:
@@ -233,27 +233,27 @@ def test_models_and_embeddings_pass_through(any_proxy: Proxy, upstream: Upstream
 BINARY_BODY = bytes(range(256)) + b'{"model": "not-a-chat"}' + "ünïcode ✓".encode()
 
 
-@pytest.mark.parametrize("method", ["POST", "PUT", "PATCH", "DELETE", "GET"])
-def test_echo_pass_through_is_exact(plain_proxy: Proxy, upstream: Upstream, method: str) -> None:
-    body = b"" if method == "GET" else BINARY_BODY
-    query = "a=1&b=two%20words&b=again&empty=&sym=%E2%9C%93"
-    with plain_proxy.http() as http:
-        resp = http.request(method, f"/v1/echo/some/deep/path?{query}", content=body,
-                            headers={"x-custom-header": "Value 1", "content-type": "application/octet-stream",
-                                     "openai-organization": "org-xyz"})
-    assert resp.status_code == 200
-    echoed = resp.json()
-    assert echoed["method"] == method
-    assert echoed["path"] == "/v1/echo/some/deep/path"
-    assert echoed["query"] == query
-    assert base64.b64decode(echoed["body_b64"]) == body
-    headers = {name: value for name, value in echoed["headers"]}
-    assert headers["x-custom-header"] == "Value 1"
-    assert headers["openai-organization"] == "org-xyz"
-    assert headers["content-type"] == "application/octet-stream"
-    assert headers["authorization"] == f"Bearer {CLIENT_KEY}"  # by default the client's key goes upstream
-    received = upstream.state.requests[-1]
-    assert (received.method, received.body, received.query) == (method, body, query)
+def test_echo_pass_through_is_exact(plain_proxy: Proxy, upstream: Upstream) -> None:
+    query = "a=1&b=two%20words&b=again&empty=&sym=%E2%9C%93&plus=x+y"
+    for method in ("POST", "PUT", "PATCH", "DELETE", "GET"):
+        body = b"" if method == "GET" else BINARY_BODY
+        with plain_proxy.http() as http:
+            resp = http.request(method, f"/v1/echo/some/deep/path?{query}", content=body,
+                                headers={"x-custom-header": "Value 1", "content-type": "application/octet-stream",
+                                         "openai-organization": "org-xyz"})
+        assert resp.status_code == 200, method
+        echoed = resp.json()
+        assert echoed["method"] == method
+        assert echoed["path"] == "/v1/echo/some/deep/path"
+        assert echoed["query"] == query
+        assert base64.b64decode(echoed["body_b64"]) == body
+        headers = {name: value for name, value in echoed["headers"]}
+        assert headers["x-custom-header"] == "Value 1"
+        assert headers["openai-organization"] == "org-xyz"
+        assert headers["content-type"] == "application/octet-stream"
+        assert headers["authorization"] == f"Bearer {CLIENT_KEY}"  # by default the client's key goes upstream
+        received = upstream.state.requests[-1]
+        assert (received.method, received.body, received.query) == (method, body, query)
     assert_no_session(plain_proxy)
 
 
@@ -319,26 +319,27 @@ def test_rate_limit_429_passed_through(any_proxy: Proxy, upstream: Upstream, str
     assert err.response.content == json.dumps(RATE_LIMIT_BODY, separators=(",", ":")).encode()
 
 
-@pytest.mark.parametrize(
-    ("status", "body"),
-    [
-        (400, {"error": {"message": "Invalid value for 'temperature'.", "type": "invalid_request_error",
-                         "param": "temperature", "code": "invalid_value"}}),
-        (403, b"<html><body>Forbidden by the gateway</body></html>"),
-        (500, "The server had an error while processing your request. Sorry about that!"),
-        (503, {"error": {"message": "The engine is currently overloaded.", "type": "server_error", "param": None, "code": None}}),
-    ],
-)
-def test_upstream_error_bodies_passed_through_unchanged(any_proxy: Proxy, upstream: Upstream, status: int, body: Any) -> None:
-    upstream.state.fail_next.append(("status", status, body))
-    expected = json.dumps(body, separators=(",", ":")).encode() if isinstance(body, dict) else (
-        body.encode() if isinstance(body, str) else body)
+UPSTREAM_ERRORS = [
+    (400, {"error": {"message": "Invalid value for 'temperature'.", "type": "invalid_request_error",
+                     "param": "temperature", "code": "invalid_value"}}),
+    (403, b"<html><body>Forbidden by the gateway</body></html>"),
+    (500, "The server had an error while processing your request. Sorry about that!"),
+    (503, {"error": {"message": "The engine is currently overloaded.", "type": "server_error", "param": None, "code": None}}),
+]
+
+
+def test_upstream_error_bodies_passed_through_unchanged(any_proxy: Proxy, upstream: Upstream) -> None:
     with any_proxy.http() as http:
-        resp = http.post("/v1/chat/completions", json={"model": "gpt-4o", "messages": [USER]})
-        assert resp.status_code == status
-        assert resp.content == expected
-        upstream.state.fail_next.append(("status", status, body))
-        other = http.post("/v1/embeddings", json={"model": "text-embedding-3-small", "input": "x"})
-        assert other.status_code == status
-        assert other.content == expected
-    assert resp.headers["content-type"] == ("application/json" if isinstance(body, dict) else "text/plain; charset=utf-8")
+        for status, body in UPSTREAM_ERRORS:
+            expected = json.dumps(body, separators=(",", ":")).encode() if isinstance(body, dict) else (
+                body.encode() if isinstance(body, str) else body)
+            content_type = "application/json" if isinstance(body, dict) else "text/plain; charset=utf-8"
+            for stream in (False, True):
+                upstream.state.fail_next.append(("status", status, body))
+                resp = http.post("/v1/chat/completions", json={"model": "gpt-4o", "messages": [USER], "stream": stream})
+                assert (resp.status_code, resp.content) == (status, expected)
+                assert resp.headers["content-type"] == content_type
+            upstream.state.fail_next.append(("status", status, body))
+            other = http.post("/v1/embeddings", json={"model": "text-embedding-3-small", "input": "x"})
+            assert (other.status_code, other.content) == (status, expected)
+            assert other.headers["content-type"] == content_type

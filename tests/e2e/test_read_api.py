@@ -145,40 +145,49 @@ ECHO_FORMS = {
 }
 
 
-@pytest.mark.parametrize("echo", list(ECHO_FORMS))
+ECHO_SCRIPTED = {"role": "assistant", "content": "",
+                 "tool_calls": [{"id": "call_a", "type": "function", "function": {"name": "ls", "arguments": '{"path": "/tmp"}'}},
+                                {"id": "call_b", "type": "function", "function": {"name": "ls", "arguments": '{"path": "/var/log"}'}}]}
+
+
+def streamed_echo(chunks: list[Any], content: str | None) -> dict[str, Any]:
+    """The assistant message a client rebuilds from stream chunks (tool calls joined by index)."""
+    calls: dict[int, dict[str, Any]] = {}
+    for chunk in chunks:
+        for delta_call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            call = calls.setdefault(delta_call.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+            call["id"] += delta_call.id or ""
+            if delta_call.function:
+                call["function"]["name"] += delta_call.function.name or ""
+                call["function"]["arguments"] += delta_call.function.arguments or ""
+    return {"role": "assistant", "content": content, "tool_calls": [calls[i] for i in sorted(calls)]}
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
-def test_echoed_reply_is_not_duplicated(plain_proxy: Proxy, upstream: Upstream, echo: str, stream: bool) -> None:
-    scripted = {"role": "assistant", "content": "",
-                "tool_calls": [{"id": "call_a", "type": "function", "function": {"name": "ls", "arguments": '{"path": "/tmp"}'}},
-                               {"id": "call_b", "type": "function", "function": {"name": "ls", "arguments": '{"path": "/var/log"}'}}]}
-    upstream.state.script.append(scripted)
+def test_echoed_reply_is_not_duplicated(plain_proxy: Proxy, upstream: Upstream, stream: bool) -> None:
+    """However the client echoes the reply back, it hashes as the reply the proxy logged: one row."""
     client = plain_proxy.client()
-    history: list[Any] = [SYSTEM, {"role": "user", "content": "List two dirs"}]
-    headers = {"X-Session-Id": "echo"}
-    if stream:
-        chunks = list(client.chat.completions.create(model="gpt-4o", messages=history, stream=True, extra_headers=headers))
-        calls: dict[int, dict[str, Any]] = {}
-        for chunk in chunks:
-            for delta_call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
-                call = calls.setdefault(delta_call.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
-                call["id"] += delta_call.id or ""
-                call["function"]["name"] += (delta_call.function.name or "") if delta_call.function else ""
-                call["function"]["arguments"] += (delta_call.function.arguments or "") if delta_call.function else ""
-        echoed: Any = {"role": "assistant", "content": None, "tool_calls": [calls[i] for i in sorted(calls)]}
-        if echo == "sdk_object":
-            echoed = {**echoed, "content": ""}  # what a hand-rolled stream accumulator typically keeps
-    else:
-        echoed = ECHO_FORMS[echo](client.chat.completions.create(model="gpt-4o", messages=history,
-                                                                  extra_headers=headers).choices[0].message)
-    history += [echoed, {"role": "tool", "tool_call_id": "call_a", "content": "a.txt"},
-                {"role": "tool", "tool_call_id": "call_b", "content": "syslog"}]
-    client.chat.completions.create(model="gpt-4o", messages=history, extra_headers=headers)
-    with plain_proxy.http() as http:
-        summary = settled(http, "echo", 2)
-        messages = all_messages(http, "echo")
-    assert summary["message_count"] == 6 and summary["branch_count"] == 1
-    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "tool", "assistant"]
-    assert messages[2]["tool_calls"] == scripted["tool_calls"]
+    forms = list(ECHO_FORMS) if not stream else ["content_none", "content_empty"]
+    for form in forms:
+        session_id = f"echo-{form}"
+        headers = {"X-Session-Id": session_id}
+        upstream.state.script.append(ECHO_SCRIPTED)
+        history: list[Any] = [SYSTEM, {"role": "user", "content": "List two dirs"}]
+        if stream:
+            chunks = list(client.chat.completions.create(model="gpt-4o", messages=history, stream=True, extra_headers=headers))
+            echoed: Any = streamed_echo(chunks, None if form == "content_none" else "")
+        else:
+            reply = client.chat.completions.create(model="gpt-4o", messages=history, extra_headers=headers)
+            echoed = ECHO_FORMS[form](reply.choices[0].message)
+        history += [echoed, {"role": "tool", "tool_call_id": "call_a", "content": "a.txt"},
+                    {"role": "tool", "tool_call_id": "call_b", "content": "syslog"}]
+        client.chat.completions.create(model="gpt-4o", messages=history, extra_headers=headers)
+        with plain_proxy.http() as http:
+            summary = settled(http, session_id, 2)
+            messages = all_messages(http, session_id)
+        assert (summary["message_count"], summary["branch_count"]) == (6, 1), form
+        assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "tool", "assistant"]
+        assert messages[2]["tool_calls"] == ECHO_SCRIPTED["tool_calls"]
 
 
 def test_edit_and_regenerate_become_branches(plain_proxy: Proxy, upstream: Upstream) -> None:
