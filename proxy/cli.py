@@ -5,6 +5,7 @@
     context-proxy sessions list [--limit N] [--json]
     context-proxy sessions show SESSION_ID
     context-proxy archive SESSION_ID            # the Markdown archive, as GET /sessions/{id}/archive
+    context-proxy retention [--max-age-days N] [--max-bytes-per-tenant N] [--dry-run]
     context-proxy replay TRACE.jsonl --model M [--window N] [--plot FILE.png]
 
 Operator commands read the database directly (``--database-url`` or ``CONTEXT_PROXY_DATABASE_URL``)
@@ -188,6 +189,33 @@ def archive(
         return render_archive(session.session_id, messages, await store.list_events(session.pk))
 
     typer.echo(_with_store(database_url, use), nl=False)
+
+
+@app.command()
+def retention(
+    max_age_days: float | None = typer.Option(None, min=0, help="Delete sessions idle this long [env CONTEXT_PROXY_RETENTION_MAX_AGE_DAYS]."),
+    max_bytes_per_tenant: int | None = typer.Option(None, min=0, help="Per-tenant byte cap [env CONTEXT_PROXY_RETENTION_MAX_BYTES_PER_TENANT]."),
+    batch_size: int | None = typer.Option(None, min=1, help="Rows per delete transaction [env CONTEXT_PROXY_RETENTION_BATCH_SIZE]."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Report what would be deleted; delete nothing."),
+    database_url: str | None = typer.Option(None, help=DATABASE_HELP),
+) -> None:
+    """Delete old sessions (and a tenant's oldest past its byte cap) with their messages, events,
+    requests and artifacts, in short batches (storage/retention.py). Prints the counts as JSON."""
+    from storage.errors import StorageError
+    from storage.retention import RetentionPolicy, run_retention
+
+    settings = load_settings(database_url=database_url, retention_max_age_days=max_age_days,
+                             retention_max_bytes_per_tenant=max_bytes_per_tenant, retention_batch_size=batch_size)
+    policy = RetentionPolicy(settings.retention_max_age_days, settings.retention_max_bytes_per_tenant, settings.retention_batch_size)
+    if policy.max_age_days is None and policy.max_bytes_per_tenant is None:
+        typer.echo("error: nothing to do: give --max-age-days and/or --max-bytes-per-tenant", err=True)
+        raise typer.Exit(2)
+    try:
+        report = asyncio.run(run_retention(settings.database_url, policy, dry_run=dry_run))
+    except StorageError as exc:
+        typer.echo(f"error: retention failed: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(orjson.dumps(report.as_dict(), option=orjson.OPT_INDENT_2).decode())
 
 
 @app.command()

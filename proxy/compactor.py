@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from proxy.cache import BoundedCache
 from proxy.compaction import Compactor, Prepared
 from proxy.defenses.plans import SummaryPlan
 from proxy.defenses.summarize import build_summary_request_messages, chunk_budget_tokens, render_transcript, summary_chunks
@@ -37,6 +38,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("context_proxy.compaction")
 
+EVENTS_TTL_S = 30.0
+"""How long a session's cached events are trusted on the fast path (re-read before compacting)."""
+STUB_DEFENSES = frozenset({"offload", "summary", "clip", "media"})
 MAX_PLAN_ROUNDS = 4
 """Plans executed per request at most (truncate, summarize, clip, media): a bound, not a target."""
 TRUNCATION_SUSPECT_RATIO = 1.5
@@ -59,6 +63,8 @@ class ProjectingCompactor(Compactor):
         self.metrics.tokenizer(self.counter.encoding_name, self.counter.exact)
         self.profiles = ModelProfiles(settings.models_file)
         self._learned: dict[str, int | None] = {}
+        self._events = BoundedCache(10_000, EVENTS_TTL_S)
+        self._stored = BoundedCache(100_000)
 
     async def _learned_window(self, model: str) -> int | None:
         if model not in self._learned:
@@ -88,10 +94,19 @@ class ProjectingCompactor(Compactor):
         """The proxy's tools to append: the read tool only when the forwarded messages name stored content."""
         out = []
         for name, schema in zip(names, schemas, strict=True):
-            if name == self.settings.read_tool_name and not any(references_in(proj.messages)):
+            if name == self.settings.read_tool_name and not self._names_stored_content(ctx, proj):
                 continue
             out.append(schema)
         return out
+
+    @staticmethod
+    def _names_stored_content(ctx: ChatContext, proj: Projection) -> bool:
+        """Do the forwarded messages name an artifact or archive? (cheap byte checks first)"""
+        if STUB_DEFENSES.intersection(proj.applied):
+            return True
+        if b"art_" not in ctx.raw and b"/archive" not in ctx.raw and not ctx.expanded:
+            return False
+        return any(references_in(proj.messages))
 
     async def prepare(self, ctx: ChatContext, *, overflow: Overflow | None) -> Prepared:
         window = await self.window(ctx.model)
@@ -100,21 +115,30 @@ class ProjectingCompactor(Compactor):
         if self.settings.read_tool_name in own_names:
             cfg = dataclasses.replace(cfg, read_tool_name=self.settings.read_tool_name)
         ctx.count_tools = [*(ctx.body.get("tools") or []), *own_schemas] or None
-        events = list(await self.store.list_events(ctx.session.pk))
+        events = await self._events_of(ctx.session.pk, refresh=False)
         unavailable: set[str] = set()
         force = overflow is not None
         force_media = overflow is not None and overflow.kind == "body_size"
         proj = self._project(ctx, cfg, events, force, force_media, unavailable)
+        refreshed = False
         for _ in range(MAX_PLAN_ROUNDS):
             if proj.artifacts and not await self._store_artifacts(ctx, proj, unavailable):
                 proj = self._project(ctx, cfg, events, force, force_media, unavailable)
                 continue
             if proj.plan is None:
                 break
+            if not refreshed:  # before acting, make sure another replica has not done it already
+                refreshed = True
+                fresh = await self._events_of(ctx.session.pk, refresh=True)
+                if len(fresh) != len(events):
+                    events = fresh
+                    proj = self._project(ctx, cfg, events, force, force_media, unavailable)
+                    continue
             event = await self._execute(ctx, cfg, proj)
             if event is None:
                 break
-            events.append(event)
+            events = [*events, event]
+            self._events.put(ctx.session.pk, events)
             force = False
             proj = self._project(ctx, cfg, events, force, force_media, unavailable)
         if proj.reason_unfittable:
@@ -148,7 +172,18 @@ class ProjectingCompactor(Compactor):
             unavailable_artifacts=frozenset(unavailable),
         )
 
+    async def _events_of(self, session_pk: int, *, refresh: bool) -> list[EventRecord]:
+        """The session's events: cached for ``EVENTS_TTL_S``, re-read before a new compaction."""
+        events = None if refresh else self._events.fresh(session_pk)
+        if events is None:
+            events = list(await self.store.list_events(session_pk))
+            self._events.put(session_pk, events)
+        return events
+
     async def _store_artifacts(self, ctx: ChatContext, proj: Projection, unavailable: set[str]) -> bool:
+        todo = [a for a in proj.artifacts if self._stored.fresh((ctx.tenant, a.id)) is None]
+        if not todo:
+            return True
         records = [
             ArtifactRecord(
                 id=a.id,
@@ -160,10 +195,12 @@ class ProjectingCompactor(Compactor):
                 line_count=a.content.count("\n") + (0 if a.content.endswith("\n") or not a.content else 1),
                 created_at=now(),
             )
-            for a in proj.artifacts
+            for a in todo
         ]
         try:
             await self.store.put_artifacts(records)
+            for a in todo:
+                self._stored.put((ctx.tenant, a.id), True)
             self.metrics.artifacts_stored(len(records))
             return True
         except StorageError:
@@ -289,7 +326,7 @@ class ProjectingCompactor(Compactor):
         Never an error for the model: a failed compaction says that nothing was removed.
         """
         cfg = DefenseConfig.from_settings(self.settings, await self.window(ctx.model))
-        events = list(await self.store.list_events(ctx.session.pk))
+        events = await self._events_of(ctx.session.pk, refresh=True)
         proj = self._project(ctx, cfg, events, False, False, set())
         if proj.tokens_forwarded < cfg.trigger_tokens // 2:
             return (
@@ -301,6 +338,7 @@ class ProjectingCompactor(Compactor):
             if forced.artifacts and not await self._store_artifacts(ctx, forced, set()):
                 raise SummaryFailed("artifacts could not be stored")
             event = await self._execute(ctx, cfg, forced) if forced.plan is not None else None
+            self._events.pop(ctx.session.pk, None)
         except (SummaryFailed, StorageError) as exc:
             log.error("manual compaction failed: %s", exc)
             event = None

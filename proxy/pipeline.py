@@ -22,11 +22,11 @@ import orjson
 
 from proxy.chat import digests_and_chain
 from proxy.compaction import Compactor, Prepared
-from proxy.errors import ProxyError, UpstreamTimeout, UpstreamUnreachable
+from proxy.errors import BadRequest, ProxyError, UpstreamTimeout, UpstreamUnreachable
 from proxy.logging_setup import bind
 from proxy.metrics import Metrics
 from proxy.overflow import Overflow, classify_error, classify_stream_event
-from proxy.requests import parse_chat_request
+from proxy.requests import MAX_JSON_DEPTH, parse_chat_request
 from proxy.session_log import MAX_SESSION_ID_CHARS, LoggedRequest, SessionLog, derive_session_id, new_id
 from proxy.settings import Settings
 from proxy.sse import ReplyAssembler, SSEEvent, SSESplitter
@@ -122,7 +122,10 @@ class ChatPipeline:
     async def handle(self, raw: bytes, headers: Mapping[str, str], header_items: list[tuple[str, str]], tenant: str) -> Buffered | Streamed:
         body = parse_chat_request(raw)
         messages: list[dict[str, Any]] = body["messages"]
-        digests, chain = digests_and_chain(messages)
+        try:
+            digests, chain = digests_and_chain(messages)
+        except orjson.JSONEncodeError:
+            raise BadRequest(f"The request body is nested deeper than {MAX_JSON_DEPTH} levels.") from None
         session_id = (headers.get("x-session-id") or "").strip()[:MAX_SESSION_ID_CHARS] or derive_session_id(tenant, messages, chain)
         try:
             session = await self.log.open_session(tenant, session_id)
@@ -156,6 +159,8 @@ class ChatPipeline:
         while True:
             try:
                 ctx.prepared = await self.compactor.prepare(ctx, overflow=overflow)
+            except orjson.JSONEncodeError:
+                raise BadRequest(f"The request body is nested deeper than {MAX_JSON_DEPTH} levels.") from None
             except StorageError:
                 if self.settings.database_failure_mode != "open":
                     raise
@@ -373,33 +378,27 @@ class ChatPipeline:
             self.metrics.database_error("log")
             logged = LoggedRequest(0, None)
         try:
-            parent, seq = ctx.chain[-1], len(ctx.messages)
-            if ctx.internal:
-                parent = await self.log.append_internal(ctx.session, parent, seq, ctx.internal)
-                seq += len(ctx.internal)
-            if reply is not None and status < 400:
-                if partial:
-                    reply = reply | {"x_context_proxy": {"partial": True, "reason": error}}
-                await self.log.append_reply(ctx.session, parent, seq, reply)
+            if reply is not None and partial:
+                reply = reply | {"x_context_proxy": {"partial": True, "reason": error}}
             p = ctx.prepared
-            await self.log.record_request(
-                RequestRecord(
-                    id=ctx.request_id,
-                    session_pk=ctx.session.pk,
-                    model=ctx.model,
-                    status=status,
-                    latency_ms=latency_ms,
-                    stream=ctx.stream,
-                    usage=usage,
-                    added_messages=logged.added,
-                    first_added_seq=logged.first_added_seq,
-                    tokens_client=p.tokens_client if p else None,
-                    tokens_forwarded=p.tokens_forwarded if p else None,
-                    defenses=list(p.applied) if p else [],
-                    event_ids=list(p.event_ids) if p else [],
-                    error=error,
-                )
+            record = RequestRecord(
+                id=ctx.request_id,
+                session_pk=ctx.session.pk,
+                model=ctx.model,
+                status=status,
+                latency_ms=latency_ms,
+                stream=ctx.stream,
+                usage=usage,
+                added_messages=logged.added,
+                first_added_seq=logged.first_added_seq,
+                tokens_client=p.tokens_client if p else None,
+                tokens_forwarded=p.tokens_forwarded if p else None,
+                defenses=list(p.applied) if p else [],
+                event_ids=list(p.event_ids) if p else [],
+                error=error,
             )
+            keep = reply if status < 400 else None
+            await self.log.finish(ctx.session, ctx.chain[-1], len(ctx.messages), ctx.internal, keep, record)
             await self.compactor.observe_reply(ctx, usage)
         except Exception:
             log.exception("logging the reply failed", extra={"session_id": ctx.session.session_id})

@@ -14,21 +14,10 @@ import orjson
 from proxy.chat import ROLES
 from proxy.errors import BadRequest
 
-MAX_JSON_DEPTH = 64
-"""Deeper nesting than this is refused (orjson itself stops at 1024; no chat request needs 64)."""
-
-
-def _depth_ok(value: Any, limit: int) -> bool:
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > limit:
-            return False
-        if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values() if isinstance(v, (dict, list)))
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item if isinstance(v, (dict, list)))
-    return True
+MAX_JSON_DEPTH = 254
+"""Nesting the proxy can re-serialize (orjson's encoder limit; its parser stops at 1024). A body
+nested deeper is refused with a 400 where it is first serialized (``proxy.pipeline``), instead of
+walking every body in Python (measured at 1.5 ms per MB by ``tests/benchmarks``)."""
 
 
 def parse_chat_request(raw: bytes) -> dict[str, Any]:
@@ -36,7 +25,7 @@ def parse_chat_request(raw: bytes) -> dict[str, Any]:
 
     Returns the body as a plain dict. Raises ``BadRequest`` (400, OpenAI's envelope) for invalid
     UTF-8 or JSON, a body that is not an object, a missing/ill-typed ``model`` or ``messages``, a
-    message that is not an object or has an unknown role, or JSON nested deeper than 64 levels.
+    message that is not an object or has an unknown role.
     """
     try:
         body = orjson.loads(raw)
@@ -62,6 +51,4 @@ def parse_chat_request(raw: bytes) -> dict[str, Any]:
         raise BadRequest("'stream' must be a boolean.", param="stream")
     if "tools" in body and body["tools"] is not None and not isinstance(body["tools"], list):
         raise BadRequest("'tools' must be an array.", param="tools")
-    if not _depth_ok(body, MAX_JSON_DEPTH):
-        raise BadRequest(f"The request body is nested deeper than {MAX_JSON_DEPTH} levels.")
     return body

@@ -4,24 +4,33 @@ A session is named by the ``X-Session-Id`` header, else derived from the tenant 
 of the conversation's first user message (which covers the system prompt before it), so every
 request of one conversation lands in one session without any client change. Conversations that
 start the same way share a session and become branches of its message tree.
+
+Hot-path caches (per process, bounded, short-lived): the session record, the chain hashes this
+process knows are stored, and the session's internal rounds. A steady-state turn then costs one
+write transaction for the new messages and one at the end (reply + request record), instead of
+five round trips (measured by ``tests/benchmarks``: ~1.3 ms of CPU each on SQLite). The cache only
+skips work that is known to be done: every insert is still idempotent (``ON CONFLICT DO NOTHING``).
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from proxy.cache import BoundedCache
 from proxy.chat import chain_hash, message_digest
-from storage.records import NewMessage, RequestRecord, SessionRecord
+from storage.records import MessageRecord, NewMessage, RequestRecord, SessionRecord
 from storage.store import Store
 
-log = logging.getLogger("context_proxy.log")
-
 MAX_SESSION_ID_CHARS = 200
+CACHE_TTL_S = 30.0
+"""How long a cached session row or internal-round list is trusted (other replicas may add rounds)."""
+CACHED_SESSIONS = 10_000
+KNOWN_HASHES_PER_SESSION = 64
+"""The newest chain hashes remembered per session: enough for the tail a client resends."""
 
 
 def derive_session_id(tenant: str, messages: list[dict[str, Any]], chain_hashes: list[str]) -> str:
@@ -52,20 +61,49 @@ class LoggedRequest:
 
 
 class SessionLog:
-    """Appends to the append-only log through ``Store``; all methods are short transactions."""
+    """Appends to the append-only log through ``Store``; every call is one short transaction."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        self._sessions = BoundedCache(CACHED_SESSIONS, CACHE_TTL_S)
+        self._known = BoundedCache(CACHED_SESSIONS)
+        self._internal = BoundedCache(CACHED_SESSIONS, CACHE_TTL_S)
 
     async def open_session(self, tenant: str, session_id: str) -> SessionRecord:
-        return await self.store.get_or_create_session(tenant, session_id, now())
+        """The session row, created on first use (cached for ``CACHE_TTL_S``)."""
+        key = (tenant, session_id)
+        session = self._sessions.fresh(key)
+        if session is None:
+            session = await self.store.get_or_create_session(tenant, session_id, now())
+            self._sessions.put(key, session)
+        return session
+
+    def _remember(self, session_pk: int, hashes: list[str]) -> None:
+        known = self._known.fresh(session_pk)
+        if known is None:
+            known = BoundedCache(KNOWN_HASHES_PER_SESSION)
+            self._known.put(session_pk, known)
+        for h in hashes[-KNOWN_HASHES_PER_SESSION:]:
+            known.put(h, None)
+
+    def _known_prefix(self, session_pk: int, chain: list[str]) -> int | None:
+        known = self._known.fresh(session_pk)
+        if not known:
+            return None
+        for i in range(len(chain) - 1, max(-1, len(chain) - 1 - KNOWN_HASHES_PER_SESSION), -1):
+            if chain[i] in known:
+                return i + 1  # the log is prefix-closed: everything up to a stored message is stored
+        return None
 
     async def append_request(
         self, session: SessionRecord, messages: list[dict[str, Any]], chain: list[str]
     ) -> LoggedRequest:
         """Store the messages of ``messages`` not yet in the session's log (by chain hash)."""
-        stored = await self.store.stored_prefix_len(session.pk, chain)
+        stored = self._known_prefix(session.pk, chain)
+        if stored is None:
+            stored = await self.store.stored_prefix_len(session.pk, chain)
         if stored >= len(messages):
+            self._remember(session.pk, chain)
             return LoggedRequest(0, None)
         new = [
             NewMessage(
@@ -78,22 +116,37 @@ class SessionLog:
             for i in range(stored, len(messages))
         ]
         added = await self.store.append_messages(session.pk, new, now())
+        self._remember(session.pk, chain)
         return LoggedRequest(added, stored)
 
-    async def append_reply(
-        self, session: SessionRecord, parent: str | None, seq: int, reply: dict[str, Any], *, internal: bool = False
-    ) -> str:
-        """Store the assistant reply after ``parent``; returns its chain hash."""
-        h = chain_hash(parent, message_digest(reply))
-        await self.store.append_messages(
-            session.pk,
-            [NewMessage(chain_hash=h, parent_hash=parent, seq=seq, role=str(reply.get("role", "assistant")), message=reply, internal=internal)],
-            now(),
-        )
-        return h
+    async def finish(
+        self,
+        session: SessionRecord,
+        parent: str | None,
+        seq: int,
+        internal: list[dict[str, Any]],
+        reply: dict[str, Any] | None,
+        record: RequestRecord,
+    ) -> None:
+        """Store the proxy's internal rounds, the reply after them, and the request record, in one
+        transaction. Internal messages are marked ``internal``; the chain runs through them."""
+        new: list[NewMessage] = []
+        for message in [*internal, *([reply] if reply is not None else [])]:
+            h = chain_hash(parent, message_digest(message))
+            is_internal = message is not reply
+            new.append(NewMessage(chain_hash=h, parent_hash=parent, seq=seq, role=str(message.get("role", "assistant")), message=message, internal=is_internal))
+            parent, seq = h, seq + 1
+        await self.store.append_and_record(session.pk, new, record, now())
+        self._remember(session.pk, [m.chain_hash for m in new])
+        if internal:
+            self._internal.pop(session.pk, None)
 
-    async def record_request(self, record: RequestRecord) -> None:
-        await self.store.add_request(record)
+    async def _internal_messages(self, session_pk: int) -> list[MessageRecord]:
+        records = self._internal.fresh(session_pk)
+        if records is None:
+            records = await self.store.list_internal_messages(session_pk)
+            self._internal.put(session_pk, records)
+        return records
 
     async def expand_internal(
         self, session: SessionRecord, messages: list[dict[str, Any]], digests: list[str], chain: list[str]
@@ -104,10 +157,10 @@ class SessionLog:
         ran; the chain continues through them, so the reply that followed (and the client's echo
         of it) hash identically. Returns ``None`` when the session has no internal rounds.
         """
-        internal = await self.store.list_internal_messages(session.pk)
+        internal = await self._internal_messages(session.pk)
         if not internal:
             return None
-        children: dict[str | None, Any] = {}
+        children: dict[str | None, MessageRecord] = {}
         for record in internal:
             children.setdefault(record.parent_hash, record)
         out_m: list[dict[str, Any]] = []
@@ -129,14 +182,3 @@ class SessionLog:
                 shifted = True
             parent = h
         return (out_m, out_d, out_c) if shifted else None
-
-    async def append_internal(self, session: SessionRecord, parent: str | None, seq: int, messages: list[dict[str, Any]]) -> str | None:
-        """Store the proxy's own rounds after ``parent`` (marked internal); returns the last chain hash."""
-        new = []
-        for i, message in enumerate(messages):
-            h = chain_hash(parent, message_digest(message))
-            new.append(NewMessage(chain_hash=h, parent_hash=parent, seq=seq + i, role=str(message.get("role")), message=message, internal=True))
-            parent = h
-        if new:
-            await self.store.append_messages(session.pk, new, now())
-        return parent

@@ -95,3 +95,12 @@ class Settings(BaseSettings):
         False, description="Offer the manual compaction tool (also per request: header X-Context-Proxy-Compact-Tool: on)."
     )
     compact_tool_name: str = Field("context_proxy_compact", description="Name of the proxy's manual compaction tool.")
+
+    # --- retention (issue 5; applied by `context-proxy retention`) ---
+    retention_max_age_days: float | None = Field(
+        None, description="Sessions not updated for this many days are deleted by the retention command (unset: kept)."
+    )
+    retention_max_bytes_per_tenant: int | None = Field(
+        None, description="Past this many stored bytes, a tenant's least recently updated sessions are deleted (unset: no cap)."
+    )
+    retention_batch_size: int = Field(500, description="Rows deleted per retention transaction (a session is never split).")

@@ -170,14 +170,41 @@ class Store:
             }
             for m in new_messages
         ]
-        bump = sa.update(sessions).where(sessions.c.pk == session_pk).values(updated_at=_later(sessions.c.updated_at, now))
-        added = 0
         async with self._begin("append_messages") as conn:
-            await conn.execute(bump)
-            for i in range(0, len(rows), INSERT_BATCH_ROWS):
-                stmt = self._insert(messages).values(rows[i : i + INSERT_BATCH_ROWS])
-                stmt = stmt.on_conflict_do_nothing(index_elements=[messages.c.session_pk, messages.c.chain_hash])
-                added += (await conn.execute(stmt)).rowcount
+            return await self._append(conn, session_pk, rows, now)
+
+    async def _append(self, conn: AsyncConnection, session_pk: int, rows: list[dict[str, Any]], now: datetime) -> int:
+        bump = sa.update(sessions).where(sessions.c.pk == session_pk).values(updated_at=_later(sessions.c.updated_at, now))
+        await conn.execute(bump)
+        added = 0
+        for i in range(0, len(rows), INSERT_BATCH_ROWS):
+            stmt = self._insert(messages).values(rows[i : i + INSERT_BATCH_ROWS])
+            stmt = stmt.on_conflict_do_nothing(index_elements=[messages.c.session_pk, messages.c.chain_hash])
+            added += (await conn.execute(stmt)).rowcount
+        return added
+
+    async def append_and_record(
+        self, session_pk: int, new_messages: Sequence[NewMessage], record: RequestRecord, now: datetime
+    ) -> int:
+        """``append_messages`` and ``add_request`` in one short transaction (the end of a request)."""
+        rows = [
+            {
+                "session_pk": session_pk,
+                "chain_hash": m.chain_hash,
+                "parent_hash": m.parent_hash,
+                "seq": m.seq,
+                "role": m.role,
+                "message": m.message,
+                "internal": m.internal,
+                "created_at": now,
+            }
+            for m in new_messages
+        ]
+        values = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+        values["created_at"] = record.created_at or now
+        async with self._begin("append_and_record") as conn:
+            added = await self._append(conn, session_pk, rows, now) if rows else 0
+            await conn.execute(sa.insert(requests).values(**values))
         return added
 
     # --- events, artifacts, requests, learned limits ---------------------------------------

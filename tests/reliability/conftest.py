@@ -1,0 +1,24 @@
+"""Fixtures of the reliability tests: the end-to-end ones (fake upstream, proxy under uvicorn, both
+databases) plus a tally every test adds its figures to (cases, faults, requests, rows checked),
+printed at the end and read by ``python -m tests.reliability``."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from tests.e2e.conftest import proxy, proxy_factory, upstream  # noqa: F401  (fixtures)
+from tests.reliability.probes import TALLY
+
+
+@pytest.fixture(scope="session", autouse=True)
+def reliability_tally() -> Iterator[None]:
+    """Write the figures to ``$CONTEXT_PROXY_RELIABILITY_TALLY`` (a JSON file) when set."""
+    yield
+    out = os.environ.get("CONTEXT_PROXY_RELIABILITY_TALLY")
+    if out:
+        with open(out, "w") as f:
+            json.dump(TALLY.as_dict(), f, indent=2, sort_keys=True)
