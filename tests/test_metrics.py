@@ -7,7 +7,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.metrics import Metrics

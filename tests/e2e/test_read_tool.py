@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import Proxy, Upstream, wait_logged
+from tests.e2e.conftest import Upstream, wait_logged
 from tests.fakes.responders import Prompt, Reply
 from tests.strict import validate_chat_messages
 
