@@ -248,14 +248,14 @@ class ChatPipeline:
         finally:
             if not (ctx.stream and not resp.is_closed and resp.status_code < 400):
                 await resp.aclose()
-        reply, usage = _reply_of(data)
+        reply, usage, finish_reason = _reply_of(data)
         mine, theirs = own_only(reply, ctx.prepared.own_tools)
         if mine and not theirs and self.rounds.may_continue(ctx):
             await self.rounds.serve(ctx, reply or {}, mine)
             return await self._forward(ctx)
         if mine and reply is not None:
             data, reply = self.rounds.strip(data, reply, theirs)
-        self.spawn(self._finish(ctx, resp.status_code, reply, usage))
+        self.spawn(self._finish(ctx, resp.status_code, reply, usage, finish_reason=finish_reason))
         return Buffered(resp.status_code, self._client_headers(ctx, resp.headers), data)
 
     async def _start_stream(self, ctx: ChatContext, resp: httpx.Response) -> Streamed | Overflow:
@@ -313,7 +313,8 @@ class ChatPipeline:
         finally:
             await resp.aclose()
             reply = assembler.message() if not assembler.empty else None
-            self.spawn(self._finish(ctx, resp.status_code, reply, assembler.usage, error=error, partial=error is not None))
+            self.spawn(self._finish(ctx, resp.status_code, reply, assembler.usage, error=error, partial=error is not None,
+                                    finish_reason=assembler.finish_reason))
 
     async def _relay(
         self,
@@ -347,7 +348,8 @@ class ChatPipeline:
             await resp.aclose()
             status = resp.status_code
             reply = assembler.message() if not assembler.empty else None
-            self.spawn(self._finish(ctx, status, reply, assembler.usage, error=error, partial=error is not None))
+            self.spawn(self._finish(ctx, status, reply, assembler.usage, error=error, partial=error is not None,
+                                    finish_reason=assembler.finish_reason))
 
     def _overflow_unrecoverable(self, ctx: ChatContext, overflow: Overflow) -> Buffered:
         exc = _overflow_error(overflow)
@@ -364,6 +366,7 @@ class ChatPipeline:
         *,
         error: str | None = None,
         partial: bool = False,
+        finish_reason: str | None = None,
     ) -> None:
         """Log the reply and the request record; runs as its own task, never raises."""
         latency_ms = (time.perf_counter() - ctx.started) * 1000
@@ -396,6 +399,7 @@ class ChatPipeline:
                 defenses=list(p.applied) if p else [],
                 event_ids=list(p.event_ids) if p else [],
                 error=error,
+                finish_reason=finish_reason,
             )
             keep = reply if status < 400 else None
             await self.log.finish(ctx.session, ctx.chain[-1], len(ctx.messages), ctx.internal, keep, record)
@@ -412,14 +416,15 @@ async def _read(resp: httpx.Response) -> bytes:
         raise translate(exc) from exc
 
 
-def _reply_of(data: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+def _reply_of(data: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str | None]:
+    """``(message, usage, finish_reason)`` of a chat.completion body (choice 0); Nones if unusable."""
     try:
         parsed = orjson.loads(data)
         choice = parsed["choices"][0]
         message = dict(choice["message"])
-        return message, parsed.get("usage")
+        return message, parsed.get("usage"), choice.get("finish_reason")
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
-        return None, None
+        return None, None, None
 
 
 def _overflow_error(overflow: Overflow) -> ProxyError:

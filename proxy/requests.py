@@ -42,7 +42,7 @@ def parse_chat_request(raw: bytes) -> dict[str, Any]:
         if not isinstance(message, dict):
             raise BadRequest(f"messages[{i}] must be an object.", param=f"messages[{i}]")
         role = message.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise BadRequest(f"messages[{i}].role must be one of {sorted(ROLES)}; got {role!r}.", param=f"messages[{i}].role")
         tool_calls = message.get("tool_calls")
         if tool_calls is not None and not isinstance(tool_calls, list):

@@ -105,6 +105,8 @@ class RequestRecord:
     event_ids: list[str] = field(default_factory=list)
     error: str | None = None
     created_at: datetime | None = None
+    finish_reason: str | None = None
+    """The reply's ``finish_reason`` (choice 0), as the upstream sent it; ``None`` when there was none."""
 
 
 @dataclass(frozen=True, slots=True)

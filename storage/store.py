@@ -349,3 +349,20 @@ class Store:
         )
         async with self._read("list_internal_messages") as conn:
             return [MessageRecord(**r._mapping) for r in await conn.execute(query)]
+
+    async def list_requests(self, session_pk: int, limit: int, after: str | None) -> tuple[list[RequestRecord], bool]:
+        """The session's request records, oldest first; keyset pagination on ``(created_at, id)``."""
+        query = sa.select(*requests.c).where(requests.c.session_pk == session_pk)
+        async with self._read("list_requests") as conn:
+            if after is not None:
+                anchor = (await conn.execute(sa.select(requests.c.created_at).where(requests.c.id == after))).first()
+                if anchor is not None:
+                    query = query.where(
+                        sa.or_(
+                            requests.c.created_at > anchor.created_at,
+                            sa.and_(requests.c.created_at == anchor.created_at, requests.c.id > after),
+                        )
+                    )
+            rows = (await conn.execute(query.order_by(requests.c.created_at, requests.c.id).limit(limit + 1))).all()
+        return [RequestRecord(**r._mapping) for r in rows[:limit]], len(rows) > limit
+

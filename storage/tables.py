@@ -134,6 +134,7 @@ requests = sa.Table(
     sa.Column("defenses", JsonText, nullable=False),
     sa.Column("event_ids", JsonText, nullable=False),
     sa.Column("error", sa.Text, nullable=True),
+    sa.Column("finish_reason", sa.Text, nullable=True),
     sa.Column("created_at", UtcDateTime, nullable=False),
     sa.Index("ix_requests_session_created", "session_pk", "created_at"),
 )

@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from proxy.archive import render_archive
 from proxy.errors import BadRequest, NotFound
 from storage.errors import InvalidCursor
-from storage.records import EventRecord, MessageRecord, SessionRecord, SessionSummary
+from storage.records import EventRecord, MessageRecord, RequestRecord, SessionRecord, SessionSummary
 
 router = APIRouter(tags=["read"])
 
@@ -126,6 +126,22 @@ async def list_messages(
         after_seq = anchor.seq
     rows, has_more = await store.list_branch_messages(session.pk, tip.chain_hash, after_seq, limit)
     return _list([message_json(m) for m in rows], has_more)
+
+
+def request_json(r: RequestRecord) -> dict[str, Any]:
+    out = {k: getattr(r, k) for k in RequestRecord.__dataclass_fields__ if k not in ("session_pk", "created_at")}
+    out["object"] = "session.request"
+    out["created_at"] = _ts(r.created_at) if r.created_at else None
+    return out
+
+
+@router.get("/sessions/{session_id}/requests", summary="Request records: model, status, latency, usage, finish reason, defenses")
+async def list_requests(
+    request: Request, session_id: str, limit: int = Query(100, ge=1, le=1000), after: str | None = None
+) -> JSONResponse:
+    session = await _session(request, session_id)
+    rows, has_more = await request.app.state.proxy.store.list_requests(session.pk, limit, after)
+    return _list([request_json(r) for r in rows], has_more)
 
 
 @router.get("/sessions/{session_id}/events", summary="Compaction events")

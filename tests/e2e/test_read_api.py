@@ -375,3 +375,26 @@ def test_docs_and_health(plain_proxy: Proxy) -> None:
     for path in ("/sessions", "/sessions/{session_id}", "/sessions/{session_id}/messages", "/sessions/{session_id}/events",
                  "/sessions/{session_id}/archive", "/artifacts/{artifact_id}", "/v1/chat/completions", "/healthz", "/readyz"):
         assert path in spec["paths"], path
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_request_records_carry_the_finish_reason(stream: bool, proxy: Proxy, upstream: Upstream) -> None:
+    """The reply's finish_reason and usage are logged with each request (streams reassembled)."""
+    upstream.state.script.append({"content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]})
+    client = proxy.client(default_headers={"x-session-id": "finish"})
+    kwargs = {"stream": True, "stream_options": {"include_usage": True}} if stream else {}
+    out = client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}], **kwargs)
+    if stream:
+        list(out)
+    deadline = time.monotonic() + 10  # the record is written after the response
+    with proxy.http() as http:
+        while True:
+            data = http.get("/sessions/finish/requests").json()["data"]
+            if data or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+    assert len(data) == 1
+    assert data[0]["finish_reason"] == "tool_calls"
+    assert data[0]["usage"]["prompt_tokens"] > 0
+    assert data[0]["stream"] is stream and data[0]["status"] == 200

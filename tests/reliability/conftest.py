@@ -6,12 +6,22 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.e2e.conftest import proxy, proxy_factory, upstream  # noqa: F401  (fixtures)
 from tests.reliability.probes import TALLY
+
+
+@pytest.fixture
+def sqlite_database_url(tmp_path: Path, sqlite_template: Path) -> str:
+    """A fresh migrated SQLite database (for tests whose subject does not depend on the database)."""
+    path = tmp_path / "context-proxy.db"
+    shutil.copyfile(sqlite_template, path)
+    return f"sqlite:///{path}"
 
 
 @pytest.fixture(scope="session", autouse=True)

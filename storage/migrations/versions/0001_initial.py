@@ -96,6 +96,7 @@ def upgrade() -> None:
         sa.Column("defenses", sa.Text, nullable=False),
         sa.Column("event_ids", sa.Text, nullable=False),
         sa.Column("error", sa.Text, nullable=True),
+        sa.Column("finish_reason", sa.Text, nullable=True),
         sa.Column("created_at", _TS, nullable=False),
     )
     op.create_index("ix_requests_session_created", "requests", ["session_pk", "created_at"])
