@@ -22,14 +22,14 @@ import orjson
 
 from proxy.chat import digests_and_chain
 from proxy.compaction import Compactor, Prepared
-from proxy.errors import BadRequest, ProxyError, UpstreamTimeout, UpstreamUnreachable
+from proxy.errors import BadRequest, ProxyError
 from proxy.logging_setup import bind
 from proxy.metrics import Metrics
-from proxy.overflow import Overflow, classify_error, classify_stream_event
+from proxy.overflow import Overflow, classify_error
 from proxy.requests import MAX_JSON_DEPTH, parse_chat_request
 from proxy.session_log import MAX_SESSION_ID_CHARS, LoggedRequest, SessionLog, derive_session_id, new_id
 from proxy.settings import Settings
-from proxy.sse import ReplyAssembler, SSEEvent, SSESplitter
+from proxy.streaming import StreamState, relay_plain, relay_rounds, relay_unlogged, start_stream
 from proxy.tool_rounds import ToolRounds, own_only
 from proxy.upstream import Upstream, forward_request_headers, response_headers, translate
 from storage.errors import StorageError
@@ -212,17 +212,7 @@ class ChatPipeline:
         out = response_headers(resp.headers, keep_encoding=False) | {"x-context-proxy-warning": DEGRADED_WARNING}
         out.pop("content-length", None)
         if stream and resp.status_code < 400:
-
-            async def relay() -> AsyncIterator[bytes]:
-                try:
-                    async for chunk in resp.aiter_raw():
-                        yield chunk
-                except (httpx.HTTPError, OSError, asyncio.TimeoutError) as exc:
-                    yield b"data: " + _as_proxy_error(translate(exc)).body() + b"\n\n"
-                finally:
-                    await resp.aclose()
-
-            return Streamed(resp.status_code, out, relay())
+            return Streamed(resp.status_code, out, relay_unlogged(resp))
         try:
             data = await _read(resp)
         finally:
@@ -259,97 +249,26 @@ class ChatPipeline:
         return Buffered(resp.status_code, self._client_headers(ctx, resp.headers), data)
 
     async def _start_stream(self, ctx: ChatContext, resp: httpx.Response) -> Streamed | Overflow:
-        """Hold the response until the first event: an overflow there is retried, not relayed."""
-        splitter, assembler = SSESplitter(), ReplyAssembler()
-        prebuffer: list[bytes] = []
-        first: list[SSEEvent] = []
-        chunks = resp.aiter_raw()
-        try:
-            while True:
-                try:
-                    chunk = await chunks.__anext__()
-                except StopAsyncIteration:
-                    break
-                prebuffer.append(chunk)
-                events = splitter.feed(chunk)
-                if events:
-                    overflow = classify_stream_event(events[0].data)
-                    if overflow is not None:
-                        await resp.aclose()
-                        return overflow
-                    first = events
-                    break
-        except BaseException as exc:
-            await resp.aclose()
-            raise translate(exc) from exc
+        state = await start_stream(resp)
+        if isinstance(state, Overflow):
+            return state
         headers = self._client_headers(ctx, resp.headers)
-        if ctx.prepared is not None and ctx.prepared.own_tools:
-            return Streamed(resp.status_code, headers, self._relay_rounds(ctx, resp, chunks, first, splitter, assembler))
-        for event in first:
-            assembler.add(event)
-        return Streamed(resp.status_code, headers, self._relay(ctx, resp, chunks, prebuffer, splitter, assembler))
+        own = ctx.prepared is not None and ctx.prepared.own_tools
+        inner = relay_rounds(state, self.rounds, ctx) if own else relay_plain(state)
+        return Streamed(resp.status_code, headers, self._logged_stream(ctx, state, inner))
 
-    async def _relay_rounds(
-        self,
-        ctx: ChatContext,
-        resp: httpx.Response,
-        chunks: AsyncIterator[bytes],
-        first: list[SSEEvent],
-        splitter: SSESplitter,
-        assembler: ReplyAssembler,
-    ) -> AsyncIterator[bytes]:
-        """Relay a stream that offered the proxy's tools (their calls served and hidden)."""
-        error: str | None = "client disconnected"
+    async def _logged_stream(self, ctx: ChatContext, state: StreamState, inner: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """Relay ``inner``; log the reply in the ``finally`` (runs on disconnects and errors too)."""
         try:
-            try:
-                async for data in self.rounds.relay(ctx, resp, chunks, first, splitter, assembler):
-                    yield data
-                error = None if assembler.done else "upstream stream ended without [DONE]"
-            except ProxyError as exc:
-                error = exc.message
-                yield b"data: " + exc.body() + b"\n\n"
-            if error is not None and error.startswith("upstream stream ended"):
-                yield b"data: " + UpstreamUnreachable("The upstream stream ended before it was complete.").body() + b"\n\n"
+            async for data in inner:
+                yield data
         finally:
-            await resp.aclose()
-            reply = assembler.message() if not assembler.empty else None
-            self.spawn(self._finish(ctx, resp.status_code, reply, assembler.usage, error=error, partial=error is not None,
-                                    finish_reason=assembler.finish_reason))
-
-    async def _relay(
-        self,
-        ctx: ChatContext,
-        resp: httpx.Response,
-        chunks: AsyncIterator[bytes],
-        prebuffer: list[bytes],
-        splitter: SSESplitter,
-        assembler: ReplyAssembler,
-    ) -> AsyncIterator[bytes]:
-        error: str | None = "client disconnected"
-        try:
-            for chunk in prebuffer:
-                yield chunk
-            try:
-                async for chunk in chunks:
-                    for event in splitter.feed(chunk):
-                        assembler.add(event)
-                    yield chunk
-                for event in splitter.flush():
-                    assembler.add(event)
-                error = None if assembler.done else "upstream stream ended without [DONE]"
-            except (httpx.HTTPError, OSError, asyncio.TimeoutError) as exc:
-                translated = translate(exc)
-                error = str(translated)
-                if isinstance(translated, (UpstreamUnreachable, UpstreamTimeout)):
-                    yield b"data: " + translated.body() + b"\n\n"
-            if error is not None and error.startswith("upstream stream ended"):
-                yield b"data: " + UpstreamUnreachable("The upstream stream ended before it was complete.").body() + b"\n\n"
-        finally:
-            await resp.aclose()
-            status = resp.status_code
-            reply = assembler.message() if not assembler.empty else None
-            self.spawn(self._finish(ctx, status, reply, assembler.usage, error=error, partial=error is not None,
-                                    finish_reason=assembler.finish_reason))
+            await inner.aclose()  # type: ignore[attr-defined]
+            await state.resp.aclose()
+            a = state.assembler
+            reply = a.message() if not a.empty else None
+            self.spawn(self._finish(ctx, state.resp.status_code, reply, a.usage, error=state.error,
+                                    partial=state.error is not None, finish_reason=a.finish_reason))
 
     def _overflow_unrecoverable(self, ctx: ChatContext, overflow: Overflow) -> Buffered:
         exc = _overflow_error(overflow)
@@ -435,7 +354,3 @@ def _overflow_error(overflow: Overflow) -> ProxyError:
         "The request still exceeds the model's context window after compaction"
         f"{limit}; the newest messages alone are too large. Upstream said: {overflow.message[:300]}"
     )
-
-
-def _as_proxy_error(exc: BaseException) -> ProxyError:
-    return exc if isinstance(exc, ProxyError) else UpstreamUnreachable(f"Upstream error: {type(exc).__name__}")

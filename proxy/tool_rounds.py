@@ -19,10 +19,11 @@ import orjson
 from proxy.errors import UpstreamUnreachable
 from proxy.own_tools import StreamToolFilter, split_calls
 from proxy.read_tool import references_in, serve_read
-from proxy.sse import ReplyAssembler, SSEEvent, SSESplitter
+from proxy.sse import SSEEvent, SSESplitter
 from proxy.upstream import translate
 
 if TYPE_CHECKING:
+    from proxy.streaming import StreamState
     from proxy.compactor import ProjectingCompactor
     from proxy.pipeline import ChatContext
     from proxy.settings import Settings
@@ -116,65 +117,63 @@ class ToolRounds:
         parsed["choices"][0]["message"] = message
         return orjson.dumps(parsed), reply | {"tool_calls": client_calls}
 
-    async def relay(
-        self,
-        ctx: ChatContext,
-        resp: Any,
-        chunks: AsyncIterator[bytes],
-        first: list[SSEEvent],
-        splitter: SSESplitter,
-        assembler: ReplyAssembler,
-    ) -> AsyncIterator[bytes]:
+    async def relay(self, ctx: ChatContext, state: StreamState) -> AsyncIterator[bytes]:
         """Relay a stream whose request offered the proxy's tools, serving its calls in between.
 
-        Yields bytes for the client; ``assembler`` ends up with the reply as the client saw it.
-        Raises the translated upstream error if the upstream fails (the caller reports it).
+        Yields bytes for the client; ``state.assembler`` ends up with the reply as the client saw
+        it. Every round's upstream response is closed, also when the client goes away. Raises our
+        translated error if the upstream fails (the caller reports it in the stream).
         """
         assert ctx.prepared is not None
         own = ctx.prepared.own_tools
-        pending = list(first)
-        while True:
-            filt = StreamToolFilter(own)
-            held: list[bytes] = []
-            async for event in _events(pending, chunks, splitter):
-                if event.data == b"[DONE]":
-                    held.append(event.raw + b"\n\n")
-                    assembler.add(event)
-                    continue
-                try:
-                    chunk = orjson.loads(event.data)
-                except orjson.JSONDecodeError:
-                    yield event.raw + b"\n\n"
-                    continue
-                if not isinstance(chunk, dict) or "error" in chunk or event.event == "error":
-                    assembler.add(event)
-                    yield event.raw + b"\n\n"
-                    continue
-                out = filt.filter(chunk)
-                if out is None:
-                    continue
-                data = event.raw + b"\n\n" if out is chunk else b"data: " + orjson.dumps(out) + b"\n\n"
-                choices = out.get("choices") or []
-                if (choices and choices[0].get("finish_reason")) or (not choices and out.get("usage")):
-                    held.append(data)
-                else:
-                    yield data
-                assembler.add_chunk(out)
-            await resp.aclose()
-            calls = [c.as_tool_call() for c in filt.own_calls]
-            if not calls or filt.client_calls or not self.may_continue(ctx):
-                for data in held:
-                    yield data
-                return
-            yield KEEPALIVE
-            await self.serve(ctx, {"content": None}, calls)
-            assembler.reset_round()
-            resp = await self.upstream.send("POST", "/chat/completions", headers=ctx.upstream_headers, content=ctx.prepared.body)
-            if resp.status_code >= 400:
-                body = await resp.aread()
+        assembler = state.assembler
+        resp, chunks, splitter, pending = state.resp, state.chunks, state.splitter, list(state.first)
+        try:
+            while True:
+                filt = StreamToolFilter(own)
+                held: list[bytes] = []
+                async for event in _events(pending, chunks, splitter):
+                    if event.data == b"[DONE]":
+                        held.append(event.raw + b"\n\n")
+                        assembler.add(event)
+                        continue
+                    try:
+                        chunk = orjson.loads(event.data)
+                    except orjson.JSONDecodeError:
+                        yield event.raw + b"\n\n"
+                        continue
+                    if not isinstance(chunk, dict) or "error" in chunk or event.event == "error":
+                        assembler.add(event)
+                        yield event.raw + b"\n\n"
+                        continue
+                    out = filt.filter(chunk)
+                    if out is None:
+                        continue
+                    data = event.raw + b"\n\n" if out is chunk else b"data: " + orjson.dumps(out) + b"\n\n"
+                    choices = out.get("choices") or []
+                    if (choices and choices[0].get("finish_reason")) or (not choices and out.get("usage")):
+                        held.append(data)  # sent only if this round is the client's last
+                    else:
+                        yield data
+                    assembler.add_chunk(out)
                 await resp.aclose()
-                raise UpstreamUnreachable(f"The upstream failed during a context-proxy tool round (status {resp.status_code}): {body[:200]!r}")
-            chunks, splitter, pending = resp.aiter_raw(), SSESplitter(), []
+                calls = [c.as_tool_call() for c in filt.own_calls]
+                if not calls or filt.client_calls or not self.may_continue(ctx):
+                    for data in held:
+                        yield data
+                    return
+                yield KEEPALIVE
+                await self.serve(ctx, {"content": None}, calls)
+                assembler.reset_round()
+                resp = await self.upstream.send("POST", "/chat/completions", headers=ctx.upstream_headers, content=ctx.prepared.body)
+                if resp.status_code >= 400:
+                    body = await resp.aread()
+                    raise UpstreamUnreachable(
+                        f"The upstream failed during a context-proxy tool round (status {resp.status_code}): {body[:200]!r}"
+                    )
+                chunks, splitter, pending = resp.aiter_raw(), SSESplitter(), []
+        finally:
+            await resp.aclose()
 
 
 async def _events(pending: list[SSEEvent], chunks: AsyncIterator[bytes], splitter: SSESplitter) -> AsyncIterator[SSEEvent]:

@@ -1,0 +1,205 @@
+"""Database faults (issue 5, point 6): down at start (alive, not ready, migration retried until it
+works), down while serving (``database_failure_mode`` closed: a 503 envelope; open: forwarded,
+warned in ``x-context-proxy-warning``), and kill -9 in the middle of a stream and of a compaction
+(the log stays consistent and the session's next request works).
+
+The stop/start tests use a PostgreSQL cluster of their own (``PgCluster``), never the shared one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from proxy.app import create_app
+from proxy.settings import Settings
+from tests.conftest import SHARED_DIR
+from tests.e2e.conftest import CLIENT_KEY, Upstream
+from tests.fakes.server import UvicornServer
+from tests.reliability.probes import TALLY, PgCluster, ServeProcess, assert_envelope, log_consistency, query
+
+BODY = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hello"}]}
+AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
+
+
+@pytest.fixture
+def cluster() -> Iterator[PgCluster]:
+    c = PgCluster()
+    try:
+        yield c
+    finally:
+        c.remove()
+
+
+def serve(upstream: Upstream, database_url: str, **overrides: Any) -> UvicornServer:
+    settings = Settings(upstream_url=upstream.url, database_url=database_url, tiktoken_cache_dir=str(SHARED_DIR / "tiktoken"),
+                        **overrides)
+    return UvicornServer(create_app(settings)).start()
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> float:
+    t0 = time.monotonic()
+    while not check():
+        assert time.monotonic() - t0 < timeout_s, f"not {what} after {timeout_s} s"
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
+def ready(http: httpx.Client) -> bool:
+    return http.get("/readyz").status_code == 200
+
+
+@pytest.mark.postgres
+def test_database_down_at_start_then_ready(upstream: Upstream, cluster: PgCluster) -> None:
+    server = serve(upstream, cluster.url)  # nothing listens on the cluster's port yet
+    try:
+        with httpx.Client(base_url=server.url, headers=AUTH, timeout=30) as http:
+            assert http.get("/healthz").status_code == 200
+            r = http.get("/readyz")
+            assert r.status_code == 503 and r.json()["status"] == "not ready"
+            assert_envelope(http.post("/v1/chat/completions", json=BODY), 503)
+            cluster.start()
+            took = wait_until(lambda: ready(http), 45, "ready once the database is up")
+            r = http.post("/v1/chat/completions", json=BODY, headers={"x-session-id": "late"})
+            assert r.status_code == 200, r.text
+            wait_until(lambda: http.get("/sessions/late").json().get("request_count") == 1, 10, "logged")
+    finally:
+        server.stop()
+    TALLY.add("faults_injected")
+    TALLY.note("ready_after_database_started_s", round(took, 2))
+
+
+@pytest.mark.postgres
+def test_database_down_while_serving_closed_and_open(upstream: Upstream, cluster: PgCluster) -> None:
+    cluster.start()
+    closed = serve(upstream, cluster.url, database_failure_mode="closed")
+    opened = serve(upstream, cluster.url, database_failure_mode="open")
+    try:
+        with httpx.Client(base_url=closed.url, headers=AUTH, timeout=30) as c, httpx.Client(base_url=opened.url, headers=AUTH, timeout=30) as o:
+            wait_until(lambda: ready(c) and ready(o), 20, "ready")
+            for http in (c, o):
+                assert http.post("/v1/chat/completions", json=BODY, headers={"x-session-id": "s"}).status_code == 200
+            cluster.stop()
+            sent = len(upstream.state.chat_requests)
+            # a new session, then the session just served (whose rows the proxy may have cached)
+            for session, stream in (("new", False), ("new", True), ("s", False), ("s", True)):
+                t0 = time.monotonic()
+                r = c.post("/v1/chat/completions", json=BODY | {"stream": stream}, headers={"x-session-id": session})
+                assert r.status_code == 503, f"fail-closed answered {r.status_code} for session {session!r} (stream={stream})"
+                assert assert_envelope(r, 503)["code"] == "database_unavailable"
+                assert time.monotonic() - t0 < 10
+            assert len(upstream.state.chat_requests) == sent, "fail-closed must not forward"
+            assert c.get("/readyz").status_code == 503
+            for session, stream in (("new", False), ("new", True), ("s", False), ("s", True)):
+                r = o.post("/v1/chat/completions", json=BODY | {"stream": stream}, headers={"x-session-id": session})
+                assert r.status_code == 200, r.text
+                assert r.headers.get("x-context-proxy-warning"), f"fail-open did not warn for session {session!r} (stream={stream})"
+                if stream:
+                    assert r.text.rstrip().endswith("data: [DONE]")
+                else:
+                    assert r.json()["choices"][0]["message"]["content"]
+            assert len(upstream.state.chat_requests) == sent + 4
+            assert "fail_open" in o.get("/metrics").text
+            cluster.start()  # the database comes back: both serve and log again
+            wait_until(lambda: ready(c), 30, "ready again")
+            attempts = 0
+            for http in (c, o):
+                for attempt in range(3):
+                    attempts += 1
+                    r = http.post("/v1/chat/completions", json=BODY | {"messages": [{"role": "user", "content": "back"}]},
+                                  headers={"x-session-id": "back"})
+                    if r.status_code == 200:
+                        break
+                assert r.status_code == 200 and "x-context-proxy-warning" not in r.headers, r.text
+            TALLY.note("requests_to_recover_after_database_restart", attempts)
+            wait_until(lambda: c.get("/sessions/back").json().get("request_count", 0) >= 1, 10, "logged after recovery")
+    finally:
+        closed.stop()
+        opened.stop()
+    TALLY.add("faults_injected", 6)
+
+
+# --- kill -9 ----------------------------------------------------------------------------------------
+
+
+def long_history(turns: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [{"role": "system", "content": "You are an agent."}]
+    for i in range(turns):
+        out.append({"role": "user", "content": f"step {i}: " + " ".join(f"token{i}x{j}" for j in range(150)) + f" FACT: k{i}=v{i}"})
+        out.append({"role": "assistant", "content": f"done {i} " + "ok " * 100})
+    out.append({"role": "user", "content": "continue"})
+    return out
+
+
+def in_thread(fn: Callable[[], Any]) -> threading.Thread:
+    t = threading.Thread(target=fn, daemon=True)
+    t.start()
+    return t
+
+
+def post_quietly(url: str, body: dict[str, Any], session: str) -> None:
+    try:
+        with httpx.Client(timeout=60) as http:
+            with http.stream("POST", url + "/v1/chat/completions", json=body, headers=AUTH | {"x-session-id": session}) as r:
+                for _ in r.iter_raw():
+                    pass
+    except httpx.HTTPError:
+        pass  # the proxy was killed under it
+
+
+def test_kill_9_mid_stream_and_mid_compaction_leaves_a_consistent_log(upstream: Upstream, database_url: str, tmp_path: Path) -> None:
+    models = tmp_path / "models.yaml"
+    models.write_text('"fake-8k-openai":\n  context_window_tokens: 8192\n')
+    env = {"CONTEXT_PROXY_MODELS_FILE": str(models)}
+    proxy = ServeProcess(tmp_path, upstream.url, database_url, **env).start()
+    try:
+        # 1. mid-stream: the upstream has sent 3 chunks, the rest waits on the gate
+        gate = threading.Event()
+        upstream.state.stream_gate, upstream.state.stream_gate_after_chunks = gate, 3
+        upstream.state.script.append({"role": "assistant", "content": " ".join(f"w{i}" for i in range(80))})
+        history = [{"role": "user", "content": "a story please"}]
+        client = in_thread(lambda: post_quietly(proxy.url, {"model": "gpt-4o", "stream": True, "messages": history}, "crash-stream"))
+        assert upstream.state.first_chunk_sent.wait(10)
+        time.sleep(0.2)
+        proxy.kill9()
+        gate.set()
+        client.join(10)
+        upstream.state.stream_gate = None
+        proxy = ServeProcess(tmp_path, upstream.url, database_url, **env).start()
+        log_consistency(database_url)
+        with httpx.Client(base_url=proxy.url, headers=AUTH, timeout=60) as http:
+            r = http.post("/v1/chat/completions", json={"model": "gpt-4o", "messages": history}, headers={"x-session-id": "crash-stream"})
+            assert r.status_code == 200, r.text
+            wait_until(lambda: http.get("/sessions/crash-stream").json().get("request_count", 0) >= 1, 10, "logged")
+
+        # 2. mid-compaction: the summary call hangs; kill while it does
+        history = long_history(14)
+        upstream.state.fail_next.append(("delay", 60))
+        body = {"model": "fake-8k-openai", "max_tokens": 512, "messages": history}
+        client = in_thread(lambda: post_quietly(proxy.url, body, "crash-compaction"))
+        wait_until(lambda: bool(upstream.state.summary_requests), 20, "summarizing")
+        time.sleep(0.2)
+        proxy.kill9()
+        client.join(10)
+        assert not query(database_url, "SELECT id FROM events"), "no event may exist before its summary came back"
+        proxy = ServeProcess(tmp_path, upstream.url, database_url, **env).start()
+        counts = log_consistency(database_url)
+        upstream.state.fail_next.clear()
+        with httpx.Client(base_url=proxy.url, headers=AUTH, timeout=60) as http:
+            r = http.post("/v1/chat/completions", json=body, headers={"x-session-id": "crash-compaction"})
+            assert r.status_code == 200, r.text
+            assert "summary" in r.headers.get("x-context-proxy-defenses", ""), r.headers
+            wait_until(lambda: http.get("/sessions/crash-compaction").json().get("request_count", 0) >= 1, 10, "logged")
+        after = log_consistency(database_url)
+        assert after["events"] >= 1 and after["messages"] > counts["messages"]
+        assert "Traceback" not in proxy.log_text()
+    finally:
+        proxy.stop()
+    TALLY.add("faults_injected", 2)
+    TALLY.add("kill9_restarts", 2)
