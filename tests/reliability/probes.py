@@ -78,7 +78,7 @@ def database_text(database_url: str) -> str:
             "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public' AND table_type = 'BASE TABLE'")]
         lines: list[str] = []
         for table in tables:
-            lines += [r[0] for r in conn.execute(f'SELECT row_to_json(t)::text FROM "{table}" t')]  # noqa: S608
+            lines += [r[0] for r in conn.execute(f'SELECT row_to_json(t)::text FROM "{table}" t')]
         return "\n".join(lines)
 
 
