@@ -58,6 +58,9 @@ _EMPTY_DROPPED = frozenset({"tool_calls", "annotations", "audio", "refusal", "fu
 def _canonical_tool_call(call: Any) -> Any:
     if not isinstance(call, dict):
         return call
+    fn = call.get("function")
+    if "index" not in call and None not in call.values() and (not isinstance(fn, dict) or None not in fn.values()):
+        return call  # already canonical (the common case: no copy)
     out = {k: v for k, v in call.items() if v is not None and k != "index"}
     fn = out.get("function")
     if isinstance(fn, dict):
@@ -65,15 +68,29 @@ def _canonical_tool_call(call: Any) -> Any:
     return out
 
 
+def _already_canonical(message: dict[str, Any], role: Any) -> bool:
+    """True when ``canonical`` would change nothing (checked without copying)."""
+    for key, value in message.items():
+        if value is None or (key in _EMPTY_DROPPED and not value):
+            return False
+        if key == "tool_calls" and not (isinstance(value, list) and all(_canonical_tool_call(c) is c for c in value)):
+            return False
+        if key == "content" and role == "assistant" and value == "":
+            return False
+    return True
+
+
 def canonical(message: dict[str, Any]) -> dict[str, Any]:
-    """Return the canonical form of ``message`` (a new dict; the input is not mutated).
+    """Return the canonical form of ``message`` (the input itself when already canonical; never mutated).
 
     Rules: drop keys whose value is ``None``; drop empty ``tool_calls``/``annotations``/``audio``/
     ``refusal``/``function_call``; for assistant messages treat ``content`` ``""`` as absent;
     drop ``index`` inside tool calls.
     """
-    out: dict[str, Any] = {}
     role = message.get("role")
+    if _already_canonical(message, role):
+        return message
+    out: dict[str, Any] = {}
     for key, value in message.items():
         if value is None:
             continue

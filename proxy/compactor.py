@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -40,6 +41,7 @@ log = logging.getLogger("context_proxy.compaction")
 
 EVENTS_TTL_S = 30.0
 """How long a session's cached events are trusted on the fast path (re-read before compacting)."""
+ARCHIVE_URL = re.compile(rb"/sessions/[^/\s]+/archive")
 STUB_DEFENSES = frozenset({"offload", "summary", "clip", "media"})
 MAX_PLAN_ROUNDS = 4
 """Plans executed per request at most (truncate, summarize, clip, media): a bound, not a target."""
@@ -104,7 +106,7 @@ class ProjectingCompactor(Compactor):
         """Do the forwarded messages name an artifact or archive? (cheap byte checks first)"""
         if STUB_DEFENSES.intersection(proj.applied):
             return True
-        if b"art_" not in ctx.raw and b"/archive" not in ctx.raw and not ctx.expanded:
+        if b"/artifacts/art_" not in ctx.raw and not ARCHIVE_URL.search(ctx.raw) and not ctx.expanded:
             return False
         return any(references_in(proj.messages))
 

@@ -90,6 +90,8 @@ class _Projector:
         self.counts: list[int] = list(client_counts)
         self.kinds: set[str] = set()
         self.artifacts: dict[str, ArtifactToStore] = {}
+        self.min_offload_tokens = min(cfg.offload_tool_threshold_tokens, cfg.offload_user_tokens)
+        """No message under this many tokens can be offloaded (no part of it can be over a threshold)."""
 
     def count_new(self, message: dict[str, Any]) -> int:
         return self.counter.count_message(message, message_digest(message))
@@ -98,6 +100,8 @@ class _Projector:
         """Message ``i`` (from ``self.cur``) with truncation, media offload and offload applied."""
         cfg = self.cfg
         m, cnt, changed = self.cur[i], self.counts[i], False
+        if not truncate and not media and cnt <= self.min_offload_tokens:
+            return m, cnt  # the common case, kept cheap: most messages are small and untouched
         if truncate:
             t = truncate_message(m, cfg.truncate_args_tools, cfg.truncate_args_max_chars, cfg.truncate_args_keep_chars)
             if t is not None:

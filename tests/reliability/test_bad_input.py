@@ -208,3 +208,17 @@ def test_fuzz_chat_endpoint(proxy_factory: Callable[..., Proxy], upstream: Upstr
     TALLY.note("fuzz_chat_statuses", {str(k): v for k, v in sorted(statuses.items())})
     print(f"\nchat fuzz: {sum(statuses.values())} cases, statuses {dict(statuses)}, failures {len(failures)}")
     assert not failures, failures[:3]
+
+
+def test_read_api_ids_with_nul_are_404_not_5xx(proxy_factory: Callable[..., Proxy]) -> None:
+    """Found by schemathesis: ``GET /sessions?after=<text with NUL>`` was a 5xx on PostgreSQL (its
+    text type cannot hold NUL, so the query itself failed). Such an id names nothing."""
+    proxy = proxy_factory()
+    with proxy.http() as http:
+        assert post(http, orjson.dumps(user("hi")), "nul").status_code == 200
+        logged(http, "nul", 1)
+        for path, params, status in (("/sessions", {"after": "a\x00b"}, 400), ("/sessions/a%00b", {}, 404),
+                                     ("/sessions/a%00b/messages", {}, 404), ("/sessions/nul/messages", {"leaf": "\x00"}, 404),
+                                     ("/sessions/nul/messages", {"after": "\x00"}, 400), ("/artifacts/art%00x", {}, 404)):
+            assert_envelope(http.get(path, params=params), status)
+            TALLY.add("bad_input_cases")
