@@ -225,6 +225,7 @@ class ProjectingCompactor(Compactor):
             payload, after = plan.payload(summary), plan.tokens_after_estimate
         else:
             payload, after = plan.payload(), plan.tokens_after
+        await ctx.ensure_logged()  # an event never anchors on a message missing from the log
         event = EventRecord(
             id=_event_id(ctx.session.pk, plan.kind, plan.anchor_hash),
             session_pk=ctx.session.pk,

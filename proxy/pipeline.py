@@ -74,7 +74,10 @@ class ChatContext:
     upstream_headers: list[tuple[str, str]]
     stream: bool
     started: float
-    append_task: asyncio.Task[LoggedRequest]
+    session_log: SessionLog
+    append_task: asyncio.Task[LoggedRequest] | None = None
+    """Set when the client's messages are written before the reply (streams; compactions)."""
+    finished: bool = False
     prepared: Prepared | None = None
     retries: int = 0
     compact_tool: bool = False
@@ -92,6 +95,12 @@ class ChatContext:
     @property
     def model(self) -> str:
         return str(self.body.get("model"))
+
+    async def ensure_logged(self) -> LoggedRequest:
+        """Write the client's messages now (before a compaction event anchors on them)."""
+        if self.append_task is None:
+            self.append_task = asyncio.ensure_future(self.session_log.append_request(self.session, self.messages, self.chain))
+        return await self.append_task
 
 
 class ChatPipeline:
@@ -150,11 +159,23 @@ class ChatPipeline:
             ),
             stream=bool(body.get("stream")),
             started=time.perf_counter(),
-            append_task=self.spawn(self.log.append_request(session, messages, chain)),
+            session_log=self.log,
             compact_tool=(headers.get("x-context-proxy-compact-tool") or "").lower() in ("1", "on", "true", "yes"),
             expanded=expanded is not None,
         )
         bind(request_id=ctx.request_id, session_id=session.session_id, model=ctx.model)
+        if ctx.stream:  # a stream may last minutes: commit the client's messages while it runs
+            ctx.append_task = self.spawn(self.log.append_request(session, messages, chain))
+        try:
+            return await self._run(ctx)
+        except BaseException as exc:  # every path logs the client's messages, errors included
+            if not ctx.finished:
+                status = exc.status if isinstance(exc, ProxyError) else 500
+                self._spawn_finish(ctx, status, None, None, error=str(exc)[:500] or type(exc).__name__)
+            raise
+
+    async def _run(self, ctx: ChatContext) -> Buffered | Streamed:
+        """Prepare and forward, compacting and retrying after an overflow (bounded)."""
         overflow: Overflow | None = None
         while True:
             try:
@@ -167,11 +188,7 @@ class ChatPipeline:
                 self.metrics.database_error("fail_open")
                 ctx.degraded = True
                 ctx.prepared = Prepared(orjson.dumps(ctx.body | {"messages": ctx.messages}) if ctx.expanded else ctx.raw)
-            try:
-                outcome = await self._forward(ctx)
-            except ProxyError as exc:
-                self.spawn(self._finish(ctx, exc.status, None, None, error=exc.message))
-                raise
+            outcome = await self._forward(ctx)
             if isinstance(outcome, Overflow):
                 overflow = outcome
                 ctx.internal, ctx.read_rounds = [], 0  # rounds start over on the compacted request
@@ -230,7 +247,7 @@ class ChatPipeline:
                 overflow = classify_error(resp.status_code, data, resp.headers)
                 if overflow is not None:
                     return overflow
-                self.spawn(self._finish(ctx, resp.status_code, None, None, error=data[:500].decode("utf-8", "replace")))
+                self._spawn_finish(ctx, resp.status_code, None, None, error=data[:500].decode("utf-8", "replace"))
                 return Buffered(resp.status_code, self._client_headers(ctx, resp.headers), data)
             if ctx.stream and "text/event-stream" in resp.headers.get("content-type", ""):
                 return await self._start_stream(ctx, resp)
@@ -245,7 +262,7 @@ class ChatPipeline:
             return await self._forward(ctx)
         if mine and reply is not None:
             data, reply = self.rounds.strip(data, reply, theirs)
-        self.spawn(self._finish(ctx, resp.status_code, reply, usage, finish_reason=finish_reason))
+        self._spawn_finish(ctx, resp.status_code, reply, usage, finish_reason=finish_reason)
         return Buffered(resp.status_code, self._client_headers(ctx, resp.headers), data)
 
     async def _start_stream(self, ctx: ChatContext, resp: httpx.Response) -> Streamed | Overflow:
@@ -267,14 +284,19 @@ class ChatPipeline:
             await state.resp.aclose()
             a = state.assembler
             reply = a.message() if not a.empty else None
-            self.spawn(self._finish(ctx, state.resp.status_code, reply, a.usage, error=state.error,
-                                    partial=state.error is not None, finish_reason=a.finish_reason))
+            self._spawn_finish(ctx, state.resp.status_code, reply, a.usage, error=state.error,
+                                    partial=state.error is not None, finish_reason=a.finish_reason)
 
     def _overflow_unrecoverable(self, ctx: ChatContext, overflow: Overflow) -> Buffered:
         exc = _overflow_error(overflow)
         self.metrics.overflow("unrecoverable")
-        self.spawn(self._finish(ctx, exc.status, None, None, error=exc.message))
+        self._spawn_finish(ctx, exc.status, None, None, error=exc.message)
         return Buffered(exc.status, self._client_headers(ctx, None) | {"content-type": "application/json"}, exc.body())
+
+    def _spawn_finish(self, ctx: ChatContext, status: int, reply: dict[str, Any] | None, usage: dict[str, Any] | None,
+                      **kwargs: Any) -> None:
+        ctx.finished = True
+        self.spawn(self._finish(ctx, status, reply, usage, **kwargs))
 
     async def _finish(
         self,
@@ -293,12 +315,13 @@ class ChatPipeline:
             self.metrics.chat_forwarded(ctx.model, ctx.prepared.tokens_client, ctx.prepared.tokens_forwarded, ctx.prepared.applied)
         if ctx.retries and status < 400:
             self.metrics.overflow("recovered")
-        try:
-            logged = await ctx.append_task
-        except Exception:
-            log.exception("appending the request's messages failed", extra={"session_id": ctx.session.session_id})
-            self.metrics.database_error("log")
-            logged = LoggedRequest(0, None)
+        logged: LoggedRequest | None = None  # None: the client's messages go in the final transaction
+        if ctx.append_task is not None:
+            try:
+                logged = await ctx.append_task
+            except Exception:
+                log.exception("appending the request's messages failed; retried with the reply", extra={"session_id": ctx.session.session_id})
+                self.metrics.database_error("log")
         try:
             if reply is not None and partial:
                 reply = reply | {"x_context_proxy": {"partial": True, "reason": error}}
@@ -311,8 +334,8 @@ class ChatPipeline:
                 latency_ms=latency_ms,
                 stream=ctx.stream,
                 usage=usage,
-                added_messages=logged.added,
-                first_added_seq=logged.first_added_seq,
+                added_messages=logged.added if logged else 0,
+                first_added_seq=logged.first_added_seq if logged else None,
                 tokens_client=p.tokens_client if p else None,
                 tokens_forwarded=p.tokens_forwarded if p else None,
                 defenses=list(p.applied) if p else [],
@@ -321,7 +344,7 @@ class ChatPipeline:
                 finish_reason=finish_reason,
             )
             keep = reply if status < 400 else None
-            await self.log.finish(ctx.session, ctx.chain[-1], len(ctx.messages), ctx.internal, keep, record)
+            await self.log.finish(ctx.session, ctx.messages, ctx.chain, ctx.internal, keep, record, with_request=logged is None)
             await self.compactor.observe_reply(ctx, usage)
         except Exception:
             log.exception("logging the reply failed", extra={"session_id": ctx.session.session_id})

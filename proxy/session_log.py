@@ -14,6 +14,7 @@ skips work that is known to be done: every insert is still idempotent (``ON CONF
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import secrets
 from dataclasses import dataclass
@@ -122,15 +123,29 @@ class SessionLog:
     async def finish(
         self,
         session: SessionRecord,
-        parent: str | None,
-        seq: int,
+        messages: list[dict[str, Any]],
+        chain: list[str],
         internal: list[dict[str, Any]],
         reply: dict[str, Any] | None,
         record: RequestRecord,
+        *,
+        with_request: bool,
     ) -> None:
-        """Store the proxy's internal rounds, the reply after them, and the request record, in one
-        transaction. Internal messages are marked ``internal``; the chain runs through them."""
+        """Store (``with_request``: the client's new messages,) the proxy's internal rounds, the reply
+        after them, and the request record, in one transaction: a plain request costs one write.
+        Internal messages are marked ``internal``; the chain runs through them."""
         new: list[NewMessage] = []
+        if with_request:
+            stored = self._known_prefix(session.pk, chain)
+            if stored is None:
+                stored = await self.store.stored_prefix_len(session.pk, chain)
+            new = [
+                NewMessage(chain_hash=chain[i], parent_hash=chain[i - 1] if i else None, seq=i,
+                           role=str(messages[i].get("role")), message=messages[i])
+                for i in range(stored, len(messages))
+            ]
+            record = dataclasses.replace(record, added_messages=len(new), first_added_seq=stored if new else None)
+        parent, seq = chain[-1], len(messages)
         for message in [*internal, *([reply] if reply is not None else [])]:
             h = chain_hash(parent, message_digest(message))
             is_internal = message is not reply
