@@ -85,7 +85,10 @@ def _session_where(session_id: str, tenant: str | None) -> sa.Select[Any]:
 
 
 async def find_session(conn: AsyncConnection, session_id: str, tenant: str | None) -> SessionRecord | None:
-    """The tenant's session named ``session_id``; for ``tenant=None`` (admin) the newest of any tenant."""
+    """The tenant's session named ``session_id``; for ``tenant=None`` (admin) the newest of any tenant.
+    An id with a NUL character names nothing (PostgreSQL text cannot hold one; asking would fail)."""
+    if "\x00" in session_id:
+        return None
     row = (await conn.execute(_session_where(session_id, tenant))).first()
     return None if row is None else SessionRecord(**row._mapping)
 
@@ -126,7 +129,9 @@ async def session_summary(conn: AsyncConnection, session: SessionRecord) -> Sess
 
 
 async def get_message_by_hash(conn: AsyncConnection, session_pk: int, chain_hash: str) -> MessageRecord | None:
-    """The message of ``session_pk`` with this chain hash, or ``None``."""
+    """The message of ``session_pk`` with this chain hash, or ``None`` (always for a NUL character)."""
+    if "\x00" in chain_hash:
+        return None
     query = sa.select(*messages.c).where(messages.c.session_pk == session_pk, messages.c.chain_hash == chain_hash)
     row = (await conn.execute(query)).first()
     return None if row is None else MessageRecord(**row._mapping)

@@ -268,7 +268,10 @@ class Store:
                 await conn.execute(stmt.on_conflict_do_nothing(index_elements=[artifacts.c.tenant, artifacts.c.id]))
 
     async def get_artifact(self, artifact_id: str, tenant: str | None) -> ArtifactRecord | None:
-        """The artifact if it exists and belongs to ``tenant`` (``None``: admin, any tenant)."""
+        """The artifact if it exists and belongs to ``tenant`` (``None``: admin, any tenant).
+        An id with a NUL character names nothing (PostgreSQL text cannot hold one)."""
+        if "\x00" in artifact_id:
+            return None
         query = sa.select(*artifacts.c).where(artifacts.c.id == artifact_id)
         if tenant is not None:
             query = query.where(artifacts.c.tenant == tenant)
