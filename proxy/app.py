@@ -85,12 +85,13 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         migrated = await _try_upgrade(settings.database_url)
-        store = await Store.open(settings.database_url, pool_size=max(5, min(settings.upstream_pool_size, 50)))
+        store = await Store.open(settings.database_url, pool_size=settings.database_pool_size)
         upstream = Upstream(
             settings.upstream_url,
             pool_size=settings.upstream_pool_size,
             connect_timeout_s=settings.upstream_connect_timeout_s,
             read_timeout_s=settings.upstream_read_timeout_s,
+            keepalive_s=settings.upstream_keepalive_s,
             transport=upstream_transport,
         )
         pipeline = ChatPipeline(

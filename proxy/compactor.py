@@ -9,9 +9,12 @@ and projects again. Learned windows (from a provider's overflow error) are kept 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import logging
 import re
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -66,6 +69,7 @@ class ProjectingCompactor(Compactor):
         self.profiles = ModelProfiles(settings.models_file)
         self._learned: dict[str, int | None] = {}
         self._events = BoundedCache(10_000, EVENTS_TTL_S)
+        self._locks: dict[int, asyncio.Lock] = {}
         self._stored = BoundedCache(100_000)
 
     async def _learned_window(self, model: str) -> int | None:
@@ -122,21 +126,20 @@ class ProjectingCompactor(Compactor):
         force = overflow is not None
         force_media = overflow is not None and overflow.kind == "body_size"
         proj = self._project(ctx, cfg, events, force, force_media, unavailable)
-        refreshed = False
         for _ in range(MAX_PLAN_ROUNDS):
             if proj.artifacts and not await self._store_artifacts(ctx, proj, unavailable):
                 proj = self._project(ctx, cfg, events, force, force_media, unavailable)
                 continue
             if proj.plan is None:
                 break
-            if not refreshed:  # before acting, make sure another replica has not done it already
-                refreshed = True
+            async with self._lock(ctx.session.pk), self.store.compaction_lock(ctx.session.pk):
+                # under the lock, re-read: another request or replica may have compacted already
                 fresh = await self._events_of(ctx.session.pk, refresh=True)
-                if len(fresh) != len(events):
+                if [e.id for e in fresh] != [e.id for e in events]:
                     events = fresh
                     proj = self._project(ctx, cfg, events, force, force_media, unavailable)
                     continue
-            event = await self._execute(ctx, cfg, proj)
+                event = await self._execute(ctx, cfg, proj)
             if event is None:
                 break
             events = [*events, event]
@@ -173,6 +176,17 @@ class ProjectingCompactor(Compactor):
             force_media=force_media,
             unavailable_artifacts=frozenset(unavailable),
         )
+
+    @contextlib.asynccontextmanager
+    async def _lock(self, session_pk: int) -> AsyncIterator[None]:
+        """One compaction at a time per session in this process (the store locks across processes)."""
+        lock = self._locks.setdefault(session_pk, asyncio.Lock())
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.locked() and not lock._waiters:  # type: ignore[attr-defined]
+                self._locks.pop(session_pk, None)
 
     async def _events_of(self, session_pk: int, *, refresh: bool) -> list[EventRecord]:
         """The session's events: cached for ``EVENTS_TTL_S``, re-read before a new compaction."""
@@ -340,7 +354,10 @@ class ProjectingCompactor(Compactor):
         try:
             if forced.artifacts and not await self._store_artifacts(ctx, forced, set()):
                 raise SummaryFailed("artifacts could not be stored")
-            event = await self._execute(ctx, cfg, forced) if forced.plan is not None else None
+            event = None
+            if forced.plan is not None:
+                async with self._lock(ctx.session.pk), self.store.compaction_lock(ctx.session.pk):
+                    event = await self._execute(ctx, cfg, forced)
             self._events.pop(ctx.session.pk, None)
         except (SummaryFailed, StorageError) as exc:
             log.error("manual compaction failed: %s", exc)

@@ -22,6 +22,7 @@ import orjson
 
 from proxy.chat import digests_and_chain
 from proxy.compaction import Compactor, Prepared
+from proxy.db_health import DatabaseHealth
 from proxy.errors import BadRequest, ProxyError
 from proxy.logging_setup import bind
 from proxy.metrics import Metrics
@@ -32,7 +33,7 @@ from proxy.settings import Settings
 from proxy.streaming import StreamState, relay_plain, relay_rounds, relay_unlogged, start_stream
 from proxy.tool_rounds import ToolRounds, own_only
 from proxy.upstream import Upstream, forward_request_headers, response_headers, translate
-from storage.errors import StorageError
+from storage.errors import StorageError, StorageUnavailable
 from storage.records import RequestRecord, SessionRecord
 
 log = logging.getLogger("context_proxy.pipeline")
@@ -114,6 +115,7 @@ class ChatPipeline:
         self.upstream = upstream
         self.compactor = compactor
         self.rounds = ToolRounds(settings, session_log.store, upstream, compactor)
+        self.health = DatabaseHealth(session_log.store)
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
@@ -137,9 +139,12 @@ class ChatPipeline:
             raise BadRequest(f"The request body is nested deeper than {MAX_JSON_DEPTH} levels.") from None
         session_id = (headers.get("x-session-id") or "").strip()[:MAX_SESSION_ID_CHARS] or derive_session_id(tenant, messages, chain)
         try:
+            if not await self.health.usable():
+                raise StorageUnavailable("the database did not answer the last probe")
             session = await self.log.open_session(tenant, session_id)
             expanded = await self.log.expand_internal(session, messages, digests, chain)
-        except StorageError:
+        except StorageError as exc:
+            self._storage_failed(exc)
             if self.settings.database_failure_mode != "open":
                 raise
             return await self._forward_unlogged(raw, bool(body.get("stream")), header_items)
@@ -182,7 +187,8 @@ class ChatPipeline:
                 ctx.prepared = await self.compactor.prepare(ctx, overflow=overflow)
             except orjson.JSONEncodeError:
                 raise BadRequest(f"The request body is nested deeper than {MAX_JSON_DEPTH} levels.") from None
-            except StorageError:
+            except StorageError as exc:
+                self._storage_failed(exc)
                 if self.settings.database_failure_mode != "open":
                     raise
                 self.metrics.database_error("fail_open")
@@ -293,6 +299,10 @@ class ChatPipeline:
         self._spawn_finish(ctx, exc.status, None, None, error=exc.message)
         return Buffered(exc.status, self._client_headers(ctx, None) | {"content-type": "application/json"}, exc.body())
 
+    def _storage_failed(self, exc: BaseException) -> None:
+        if isinstance(exc, StorageUnavailable):
+            self.health.failed()
+
     def _spawn_finish(self, ctx: ChatContext, status: int, reply: dict[str, Any] | None, usage: dict[str, Any] | None,
                       **kwargs: Any) -> None:
         ctx.finished = True
@@ -319,9 +329,10 @@ class ChatPipeline:
         if ctx.append_task is not None:
             try:
                 logged = await ctx.append_task
-            except Exception:
+            except Exception as exc:
                 log.exception("appending the request's messages failed; retried with the reply", extra={"session_id": ctx.session.session_id})
                 self.metrics.database_error("log")
+                self._storage_failed(exc)
         try:
             if reply is not None and partial:
                 reply = reply | {"x_context_proxy": {"partial": True, "reason": error}}
@@ -346,9 +357,10 @@ class ChatPipeline:
             keep = reply if status < 400 else None
             await self.log.finish(ctx.session, ctx.messages, ctx.chain, ctx.internal, keep, record, with_request=logged is None)
             await self.compactor.observe_reply(ctx, usage)
-        except Exception:
+        except Exception as exc:
             log.exception("logging the reply failed", extra={"session_id": ctx.session.session_id})
             self.metrics.database_error("log")
+            self._storage_failed(exc)
 
 
 async def _read(resp: httpx.Response) -> bytes:

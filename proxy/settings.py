@@ -35,6 +35,12 @@ class Settings(BaseSettings):
         600.0, description="Seconds to wait for the upstream between bytes (a stalled stream fails after this)."
     )
     max_body_bytes: int = Field(64 * 1024 * 1024, description="Largest request body accepted (413 above).")
+    database_pool_size: int = Field(
+        10, description="Database connections per process (plus as many overflow); keep replicas x 2 x this under the server's max_connections."
+    )
+    upstream_keepalive_s: float = Field(
+        4.0, description="Seconds an idle upstream connection is kept for reuse (under common servers' 5 s keep-alive)."
+    )
     database_failure_mode: Literal["closed", "open"] = Field(
         "closed",
         description="Database down while serving: 'closed' answers 503; 'open' forwards without logging or "

@@ -96,10 +96,13 @@ class Upstream:
         pool_size: int,
         connect_timeout_s: float,
         read_timeout_s: float,
+        keepalive_s: float = 4.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        limits = httpx.Limits(max_connections=pool_size, max_keepalive_connections=pool_size)
+        # an idle connection the server already closed fails the next request ("Server
+        # disconnected"): keep idle connections shorter than the server does (uvicorn: 5 s)
+        limits = httpx.Limits(max_connections=pool_size, max_keepalive_connections=pool_size, keepalive_expiry=keepalive_s)
         timeout = httpx.Timeout(connect=connect_timeout_s, read=read_timeout_s, write=read_timeout_s, pool=connect_timeout_s)
         self._client = httpx.AsyncClient(
             transport=transport or AiohttpTransport(limits=limits, trust_env=False),

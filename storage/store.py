@@ -47,6 +47,10 @@ def _later(column: sa.ColumnElement[Any], now: datetime) -> sa.ColumnElement[Any
     return sa.case((column < now, now), else_=column)
 
 
+COMPACTION_LOCK_SPACE = 0x4350 << 40
+"""High bits of the advisory-lock key of a session's compaction (``'CP'``), above any session pk."""
+
+
 class Store:
     """Async storage over one engine (SQLite or PostgreSQL). Create with ``await Store.open(url)``."""
 
@@ -62,6 +66,11 @@ class Store:
 
     async def close(self) -> None:
         """Close every pooled connection."""
+        await self._engine.dispose()
+
+    async def reset_pool(self) -> None:
+        """Drop every pooled connection (after the server restarted they are all dead); the
+        engine stays usable and opens fresh ones."""
         await self._engine.dispose()
 
     async def ping(self, timeout_s: float = 5.0) -> bool:
@@ -89,6 +98,38 @@ class Store:
                 yield conn
         except FOREIGN_ERRORS as exc:
             raise translate_error(exc, operation) from exc
+
+    @asynccontextmanager
+    async def compaction_lock(self, session_pk: int, wait_s: float = 120.0) -> AsyncIterator[bool]:
+        """Hold the session's compaction lock across processes; yields whether it was acquired.
+
+        PostgreSQL: a session-level advisory lock on a dedicated connection, polled with
+        ``pg_try_advisory_lock`` for at most ``wait_s`` (then yields ``False``: the caller goes on
+        unlocked rather than stall a request). SQLite: yields ``True`` at once (one process writes
+        a SQLite file in practice; the proxy also locks per session in-process).
+        """
+        if self._dialect != "postgresql":
+            yield True
+            return
+        key = COMPACTION_LOCK_SPACE | session_pk
+        try:
+            async with self._engine.connect() as conn:
+                deadline = asyncio.get_running_loop().time() + wait_s
+                acquired = False
+                while True:
+                    acquired = bool((await conn.execute(sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": key})).scalar())
+                    await conn.commit()
+                    if acquired or asyncio.get_running_loop().time() > deadline:
+                        break
+                    await asyncio.sleep(0.05)
+                try:
+                    yield acquired
+                finally:
+                    if acquired:
+                        await conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+                        await conn.commit()
+        except FOREIGN_ERRORS as exc:
+            raise translate_error(exc, "compaction_lock") from exc
 
     def _insert(self, table: sa.Table) -> Any:
         """The dialect's INSERT construct (it has ``on_conflict_do_nothing/do_update``)."""
