@@ -23,7 +23,7 @@ from proxy.cache import BoundedCache
 from proxy.compaction import Compactor, Prepared
 from proxy.defenses.plans import SummaryPlan
 from proxy.defenses.summarize import build_summary_request_messages, chunk_budget_tokens, render_transcript, summary_chunks
-from proxy.errors import CannotFit
+from proxy.errors import CannotFit, ProxyError
 from proxy.metrics import Metrics
 from proxy.models import ModelProfiles
 from proxy.overflow import Overflow, classify_error
@@ -32,7 +32,7 @@ from proxy.read_tool import compact_tool_schema, read_tool_schema, references_in
 from proxy.session_log import now
 from proxy.settings import Settings
 from proxy.tokens import load_counter
-from proxy.upstream import Upstream
+from proxy.upstream import Upstream, translate
 from storage.errors import StorageError
 from storage.records import ArtifactRecord, EventRecord
 from storage.store import Store
@@ -42,12 +42,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("context_proxy.compaction")
 
+STORED_ARTIFACT_TTL_S = 60.0
+"""How long an artifact this process stored is assumed still stored (retention may delete it)."""
 EVENTS_TTL_S = 30.0
 """How long a session's cached events are trusted on the fast path (re-read before compacting)."""
 ARCHIVE_URL = re.compile(rb"/sessions/[^/\s]+/archive")
 STUB_DEFENSES = frozenset({"offload", "summary", "clip", "media"})
 MAX_PLAN_ROUNDS = 4
 """Plans executed per request at most (truncate, summarize, clip, media): a bound, not a target."""
+NON_TEXT_MARKERS = (b'"image_url"', b'"input_audio"', b'"file"', b'"image"')
 TRUNCATION_SUSPECT_RATIO = 1.5
 """A reply whose ``usage.prompt_tokens`` is under our estimate divided by this was silently cut."""
 
@@ -70,7 +73,7 @@ class ProjectingCompactor(Compactor):
         self._learned: dict[str, int | None] = {}
         self._events = BoundedCache(10_000, EVENTS_TTL_S)
         self._locks: dict[int, asyncio.Lock] = {}
-        self._stored = BoundedCache(100_000)
+        self._stored = BoundedCache(100_000, STORED_ARTIFACT_TTL_S)
 
     async def _learned_window(self, model: str) -> int | None:
         if model not in self._learned:
@@ -299,11 +302,16 @@ class ProjectingCompactor(Compactor):
             body["max_completion_tokens"] = reply_tokens
         elif "max_tokens" in ctx.body:
             body["max_tokens"] = reply_tokens
-        resp = await self.upstream.send("POST", "/chat/completions", headers=ctx.upstream_headers, content=orjson.dumps(body))
-        try:
-            data = await resp.aread()
-        finally:
-            await resp.aclose()
+        try:  # a failed summary never fails the client's request: it is forwarded uncompacted
+            resp = await self.upstream.send("POST", "/chat/completions", headers=ctx.upstream_headers, content=orjson.dumps(body))
+            try:
+                data = await resp.aread()
+            finally:
+                await resp.aclose()
+        except ProxyError as exc:
+            raise SummaryFailed(exc.message) from exc
+        except Exception as exc:
+            raise SummaryFailed(str(translate(exc))) from exc
         if resp.status_code >= 400:
             overflow = classify_error(resp.status_code, data, resp.headers)
             if overflow is not None:
@@ -373,20 +381,26 @@ class ProjectingCompactor(Compactor):
         return True
 
     async def observe_reply(self, ctx: ChatContext, usage: dict[str, Any] | None) -> None:
-        """Detect silent front truncation (Ollama, case 017): the provider counted far fewer tokens."""
+        """Detect silent front truncation (Ollama, case 017): the provider counted far fewer tokens.
+
+        Learned only from text-only requests: image, audio and file costs are estimates that a
+        provider may legitimately count far lower, while tokenizers differ by far less than the
+        1.5x this needs. (A window far under the model's profile is exactly case 017: Ollama
+        serving 2,048 tokens of a 40k model.)
+        """
         if not usage or ctx.prepared is None or not ctx.prepared.tokens_forwarded:
+            return
+        if any(marker in ctx.raw for marker in NON_TEXT_MARKERS):
             return
         prompt = usage.get("prompt_tokens")
         estimate = ctx.prepared.tokens_forwarded - _reserved(ctx.body)  # the estimate counts reserved output
-        if isinstance(prompt, int) and prompt > 256 and estimate > prompt * TRUNCATION_SUSPECT_RATIO:
-            log.warning(
-                "suspected silent truncation: provider counted %d prompt tokens, proxy estimated %d; using %d as the window",
-                prompt,
-                estimate,
-                prompt,
-                extra={"session_id": ctx.session.session_id},
-            )
-            await self._set_learned(ctx.model, prompt)
+        if not (isinstance(prompt, int) and prompt > 256 and estimate > prompt * TRUNCATION_SUSPECT_RATIO):
+            return
+        log.warning(
+            "suspected silent truncation: provider counted %d prompt tokens, proxy estimated %d; using %d as the window",
+            prompt, estimate, prompt, extra={"session_id": ctx.session.session_id},
+        )
+        await self._set_learned(ctx.model, prompt)
 
 
 class _SummaryOverflow(Exception):

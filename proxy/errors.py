@@ -9,6 +9,7 @@ class                      status  type / code
 =========================  ======  ==========================
 BadRequest                 400     invalid_request_error
 Unauthorized               401     authentication_error / invalid_api_key
+Forbidden                  403     permission_error / forbidden
 NotFound                   404     not_found_error / not_found
 PayloadTooLarge            413     invalid_request_error / request_too_large
 CannotFit                  400     invalid_request_error / context_length_exceeded
@@ -57,6 +58,12 @@ class Unauthorized(ProxyError):
     status = 401
     type = "authentication_error"
     code = "invalid_api_key"
+
+
+class Forbidden(ProxyError):
+    status = 403
+    type = "permission_error"
+    code = "forbidden"
 
 
 class NotFound(ProxyError):

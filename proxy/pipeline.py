@@ -247,6 +247,7 @@ class ChatPipeline:
         sent = time.perf_counter()
         resp = await self.upstream.send("POST", CHAT_PATH, headers=ctx.upstream_headers, content=ctx.prepared.body)
         self.metrics.upstream_answered(ctx.model, time.perf_counter() - sent)
+        handed_off = False  # a stream handed to the client is closed by its relay, not here
         try:
             if resp.status_code >= 400:
                 data = await _read(resp)
@@ -256,10 +257,12 @@ class ChatPipeline:
                 self._spawn_finish(ctx, resp.status_code, None, None, error=data[:500].decode("utf-8", "replace"))
                 return Buffered(resp.status_code, self._client_headers(ctx, resp.headers), data)
             if ctx.stream and "text/event-stream" in resp.headers.get("content-type", ""):
-                return await self._start_stream(ctx, resp)
+                outcome = await self._start_stream(ctx, resp)
+                handed_off = isinstance(outcome, Streamed)
+                return outcome
             data = await _read(resp)
         finally:
-            if not (ctx.stream and not resp.is_closed and resp.status_code < 400):
+            if not handed_off:
                 await resp.aclose()
         reply, usage, finish_reason = _reply_of(data)
         mine, theirs = own_only(reply, ctx.prepared.own_tools)
@@ -268,7 +271,12 @@ class ChatPipeline:
             return await self._forward(ctx)
         if mine and reply is not None:
             data, reply = self.rounds.strip(data, reply, theirs)
-        self._spawn_finish(ctx, resp.status_code, reply, usage, finish_reason=finish_reason)
+            finish_reason = "stop" if not theirs else finish_reason
+        if ctx.internal:  # log the proxy's rounds before answering: the next turn must find them
+            ctx.finished = True
+            await self._finish(ctx, resp.status_code, reply, usage, finish_reason=finish_reason)
+        else:
+            self._spawn_finish(ctx, resp.status_code, reply, usage, finish_reason=finish_reason)
         return Buffered(resp.status_code, self._client_headers(ctx, resp.headers), data)
 
     async def _start_stream(self, ctx: ChatContext, resp: httpx.Response) -> Streamed | Overflow:

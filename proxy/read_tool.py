@@ -109,8 +109,23 @@ def parse_arguments(arguments: str) -> ReadRequest | str:
     return ReadRequest(args["reference"].strip(), offset, limit)
 
 
+SEGMENT_CHARS = 2000
+"""Lines longer than this are read as consecutive segments of this many characters, each counted
+as one line, so a single 100k-character line (minified JSON) can be read in parts too."""
+
+
+def _lines(text: str) -> list[str]:
+    out: list[str] = []
+    for line in text.splitlines():
+        if len(line) <= SEGMENT_CHARS:
+            out.append(line)
+        else:
+            out.extend(line[i : i + SEGMENT_CHARS] for i in range(0, len(line), SEGMENT_CHARS))
+    return out
+
+
 def _slice(text: str, offset: int, limit: int, max_chars: int, what: str) -> str:
-    lines = text.splitlines()
+    lines = _lines(text)
     part = lines[offset : offset + limit]
     body = "\n".join(part)
     if len(body) > max_chars:

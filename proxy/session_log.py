@@ -67,7 +67,7 @@ class SessionLog:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._sessions = BoundedCache(CACHED_SESSIONS, CACHE_TTL_S)
-        self._known = BoundedCache(CACHED_SESSIONS)
+        self._known = BoundedCache(CACHED_SESSIONS, CACHE_TTL_S)
         self._internal = BoundedCache(CACHED_SESSIONS, CACHE_TTL_S)
 
     async def open_session(self, tenant: str, session_id: str) -> SessionRecord:

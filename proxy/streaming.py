@@ -100,6 +100,14 @@ async def relay_rounds(state: StreamState, rounds: Any, ctx: Any) -> AsyncIterat
         state.error = exc.message
         yield error_event(exc)
         return
+    except Exception as exc:  # a storage or transport failure inside a tool round: end the stream cleanly
+        translated = translate(exc)
+        err = translated if isinstance(translated, ProxyError) else UpstreamUnreachable(
+            f"context-proxy could not complete its tool round ({type(exc).__name__})."
+        )
+        state.error = err.message
+        yield error_event(err)
+        return
     if state.error is not None:
         yield error_event(INCOMPLETE)
 

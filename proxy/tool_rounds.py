@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from proxy.errors import UpstreamUnreachable
+from storage.errors import StorageError
 from proxy.own_tools import StreamToolFilter, split_calls
 from proxy.read_tool import references_in, serve_read
 from proxy.sse import SSEEvent, SSESplitter
@@ -61,10 +62,14 @@ class ToolRounds:
         results = []
         for call in calls:
             fn = call.get("function") or {}
-            if fn.get("name") == self.settings.compact_tool_name:
-                text = await self.compactor.compact_now(ctx)
-            else:
-                text = await self._read(ctx, fn.get("arguments", ""), visible, max_chars)
+            try:
+                if fn.get("name") == self.settings.compact_tool_name:
+                    text = await self.compactor.compact_now(ctx)
+                else:
+                    text = await self._read(ctx, fn.get("arguments", ""), visible, max_chars)
+            except StorageError:
+                log.error("serving %s failed: database error", fn.get("name"))
+                text = "[context-proxy] The stored content could not be read right now (database unavailable); nothing was changed."
             results.append({"role": "tool", "tool_call_id": call.get("id"), "content": text})
         message = {"role": "assistant", "content": assistant.get("content"), "tool_calls": calls}
         ctx.internal += [message, *results]
@@ -112,10 +117,18 @@ class ToolRounds:
     def strip(self, data: bytes, reply: dict[str, Any], client_calls: list[dict[str, Any]]) -> tuple[bytes, dict[str, Any]]:
         """A non-streaming response with the proxy's calls removed (the client's kept)."""
         parsed = orjson.loads(data)
-        message = dict(parsed["choices"][0]["message"])
-        message["tool_calls"] = client_calls
-        parsed["choices"][0]["message"] = message
-        return orjson.dumps(parsed), reply | {"tool_calls": client_calls}
+        choice = parsed["choices"][0]
+        message = dict(choice["message"])
+        if client_calls:
+            message["tool_calls"] = client_calls
+            reply = reply | {"tool_calls": client_calls}
+        else:  # nothing left for the client: a plain (possibly empty) answer, not an empty call list
+            message.pop("tool_calls", None)
+            message["content"] = message.get("content") or ""
+            choice["finish_reason"] = "stop"
+            reply = {k: v for k, v in reply.items() if k != "tool_calls"} | {"content": message["content"]}
+        choice["message"] = message
+        return orjson.dumps(parsed), reply
 
     async def relay(self, ctx: ChatContext, state: StreamState) -> AsyncIterator[bytes]:
         """Relay a stream whose request offered the proxy's tools, serving its calls in between.

@@ -55,8 +55,8 @@ def forward_request_headers(
         low = name.lower()
         if low in HOP_BY_HOP or low in PROXY_HEADERS or low.startswith("x-context-proxy-"):
             continue
-        if upstream_api_key is not None and low in ("authorization", "api-key", "x-api-key"):
-            continue
+        if upstream_api_key is not None and low in ("authorization", "api-key", "x-api-key", "openai-organization", "openai-project"):
+            continue  # the proxy's key: the client chooses neither the credentials nor the billed project
         if identity and low == "accept-encoding":
             continue
         out.append((name, value))

@@ -69,6 +69,7 @@ sessions = sa.Table(
     sa.Index("ix_sessions_updated", "updated_at", "pk"),
     sa.Index("ix_sessions_tenant_updated", "tenant", "updated_at", "pk"),
     sa.Index("ix_sessions_session_id", "session_id"),
+    sqlite_autoincrement=True,
 )
 
 messages = sa.Table(

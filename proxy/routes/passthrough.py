@@ -1,14 +1,19 @@
 """Every other path under ``/v1/``: relayed untouched (method, query, headers, body, status, stream).
 
-Nothing here is parsed or logged as chat. The body is streamed to the upstream and the response
-streamed back, content encoding included, so what the client gets is byte for byte the upstream's.
+Nothing here is parsed or logged as chat. The body (size-limited like chat bodies) is sent as
+received and the response streamed back, content encoding included, so what the client gets is
+byte for byte the upstream's. With a proxy-held upstream key, only stateless paths are relayed.
 """
 
 from __future__ import annotations
 
+import re
+
 from fastapi import APIRouter, Request
 from starlette.responses import StreamingResponse
 
+from proxy.errors import Forbidden
+from proxy.routes.body import read_body
 from proxy.upstream import forward_request_headers, response_headers, translate
 
 router = APIRouter()
@@ -16,10 +21,26 @@ router = APIRouter()
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 
+SHARED_KEY_ALLOWED = (
+    ("GET", re.compile(r"/models(/[^/]+)?")),
+    ("POST", re.compile(r"/(embeddings|moderations|completions|responses|audio/(speech|transcriptions|translations)|images/(generations|edits|variations))")),
+)
+"""What a tenant may reach through the proxy's own upstream key: stateless calls only. Paths that
+read or change account state (files, batches, stored completions and responses, fine-tuning,
+vector stores, …) would let one tenant see another's data under the shared key; they are
+refused unless the caller is an admin (or the client sends its own key to the upstream)."""
+
+
 async def passthrough(path: str, request: Request) -> StreamingResponse:
     state = request.app.state.proxy
     state.auth.chat_tenant(request.headers)
-    body = await request.body()
+    if state.settings.upstream_api_key is not None and state.auth.reader(request.headers) is not None:
+        if not any(request.method == m and rx.fullmatch("/" + path) for m, rx in SHARED_KEY_ALLOWED):
+            raise Forbidden(
+                f"{request.method} /v1/{path} is not available through this proxy's shared upstream key "
+                "(it would reach account-wide state); ask an admin."
+            )
+    body = await read_body(request, state.settings.max_body_bytes)
     headers = forward_request_headers(request.headers.items(), upstream_api_key=state.settings.upstream_api_key, identity=False)
     # The path and query exactly as the client wrote them (percent-encoding kept): httpx would
     # re-encode a ``params`` string (``%20`` -> ``+``) and the decoded ``path`` loses ``%2F``.

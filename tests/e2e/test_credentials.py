@@ -140,3 +140,23 @@ def test_alternative_key_headers_identify_the_same_tenant(proxy_factory: Callabl
         assert bearer.get("/sessions/sess-azure").status_code == 200
     with proxy.http(OTHER_KEY) as other:
         assert other.get("/sessions/sess-azure").status_code == 404
+
+
+def test_shared_upstream_key_only_reaches_stateless_paths(proxy_factory, upstream) -> None:
+    """With the proxy's own upstream key, a tenant cannot read account-wide state (files, batches,
+    stored completions) that other tenants created under the same key; an admin can."""
+    import httpx as _httpx
+
+    proxy = proxy_factory(upstream_api_key="sk-upstream-secret", client_api_keys="sk-a,sk-b", admin_api_keys="sk-admin")
+    with _httpx.Client(base_url=proxy.url, timeout=30) as http:
+        auth = {"authorization": "Bearer sk-a", "openai-organization": "org-chosen-by-client"}
+        assert http.get("/v1/models", headers=auth).status_code == 200
+        assert http.post("/v1/embeddings", json={"model": "e", "input": "hi"}, headers=auth).status_code == 200
+        for method, path in (("GET", "/v1/files"), ("GET", "/v1/batches"), ("GET", "/v1/chat/completions"), ("DELETE", "/v1/files/f1")):
+            r = http.request(method, path, headers=auth)
+            assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", (method, path)
+        admin = http.get("/v1/echo/files", headers={"authorization": "Bearer sk-admin"})
+        assert admin.status_code == 200
+    sent = [r for r in upstream.state.requests if r.path.startswith("/v1/models")]
+    assert sent and "openai-organization" not in sent[-1].headers
+    assert sent[-1].headers["authorization"] == "Bearer sk-upstream-secret"

@@ -221,3 +221,15 @@ def test_manual_compaction_tool_is_opt_in_and_needs_half_the_trigger(proxy_facto
     with proxy.http() as http:
         events = http.get("/sessions/manual/events").json()["data"]
     assert [e["kind"] for e in events] == ["summary"]
+
+
+def test_a_single_huge_line_is_read_in_parts(proxy_factory: Any, upstream: Upstream, models_file: str) -> None:
+    """Minified JSON: one line of about 30k characters (over the offload threshold), the fact near its end, still reachable."""
+    proxy = proxy_factory(models_file=models_file)
+    line = '{"rows": [' + ",".join(f'{{"id": {i}, "v": "x{i}"}}' for i in range(1300)) + '], "note": "FACT: build_id=B-LONG"}'
+    messages = history_with_offload("x")
+    messages[3] = {"role": "tool", "tool_call_id": "c1", "content": line}
+    reply = proxy.client().chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)
+    assert reply.choices[0].message.content == "ANSWER: B-LONG"
+    first, *rounds = upstream.state.chat_requests
+    assert "B-LONG" not in first.body.decode() and len(rounds) >= 2  # offloaded, then read in segments

@@ -32,6 +32,7 @@ def upgrade() -> None:
         sa.Column("created_at", _TS, nullable=False),
         sa.Column("updated_at", _TS, nullable=False),
         sa.UniqueConstraint("tenant", "session_id", name="uq_sessions_tenant_session_id"),
+        sqlite_autoincrement=True,  # a deleted session's pk is never reused (caches key on it)
     )
     op.create_index("ix_sessions_updated", "sessions", ["updated_at", "pk"])
     op.create_index("ix_sessions_tenant_updated", "sessions", ["tenant", "updated_at", "pk"])
