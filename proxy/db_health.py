@@ -21,7 +21,7 @@ log = logging.getLogger("context_proxy.database")
 class DatabaseHealth:
     """Down/up state of the database from the pipeline's point of view."""
 
-    def __init__(self, store: Store, probe_timeout_s: float = 2.0) -> None:
+    def __init__(self, store: Store, probe_timeout_s: float = 5.0) -> None:
         self.store = store
         self.probe_timeout_s = probe_timeout_s
         self.down = False

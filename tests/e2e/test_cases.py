@@ -244,6 +244,7 @@ def test_case_017_unknown_window_is_learned_from_usage(proxy: Proxy, upstream: U
     upstream.state.windows[model] = 2048
     upstream.state.styles[model] = "ollama"
     post(proxy, case["request"], **{"x-session-id": "s17"})  # silently truncated upstream
+    wait_logged(proxy, "s17", 1)  # the window is learned from the reply, after the response
     upstream.state.requests.clear()
     r = post(proxy, case["request"], **{"x-session-id": "s17"})
     assert r.json()["choices"][0]["message"]["content"] == expected_answer(case)
