@@ -81,7 +81,9 @@ def is_sqlite(url: str) -> bool:
 def create_engine(database_url: str, *, pool_size: int = 20) -> AsyncEngine:
     """Create the async engine for ``database_url`` (any form ``make_async_url`` accepts).
 
-    PostgreSQL: a pool of ``pool_size`` connections plus as many overflow connections.
+    PostgreSQL: a pool of ``pool_size`` connections plus as many overflow connections, each
+    checked with a ping when taken from the pool (one round trip; after a server restart the
+    pooled connections are dead, and without it each would fail one request).
     SQLite file: WAL journal (readers never block the writer), ``busy_timeout`` of
     ``SQLITE_BUSY_TIMEOUT_MS`` (concurrent writers wait instead of failing with "database is
     locked"), foreign keys on; the file's directory is created if missing. SQLite in memory:
@@ -106,6 +108,7 @@ def create_engine(database_url: str, *, pool_size: int = 20) -> AsyncEngine:
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_recycle=1800,
+        pool_pre_ping=True,  # a server restart leaves every pooled connection dead: test before use
         connect_args=connect_args,
     )
 
