@@ -198,19 +198,7 @@ class Store:
         """
         if not new_messages:
             return 0
-        rows = [
-            {
-                "session_pk": session_pk,
-                "chain_hash": m.chain_hash,
-                "parent_hash": m.parent_hash,
-                "seq": m.seq,
-                "role": m.role,
-                "message": m.message,
-                "internal": m.internal,
-                "created_at": now,
-            }
-            for m in new_messages
-        ]
+        rows = _message_rows(session_pk, new_messages, now)
         async with self._begin("append_messages") as conn:
             return await self._append(conn, session_pk, rows, now)
 
@@ -228,19 +216,7 @@ class Store:
         self, session_pk: int, new_messages: Sequence[NewMessage], record: RequestRecord, now: datetime
     ) -> int:
         """``append_messages`` and ``add_request`` in one short transaction (the end of a request)."""
-        rows = [
-            {
-                "session_pk": session_pk,
-                "chain_hash": m.chain_hash,
-                "parent_hash": m.parent_hash,
-                "seq": m.seq,
-                "role": m.role,
-                "message": m.message,
-                "internal": m.internal,
-                "created_at": now,
-            }
-            for m in new_messages
-        ]
+        rows = _message_rows(session_pk, new_messages, now)
         values = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
         values["created_at"] = record.created_at or now
         async with self._begin("append_and_record") as conn:
@@ -410,3 +386,18 @@ class Store:
             rows = (await conn.execute(query.order_by(requests.c.created_at, requests.c.id).limit(limit + 1))).all()
         return [RequestRecord(**r._mapping) for r in rows[:limit]], len(rows) > limit
 
+
+def _message_rows(session_pk: int, new_messages: Sequence[NewMessage], now: datetime) -> list[dict[str, Any]]:
+    return [
+        {
+            "session_pk": session_pk,
+            "chain_hash": m.chain_hash,
+            "parent_hash": m.parent_hash,
+            "seq": m.seq,
+            "role": m.role,
+            "message": m.message,
+            "internal": m.internal,
+            "created_at": now,
+        }
+        for m in new_messages
+    ]
