@@ -359,7 +359,7 @@ class ChatPipeline:
                 tokens_forwarded=p.tokens_forwarded if p else None,
                 defenses=list(p.applied) if p else [],
                 event_ids=list(p.event_ids) if p else [],
-                error=error,
+                error=error.replace("\x00", "") if error else error,
                 finish_reason=finish_reason,
             )
             keep = reply if status < 400 else None

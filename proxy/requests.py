@@ -35,6 +35,8 @@ def parse_chat_request(raw: bytes) -> dict[str, Any]:
         raise BadRequest("The request body must be a JSON object.")
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise BadRequest("'model' is required and must be a non-empty string.", param="model")
+    if "\x00" in body["model"]:  # no model has one, and PostgreSQL text cannot store it
+        raise BadRequest("'model' must not contain a NUL character.", param="model")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' is required and must be a non-empty array.", param="messages")

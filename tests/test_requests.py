@@ -1,0 +1,31 @@
+"""Checking a chat body (proxy/requests.py): what the proxy relies on, and nothing more."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from proxy.errors import BadRequest
+from proxy.requests import parse_chat_request
+
+
+@pytest.mark.parametrize("body, param", [
+    (b"{bad", None),
+    (b"[]", None),
+    (orjson.dumps({"messages": [{"role": "user", "content": "x"}]}), "model"),
+    (orjson.dumps({"model": "\u0000", "messages": [{"role": "system"}]}), "model"),  # found by hypothesis on PostgreSQL
+    (orjson.dumps({"model": "m", "messages": []}), "messages"),
+    (orjson.dumps({"model": "m", "messages": [{"role": ["user"]}]}), "messages[0].role"),
+    (orjson.dumps({"model": "m", "messages": [{"role": "wizard"}]}), "messages[0].role"),
+    (orjson.dumps({"model": "m", "messages": [{"role": "user"}], "stream": "yes"}), "stream"),
+    (b"\xff\xfe", None),
+])
+def test_bad_bodies_are_400s_naming_the_field(body: bytes, param: str | None) -> None:
+    with pytest.raises(BadRequest) as err:
+        parse_chat_request(body)
+    assert err.value.param == param and err.value.status == 400
+
+
+def test_unknown_fields_survive() -> None:
+    body = parse_chat_request(orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "x", "x_extra": 1}], "seed": 3}))
+    assert body["seed"] == 3 and body["messages"][0]["x_extra"] == 1
