@@ -294,12 +294,16 @@ class ChatPipeline:
             async for data in inner:
                 yield data
         finally:
+            a = state.assembler
+            # a client that closes right after reading [DONE] leaves this generator at its last
+            # yield: the reply is complete all the same (else it would be logged as partial, and
+            # its hash would differ from the client's echo of it)
+            error = None if (a.done and state.error == "client disconnected") else state.error
+            reply = a.message() if not a.empty else None
+            self._spawn_finish(ctx, state.resp.status_code, reply, a.usage, error=error,
+                               partial=error is not None, finish_reason=a.finish_reason)
             await inner.aclose()  # type: ignore[attr-defined]
             await state.resp.aclose()
-            a = state.assembler
-            reply = a.message() if not a.empty else None
-            self._spawn_finish(ctx, state.resp.status_code, reply, a.usage, error=state.error,
-                                    partial=state.error is not None, finish_reason=a.finish_reason)
 
     def _overflow_unrecoverable(self, ctx: ChatContext, overflow: Overflow) -> Buffered:
         exc = _overflow_error(overflow)
