@@ -110,7 +110,6 @@ def test_case_is_answered_after_compaction(case_id: str, proxy: Proxy, upstream:
     if case_id == "025":
         sent = last.json["messages"]
         originals = case["request"]["messages"]
-        assert [m["role"] for m in sent[-len(originals) + 2 :]] or True
         for m in sent:
             for call in m.get("tool_calls") or []:
                 json.loads(call["function"]["arguments"])  # still valid JSON
