@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from storage.errors import InvalidCursor
 from storage.records import MessageRecord, SessionRecord, SessionSummary
-from storage.tables import events, messages, requests, sessions
+from storage.tables import events, is_hex_hash, messages, requests, sessions
 
 _children = messages.alias("children")
 
@@ -129,8 +129,9 @@ async def session_summary(conn: AsyncConnection, session: SessionRecord) -> Sess
 
 
 async def get_message_by_hash(conn: AsyncConnection, session_pk: int, chain_hash: str) -> MessageRecord | None:
-    """The message of ``session_pk`` with this chain hash, or ``None`` (always for a NUL character)."""
-    if "\x00" in chain_hash:
+    """The message of ``session_pk`` with this chain hash, or ``None``: always for a string that is
+    not 64 lowercase hex digits (user input from a URL; the column stores only those, as bytes)."""
+    if not is_hex_hash(chain_hash):
         return None
     query = sa.select(*messages.c).where(messages.c.session_pk == session_pk, messages.c.chain_hash == chain_hash)
     row = (await conn.execute(query)).first()
@@ -156,11 +157,13 @@ async def list_branch_messages(
     conn: AsyncConnection, session_pk: int, leaf_hash: str, after_seq: int | None, limit: int
 ) -> tuple[list[MessageRecord], bool]:
     """Messages from the root to ``leaf_hash`` ordered by ``seq``: those with ``seq > after_seq``,
-    at most ``limit``, and ``has_more``. Empty if ``leaf_hash`` is unknown.
+    at most ``limit``, and ``has_more``. Empty if ``leaf_hash`` is unknown (or not a hex hash).
 
     A recursive CTE walks ``parent_hash`` up from the leaf (one index probe per message), and
     stops below ``after_seq``, so a page costs the distance from the leaf to the page.
     """
+    if not is_hex_hash(leaf_hash):
+        return [], False
     floor = -1 if after_seq is None else after_seq
     anchor = sa.select(messages.c.id, messages.c.parent_hash, messages.c.seq).where(
         messages.c.session_pk == session_pk, messages.c.chain_hash == leaf_hash

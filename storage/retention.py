@@ -6,8 +6,12 @@ Rules (issue 5, point 9):
 
 - **Age.** A session whose ``updated_at`` (its last request) is older than ``max_age_days`` is
   deleted.
-- **Size.** A tenant's stored bytes are the UTF-8 bytes of its sessions' message JSON and event
-  payload JSON plus the ``size_bytes`` of its artifacts. While a tenant is over
+- **Size.** A tenant's stored bytes are the bytes the database holds for its sessions' message
+  JSON and event payload JSON values (SQLite: ``length`` of the stored value, which
+  ``storage.tables`` compresses when that is smaller; PostgreSQL: ``pg_column_size``, after
+  TOAST's compression), plus the ``size_bytes`` (UTF-8 bytes of the content, recorded by the
+  writer) of its artifacts. Values as stored, not as sent: the cap bounds the disk a tenant
+  takes, and no SQL can see a compressed value's original length. While a tenant is over
   ``max_bytes_per_tenant``, its least recently updated session is deleted (the newest session
   too, if it alone is over the cap: the cap is a hard limit).
 - **What goes with a session.** Its messages, compaction events, request records, and the
@@ -79,12 +83,13 @@ class _Candidate:
     bytes: int
 
 
-def _octets(engine: AsyncEngine, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
-    """UTF-8 byte length of a text column, per dialect."""
-    text = sa.type_coerce(column, sa.Text)
+def _stored_bytes(engine: AsyncEngine, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+    """Bytes the database holds for a value of ``column``: PostgreSQL ``pg_column_size`` (after
+    TOAST compression; reads no toasted data); SQLite ``length`` of the value as a BLOB (a
+    compressed BLOB's own length, a TEXT value's UTF-8 bytes)."""
     if engine.dialect.name == "postgresql":
-        return sa.func.octet_length(text)
-    return sa.func.length(sa.cast(text, sa.LargeBinary))
+        return sa.func.pg_column_size(column)
+    return sa.func.length(sa.cast(sa.type_coerce(column, sa.LargeBinary), sa.LargeBinary))
 
 
 def _per_session(engine: AsyncEngine, table: sa.Table, value: sa.ColumnElement[Any]) -> sa.Subquery:
@@ -99,8 +104,8 @@ def _per_session(engine: AsyncEngine, table: sa.Table, value: sa.ColumnElement[A
 async def _candidates(conn: AsyncConnection, engine: AsyncEngine, where: sa.ColumnElement[Any] | None) -> list[_Candidate]:
     """Sessions (filtered by ``where``) with their row count and stored bytes, oldest first."""
     parts = [
-        _per_session(engine, messages, _octets(engine, messages.c.message)),
-        _per_session(engine, events, _octets(engine, events.c.payload)),
+        _per_session(engine, messages, _stored_bytes(engine, messages.c.message)),
+        _per_session(engine, events, _stored_bytes(engine, events.c.payload)),
         _per_session(engine, artifacts, artifacts.c.size_bytes),
         _per_session(engine, requests, sa.literal(0)),
     ]

@@ -6,8 +6,9 @@ next assistant message, so the log ends equal to the trace. Then the app is clos
 file is ``VACUUM``ed and its size, minus the size of the same empty migrated database, is the
 trace's storage. It is compared with the sum of the unique messages' bytes (compact JSON; goal
 ≤ 1.2x) and with the naive log that stores every request body (O(N^2) in the turns). The
-``messages`` table's own payload (``SUM(length(message))``) is shown too: the rest is per-row
-keys, hashes, indexes and the per-request records.
+``messages`` table's own payload (bytes of ``messages.message`` as stored: zlib-compressed where
+``storage.tables`` found that smaller) is shown too: the rest is per-row keys, hashes, indexes and
+the per-request records. Every measure counts the bytes the database holds, compressed or not.
 """
 
 from __future__ import annotations
@@ -55,14 +56,14 @@ SCHEMA_TABLES = ("sqlite_schema", "alembic_version")
 
 
 def vacuumed_size(db: Path) -> tuple[int, int, int | None]:
-    """(file bytes after VACUUM, bytes of the ``messages.message`` column, row bytes of every
+    """(file bytes after VACUUM, stored bytes of the ``messages.message`` column, row bytes of every
     table: SQLite's ``dbstat`` payload of the tables, indexes and schema excluded; ``None``
     when this SQLite has no ``dbstat``)."""
     conn = sqlite3.connect(db, isolation_level=None)
     try:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         conn.execute("VACUUM")
-        payload = conn.execute("SELECT COALESCE(SUM(length(message)), 0) FROM messages").fetchone()[0]
+        payload = conn.execute("SELECT COALESCE(SUM(length(CAST(message AS BLOB))), 0) FROM messages").fetchone()[0]
         tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'") if r[0] not in SCHEMA_TABLES]
         try:
             marks = ",".join("?" * len(tables))

@@ -17,6 +17,7 @@ from typing import Any
 import openai
 import pytest
 
+from storage.tables import PACKED_COLUMNS, unpack
 from tests.e2e.conftest import CLIENT_KEY, Proxy, Upstream
 
 OTHER_KEY = "sk-other-tenant-key-9876543210"
@@ -38,7 +39,9 @@ def database_text(database_url: str) -> str:
     """Every row of every table of the database, as text (SQLite's dump; PostgreSQL rows as JSON)."""
     if database_url.startswith("sqlite:///"):
         with sqlite3.connect(database_url.removeprefix("sqlite:///")) as conn:
-            return "\n".join(conn.iterdump())
+            packed = [unpack(v).decode() for c in PACKED_COLUMNS  # compressed values, as their text
+                      for (v,) in conn.execute(f"SELECT {c.name} FROM {c.table.name} WHERE typeof({c.name}) = 'blob'")]
+            return "\n".join([*conn.iterdump(), *packed])
     import psycopg
 
     with psycopg.connect(database_url) as conn:

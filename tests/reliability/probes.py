@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import psutil
 
+from storage.tables import PACKED_COLUMNS, unpack
 from tests.conftest import REPO_DIR, SHARED_DIR, _free_port, _pg_binary
 
 ENVELOPE_KEYS = {"message", "type", "param", "code"}
@@ -70,7 +71,9 @@ def database_text(database_url: str) -> str:
     """Every row of every table, as text (SQLite: its SQL dump; PostgreSQL: rows as JSON)."""
     if database_url.startswith("sqlite:///"):
         with sqlite3.connect(database_url.removeprefix("sqlite:///")) as conn:
-            return "\n".join(conn.iterdump())
+            packed = [unpack(v).decode() for c in PACKED_COLUMNS  # compressed values, as their text
+                      for (v,) in conn.execute(f"SELECT {c.name} FROM {c.table.name} WHERE typeof({c.name}) = 'blob'")]
+            return "\n".join([*conn.iterdump(), *packed])
     import psycopg
 
     with psycopg.connect(database_url) as conn:
@@ -107,7 +110,7 @@ def log_consistency(database_url: str) -> dict[str, int]:
     for session_pk, chain_hash, parent, seq, role, message in rows:
         assert parent is None or (session_pk, parent) in present, f"message {chain_hash} of session {session_pk}: parent missing"
         assert (parent is None) == (seq == 0), f"message {chain_hash}: seq {seq} with parent {parent}"
-        whole = orjson.loads(message)
+        whole = orjson.loads(unpack(message))  # SQLite may hold it compressed
         assert isinstance(whole, dict) and whole.get("role") == role, f"half-written message {chain_hash}"
     events = query(database_url, "SELECT session_pk, id, anchor_hash FROM events")
     for session_pk, event_id, anchor in events:
