@@ -24,8 +24,11 @@ digest as key, changed ones are counted once under their new digest. Unchanged m
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import compress
 from typing import Any
 
 from proxy.chat import message_digest, text_of
@@ -42,6 +45,51 @@ from proxy.defenses.truncate_args import truncate_message
 REPLY_PRIMING_TOKENS = 3
 """Every reply is primed with ``<|start|>assistant<|message|>`` (OpenAI cookbook)."""
 DEFENSE_ORDER = ("summary", "truncate_args", "offload", "media", "clip", "patch_dangling")
+TRANSFORM_MEMO_SIZE = 20_000
+"""Transformed messages kept (truncated, offloaded, media-offloaded; one stub each): an unchanged
+message is transformed once, not on every request that resends it."""
+INDEX_MEMO_POSITIONS = 500_000
+"""Positions kept over all chain-hash -> position maps (one map per recent conversation with
+events, see ``_chain_index``; about 100 bytes each: 50 MB at most), least recently used first out."""
+INDEX_LOOKBACK = 64
+"""Trailing positions ``_chain_index`` looks back for the map of a shorter prefix."""
+
+_memo_lock = threading.Lock()
+_transform_memo: OrderedDict[tuple[Any, ...], tuple[dict[str, Any], int, tuple[str, ...], tuple[ArtifactToStore, ...]]] = OrderedDict()
+_index_memo: OrderedDict[str, dict[str, int]] = OrderedDict()
+_index_positions = [0]
+
+
+def _chain_index(chain: list[str]) -> dict[str, int]:
+    """``{chain_hash: position}`` of ``chain``, extending the map of the previous request.
+
+    A chain hash identifies its whole prefix, so the map stored under ``chain[i]`` is exactly the
+    map of ``chain[:i + 1]``: a warm request adds its few new positions instead of rebuilding
+    the map (0.8 ms at 5,000 messages; copying it takes 0.1 ms). A stored map is never mutated
+    (a longer prefix gets a copy), so a map returned stays exact for its caller; do not mutate it.
+    """
+    n = len(chain)
+    if not n:
+        return {}
+    with _memo_lock:
+        index, start = None, 0
+        for i in range(n - 1, max(-1, n - 1 - INDEX_LOOKBACK), -1):
+            index = _index_memo.pop(chain[i], None)
+            if index is not None:
+                start = i + 1
+                _index_positions[0] -= len(index)
+                break
+        if index is None:
+            index = {}
+        elif start < n:
+            index = dict(index)
+        for i in range(start, n):
+            index.setdefault(chain[i], i)
+        _index_memo[chain[-1]] = index
+        _index_positions[0] += len(index)
+        while _index_positions[0] > INDEX_MEMO_POSITIONS and len(_index_memo) > 1:
+            _index_positions[0] -= len(_index_memo.popitem(last=False)[1])
+        return index
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,9 +130,9 @@ def _deepest(events: Sequence[Any], kind: str, index: dict[str, int]) -> tuple[A
 class _Projector:
     """Working state of one projection (private; lives for one ``project`` call)."""
 
-    def __init__(self, messages: list[dict[str, Any]], chain: list[str], client_counts: list[int],
+    def __init__(self, messages: list[dict[str, Any]], digests: list[str], chain: list[str], client_counts: list[int],
                  cfg: DefenseConfig, counter: Any, unavailable: frozenset[str]) -> None:
-        self.messages, self.chain, self.cfg, self.counter = messages, chain, cfg, counter
+        self.messages, self.digests, self.chain, self.cfg, self.counter = messages, digests, chain, cfg, counter
         self.client_counts, self.unavailable = client_counts, unavailable
         self.cur: list[dict[str, Any]] = list(messages)
         self.counts: list[int] = list(client_counts)
@@ -97,11 +145,39 @@ class _Projector:
         return self.counter.count_message(message, message_digest(message))
 
     def transform(self, i: int, truncate: bool, media: bool, kinds: set[str]) -> tuple[dict[str, Any], int]:
-        """Message ``i`` (from ``self.cur``) with truncation, media offload and offload applied."""
-        cfg = self.cfg
-        m, cnt, changed = self.cur[i], self.counts[i], False
+        """Message ``i`` (from ``self.cur``) with truncation, media offload and offload applied.
+
+        Memoized by the client message's digest, the flags, the config and the unavailable
+        artifacts (the result is a function of those alone, and ``self.cur[i]`` is the client's
+        message whenever this runs: summaries and clipping replace messages only later)."""
+        m, cnt = self.cur[i], self.counts[i]
         if not truncate and not media and cnt <= self.min_offload_tokens:
             return m, cnt  # the common case, kept cheap: most messages are small and untouched
+        if m is not self.messages[i]:
+            return self._transform(i, truncate, media, kinds)
+        key = (self.digests[i], truncate, media, self.cfg, self.unavailable)
+        with _memo_lock:
+            hit = _transform_memo.get(key)
+            if hit is not None:
+                _transform_memo.move_to_end(key)
+        if hit is None:
+            new_kinds: set[str] = set()
+            before = dict(self.artifacts)
+            out, n = self._transform(i, truncate, media, new_kinds)
+            arts = tuple(a for k, a in self.artifacts.items() if k not in before)
+            hit = (out, n, tuple(sorted(new_kinds)), arts)
+            with _memo_lock:
+                _transform_memo[key] = hit
+                if len(_transform_memo) > TRANSFORM_MEMO_SIZE:
+                    _transform_memo.popitem(last=False)
+        out, n, new, arts = hit
+        kinds.update(new)
+        self.artifacts.update((a.id, a) for a in arts)
+        return out, n
+
+    def _transform(self, i: int, truncate: bool, media: bool, kinds: set[str]) -> tuple[dict[str, Any], int]:
+        cfg = self.cfg
+        m, cnt, changed = self.cur[i], self.counts[i], False
         if truncate:
             t = truncate_message(m, cfg.truncate_args_tools, cfg.truncate_args_max_chars, cfg.truncate_args_keep_chars)
             if t is not None:
@@ -157,15 +233,17 @@ def project(
     window = cfg.context_window_tokens
     tools_tokens = counter.count_tools(tools)
     fixed = tools_tokens + reserved_output_tokens + REPLY_PRIMING_TOKENS
-    client_counts = [counter.count_message(m, d) for m, d in zip(messages, digests, strict=True)]
+    if len(digests) != len(messages) or len(chain_hashes) != len(messages):
+        raise ValueError(f"{len(messages)} messages but {len(digests)} digests and {len(chain_hashes)} chain hashes")
+    client_counts = counter.count_history(messages, digests, chain_hashes)
     tokens_client = fixed + sum(client_counts)
     if not cfg.enabled or not messages:
         fits = window is None or tokens_client <= window
         return Projection(messages, tokens_client, tokens_client, (), (), (), None, fits, None)
 
-    p = _Projector(messages, chain_hashes, client_counts, cfg, counter, unavailable_artifacts)
+    p = _Projector(messages, digests, chain_hashes, client_counts, cfg, counter, unavailable_artifacts)
     n = len(messages)
-    index = {h: i for i, h in enumerate(chain_hashes)}
+    index = _chain_index(chain_hashes) if events else {}
     lead = leading_system_count(messages)
     sev = _deepest(events, "summary", index)
     tev = _deepest(events, "truncate_args", index)
@@ -186,8 +264,11 @@ def project(
         event_ids.append(tev[0].id)
     if mev is not None and m_bound >= lo:
         event_ids.append(mev[0].id)
-    kept = [*range(first), *range(lo, n)]
-    for i in kept:
+    bound = max(t_bound, m_bound)
+    big = p.min_offload_tokens.__lt__  # only these can be offloaded past the event boundaries
+    past = range(max(lo, bound + 1), n)
+    todo = [*range(first), *range(lo, min(bound + 1, n)), *compress(past, map(big, p.counts[past.start:]))]
+    for i in todo:
         p.cur[i], p.counts[i] = p.transform(i, i <= t_bound, i <= m_bound, p.kinds)
 
     summary_msg: dict[str, Any] | None = None

@@ -348,3 +348,52 @@ def test_force_with_a_last_message_too_large_to_fit_says_why(counter):
     messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "word " * 3000}]
     p = project_once(messages, DefenseConfig(context_window_tokens=2048), counter, force=True)
     assert p.plan is None and not p.fits and "most recent messages" in p.reason_unfittable
+
+
+def _fresh_counter():
+    from proxy.tokens import TokenCounter
+
+    return TokenCounter("o200k_base")
+
+
+def test_count_history_reuses_the_previous_turn_and_equals_counting_each_message():
+    counter = _fresh_counter()
+    history = [{"role": "user" if i % 2 else "assistant", "content": f"message number {i} " * (i % 7)} for i in range(40)]
+    d, c = digests_and_chain(history)
+    assert counter.count_history(history, d, c) == [counter.count_message(m) for m in history]
+    misses = counter.memo_misses
+    turn = [dict(m) for m in history] + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "next"}]
+    d2, c2 = digests_and_chain(turn)
+    counts = counter.count_history(turn, d2, c2)
+    assert counts == [_fresh_counter().count_message(m) for m in turn]
+    assert counter.memo_misses == misses + 2  # only the two new messages were counted
+    hits = counter.memo_hits
+    counter.count_history(turn, d2, c2)  # a retry of the same request: no per-message lookup
+    assert counter.memo_hits == hits
+    edited = turn[:-1] + [{"role": "user", "content": "other"}]  # a branch at the last message
+    d3, c3 = digests_and_chain(edited)
+    assert counter.count_history(edited, d3, c3) == [_fresh_counter().count_message(m) for m in edited]
+    with pytest.raises(ValueError):
+        counter.count_history(turn, d2[:-1], c2)
+
+
+def test_memoized_projection_equals_a_cold_one_turn_after_turn(counter):
+    """Offload stubs, truncation and event positions come from memos on warm turns: same result as cold."""
+    from proxy import projection as proj_mod
+
+    req = load_case("020")["request"]
+    cfg = DefenseConfig(context_window_tokens=4096)
+    history = list(req["messages"])
+    for k in range(3):
+        history += [{"role": "assistant", "content": f"step {k}"}, {"role": "user", "content": f"go on {k}"}]
+        first = project_once(history, cfg, counter, tools=req["tools"])
+        again = project_once([dict(m) for m in history], cfg, counter, tools=req["tools"])
+        proj_mod._transform_memo.clear()
+        proj_mod._index_memo.clear()
+        proj_mod._index_positions[0] = 0
+        cold = project_once(history, cfg, _fresh_counter(), tools=req["tools"])
+        for p in (first, again):
+            assert orjson.dumps(p.messages) == orjson.dumps(cold.messages)
+            assert (p.tokens_forwarded, p.tokens_client, p.applied, p.artifacts) == (
+                cold.tokens_forwarded, cold.tokens_client, cold.applied, cold.artifacts)
+        assert "offload" in first.applied and first.artifacts
