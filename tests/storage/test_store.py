@@ -274,3 +274,68 @@ async def test_unmigrated_database_raises_storage_error(tmp_path: Any) -> None:
         assert not isinstance(caught.value, StorageUnavailable), repr(caught.value.__cause__)
     finally:
         await empty.close()
+
+
+async def _max_loop_gap_s(stop: asyncio.Event) -> float:
+    """Tick every 10 ms until ``stop``; the longest gap between ticks (a stalled event loop shows)."""
+    loop = asyncio.get_running_loop()
+    last, worst = loop.time(), 0.0
+    while not stop.is_set():
+        await asyncio.sleep(0.01)
+        now = loop.time()
+        worst, last = max(worst, now - last), now
+    return worst
+
+
+async def test_sqlite_write_waits_for_a_locked_database_without_stalling_the_event_loop(tmp_path: Any) -> None:
+    """Another connection holds SQLite's write lock (e.g. the retention command): a write neither
+    fails nor blocks the event loop (small writes run on the loop's thread only when they need
+    not wait); it completes once the lock is released."""
+    import sqlite3
+
+    from storage.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path}/locked.db"
+    await upgrade(url)
+    store = await Store.open(url)
+    try:
+        session = await store.get_or_create_session("t", "s", T0)
+        other = sqlite3.connect(tmp_path / "locked.db", isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # holds the write lock
+        stop = asyncio.Event()
+        ticker = asyncio.create_task(_max_loop_gap_s(stop))
+        append = asyncio.create_task(store.append_messages(session.pk, chain(conversation(3)), T0))
+        await asyncio.sleep(0.5)
+        assert not append.done(), "the write should wait for the lock"
+        other.execute("COMMIT")
+        other.close()
+        assert await asyncio.wait_for(append, 10) == 3
+        stop.set()
+        assert await ticker < 0.2, "the event loop stalled while the write waited"
+        assert await store.stored_prefix_len(session.pk, [m.chain_hash for m in chain(conversation(3))]) == 3
+    finally:
+        await store.close()
+
+
+async def test_sqlite_inline_writes_checkpoint_the_wal(tmp_path: Any) -> None:
+    """Writes on the loop's thread never checkpoint themselves; the store checkpoints on its writer
+    thread every ``CHECKPOINT_EVERY_WRITES``, so the WAL file stops growing under continuous writes."""
+    from storage import store as store_module
+    from storage.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path}/wal.db"
+    await upgrade(url)
+    store = await Store.open(url)
+    wal = tmp_path / "wal.db-wal"
+    try:
+        session = await store.get_or_create_session("t", "s", T0)
+        sizes = []
+        for round_ in range(6):
+            for i in range(store_module.CHECKPOINT_EVERY_WRITES):
+                text = f"round {round_} message {i} " + "x" * 2000
+                await store.append_messages(session.pk, chain([{"role": "user", "content": text}]), T0)
+            sizes.append(wal.stat().st_size)  # no idle moment: writes go on while it checkpoints
+        # each checkpoint lets the WAL be rewritten from its start: it stops growing
+        assert max(sizes[2:]) <= sizes[1] * 1.5, sizes
+    finally:
+        await store.close()
