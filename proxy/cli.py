@@ -78,6 +78,7 @@ def serve(
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),
+        timeout_keep_alive=max(1, round(settings.http_keep_alive_s)),
     )
 
 

@@ -142,4 +142,7 @@ def configure_logging(
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).handlers.clear()
         logging.getLogger(name).propagate = True
+    # httpx logs every upstream request at INFO, a second line per request beside our access log
+    # (and a measurable share of a small request's CPU): keep its warnings, and all at debug
+    logging.getLogger("httpx").setLevel(numeric if numeric <= logging.DEBUG else max(numeric, logging.WARNING))
     return handler

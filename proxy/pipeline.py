@@ -1,11 +1,12 @@
 """The chat use case: log, project, forward, recover from overflow, relay, log the reply.
 
 Flow of one ``POST /v1/chat/completions`` (DESIGN.md section 5): parse -> name the session ->
-append the new messages to the log (in the background: the request is already on its way) ->
-project (stored events + defenses; a new compaction is planned, executed and stored first) ->
-forward -> on an overflow: compact even below the trigger and retry (bounded) -> relay the reply
-while reassembling it -> log the reply and a request record in a task of its own, so a client
-that disconnects cannot skip it.
+project (stored events + defenses; a new compaction first writes the client's messages, then is
+planned, executed and stored) -> forward -> on an overflow: compact even below the trigger and
+retry (bounded) -> relay the reply while reassembling it (a stream writes the client's messages
+once its first byte is out) -> log the reply and a request record (with the client's messages
+not yet written) in one transaction, in a task of its own, so a client that disconnects cannot
+skip it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,11 +54,16 @@ class Buffered:
 
 @dataclass(slots=True)
 class Streamed:
-    """A streaming response: status, headers and the byte iterator to relay."""
+    """A streaming response: status, headers and the byte iterator to relay.
+
+    The HTTP layer awaits ``close()`` once the response is over, however it ended: a client gone
+    before the relay's first step leaves ``chunks`` never started, and only ``close`` then logs the
+    request and releases the upstream response."""
 
     status: int
     headers: dict[str, str]
     chunks: AsyncIterator[bytes]
+    close: Callable[[], Awaitable[None]] | None = None
 
 
 @dataclass(slots=True)
@@ -169,8 +175,6 @@ class ChatPipeline:
             expanded=expanded is not None,
         )
         bind(request_id=ctx.request_id, session_id=session.session_id, model=ctx.model)
-        if ctx.stream:  # a stream may last minutes: commit the client's messages while it runs
-            ctx.append_task = self.spawn(self.log.append_request(session, messages, chain))
         try:
             return await self._run(ctx)
         except BaseException as exc:  # every path logs the client's messages, errors included
@@ -235,7 +239,7 @@ class ChatPipeline:
         out = response_headers(resp.headers, keep_encoding=False) | {"x-context-proxy-warning": DEGRADED_WARNING}
         out.pop("content-length", None)
         if stream and resp.status_code < 400:
-            return Streamed(resp.status_code, out, relay_unlogged(resp))
+            return Streamed(resp.status_code, out, relay_unlogged(resp), resp.aclose)
         try:
             data = await _read(resp)
         finally:
@@ -286,24 +290,41 @@ class ChatPipeline:
         headers = self._client_headers(ctx, resp.headers)
         own = ctx.prepared is not None and ctx.prepared.own_tools
         inner = relay_rounds(state, self.rounds, ctx) if own else relay_plain(state)
-        return Streamed(resp.status_code, headers, self._logged_stream(ctx, state, inner))
+        relay = self._logged_stream(ctx, state, inner)
+
+        async def close() -> None:
+            await relay.aclose()  # a started relay, stopped at a yield, runs its finally now
+            if not ctx.finished:  # never started: the client left before the first byte
+                await self._stream_ended(ctx, state, inner)
+
+        return Streamed(resp.status_code, headers, relay, close)
 
     async def _logged_stream(self, ctx: ChatContext, state: StreamState, inner: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         """Relay ``inner``; log the reply in the ``finally`` (runs on disconnects and errors too)."""
         try:
             async for data in inner:
                 yield data
+                if ctx.append_task is None:
+                    # a stream may last minutes: commit the client's messages while it runs, once
+                    # its first byte is out (not before: the write would delay that byte)
+                    ctx.append_task = self.spawn(self.log.append_request(ctx.session, ctx.messages, ctx.chain))
         finally:
-            a = state.assembler
-            # a client that closes right after reading [DONE] leaves this generator at its last
-            # yield: the reply is complete all the same (else it would be logged as partial, and
-            # its hash would differ from the client's echo of it)
-            error = None if (a.done and state.error == "client disconnected") else state.error
-            reply = a.message() if not a.empty else None
-            self._spawn_finish(ctx, state.resp.status_code, reply, a.usage, error=error,
-                               partial=error is not None, finish_reason=a.finish_reason)
-            await inner.aclose()  # type: ignore[attr-defined]
-            await state.resp.aclose()
+            await self._stream_ended(ctx, state, inner)
+
+    async def _stream_ended(self, ctx: ChatContext, state: StreamState, inner: AsyncIterator[bytes]) -> None:
+        """Log the reply as far as it came and release the upstream response (once per stream)."""
+        if ctx.finished:
+            return
+        a = state.assembler
+        # a client that closes right after reading [DONE] leaves the relay at its last yield: the
+        # reply is complete all the same (else it would be logged as partial, and its hash would
+        # differ from the client's echo of it)
+        error = None if (a.done and state.error == "client disconnected") else state.error
+        reply = a.message() if not a.empty else None
+        self._spawn_finish(ctx, state.resp.status_code, reply, a.usage, error=error,
+                           partial=error is not None, finish_reason=a.finish_reason)
+        await inner.aclose()  # type: ignore[attr-defined]
+        await state.resp.aclose()
 
     def _overflow_unrecoverable(self, ctx: ChatContext, overflow: Overflow) -> Buffered:
         exc = _overflow_error(overflow)

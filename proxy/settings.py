@@ -92,6 +92,13 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(
         30.0, description="On SIGTERM, seconds in-flight requests and streams get to finish before they are cancelled."
     )
+    http_keep_alive_s: float = Field(
+        75.0,
+        gt=0,
+        description="Seconds an idle client connection is kept open. Longer than clients' own pool expiry (httpx, the "
+        "openai SDK: 5 s) so the client always closes first: when both are 5 s, a request sent on a connection as the "
+        "server closes it fails with a ReadError (seen under load). 75 s is nginx's default.",
+    )
 
     # --- the proxy's own tools (issue 4) ---
     read_tool_enabled: bool = Field(True, description="Offer the read tool when a forwarded request carries a stub or summary.")

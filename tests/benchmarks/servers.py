@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     sock.bind(("127.0.0.1", 0))
     sock.listen(2048)  # connections queue from now on, before uvicorn serves them
     config = uvicorn.Config(app, log_level="warning", access_log=False, log_config=None, ws="none",
-                            timeout_graceful_shutdown=1, backlog=2048)
+                            timeout_graceful_shutdown=1, backlog=2048, timeout_keep_alive=75)
     server = uvicorn.Server(config)
     print(f"PORT {sock.getsockname()[1]}", flush=True)
     asyncio.run(server.serve(sockets=[sock]))
