@@ -137,10 +137,11 @@ def digests_and_chain(messages: list[dict[str, Any]]) -> tuple[list[str], list[s
     return _MEMO.digests_and_chain(messages)
 
 
-MEMO_MAX_BYTES = 64 * 1024 * 1024
+MEMO_MAX_BYTES = 32 * 1024 * 1024
 """Canonical bytes of the message lists ``DigestMemo`` keeps (least recently used dropped first).
-The parsed lists it holds take about 1.5x that in memory; a history past the bound is hashed anew
-each turn (correct, only slower)."""
+The Python objects behind them take 2-3x that in memory (review estimate: small messages carry
+object overhead, and index keys may hold older copies of a content string); a history past the
+bound is hashed anew each turn (correct, only slower)."""
 MEMO_CANDIDATES = 8
 """Lists kept per (parent chain hash, message key): branches of one conversation at one place."""
 

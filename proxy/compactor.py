@@ -74,6 +74,7 @@ class ProjectingCompactor(Compactor):
         self._events = BoundedCache(10_000, EVENTS_TTL_S)
         self._locks: dict[int, asyncio.Lock] = {}
         self._stored = BoundedCache(100_000, STORED_ARTIFACT_TTL_S)
+        self._references = ReferenceMemo()
 
     async def _learned_window(self, model: str) -> int | None:
         if model not in self._learned:
@@ -108,15 +109,25 @@ class ProjectingCompactor(Compactor):
             out.append(schema)
         return out
 
-    @staticmethod
-    def _names_stored_content(ctx: ChatContext, proj: Projection) -> bool:
-        """Do the forwarded messages name an artifact or archive? (cheap byte checks first)"""
+    def _names_stored_content(self, ctx: ChatContext, proj: Projection) -> bool:
+        """Do the forwarded messages name an artifact or archive? (cheap checks first)
+
+        True when a stub defense applied; else when the body names a read URL or archive URL (or
+        carries the proxy's internal rounds) and ``references_in(proj.messages)`` finds one. When
+        the client's messages are forwarded as sent, ``references_in`` is answered by
+        ``ReferenceMemo`` (only messages new since the last request are read): it is False on
+        almost every request, and then the body is not searched at all (that search cost 3.4 ms
+        at 5,000 messages, 5.3 MB, on every request: ``tests/benchmarks``, pipeline section).
+        """
         if STUB_DEFENSES.intersection(proj.applied):
             return True
-        # a plain substring first: the regex over a long body costs ~0.3 ms per MB on every request
+        named = self._references.names(ctx.messages, ctx.chain) if proj.messages is ctx.messages else None
+        if named is False:
+            return False
+        # a plain substring first: the regex over a long body costs ~0.3 ms per MB
         if b"/artifacts/art_" not in ctx.raw and (b"/archive" not in ctx.raw or not ARCHIVE_URL.search(ctx.raw)) and not ctx.expanded:
             return False
-        return any(references_in(proj.messages))
+        return named if named is not None else any(references_in(proj.messages))
 
     async def prepare(self, ctx: ChatContext, *, overflow: Overflow | None) -> Prepared:
         window = await self.window(ctx.model)
@@ -403,6 +414,63 @@ class ProjectingCompactor(Compactor):
             prompt, estimate, prompt, extra={"session_id": ctx.session.session_id},
         )
         await self._set_learned(ctx.model, prompt)
+
+
+REFERENCE_MEMO_SIZE = 50_000
+"""Chain hashes ``ReferenceMemo`` remembers (about 200 bytes each: 10 MB at most; a session needs
+one, plus one per ``REFERENCE_CHECKPOINT`` messages of its history)."""
+REFERENCE_LOOKBACK = 64
+"""Newest positions of a request searched for a remembered chain hash (a client resends its
+history plus a few messages; an edit further back is found at a checkpoint)."""
+REFERENCE_CHECKPOINT = 256
+"""Every this many positions, a scan remembers its answer so far (branches from older places)."""
+
+
+class ReferenceMemo:
+    """``names(messages, chain)`` is ``any(references_in(messages))``, reading only new messages.
+
+    Whether some message up to position ``i`` names an artifact or archive is a function of
+    ``chain[i]`` (a chain hash identifies a message together with everything before it), so the
+    answer for the longest remembered prefix is reused and only the messages after it are read.
+    A client resends its whole history each turn: a warm request reads the two or three messages
+    it adds. Bounded (LRU over ``size`` chain hashes); not locked (one event loop).
+    """
+
+    def __init__(self, size: int = REFERENCE_MEMO_SIZE) -> None:
+        self._seen = BoundedCache(size)
+
+    def names(self, messages: list[dict[str, Any]], chain: list[str]) -> bool:
+        """True iff the text of some message in ``messages`` names stored content.
+
+        ``chain``: the chain hashes of ``messages`` (``proxy.chat.digests_and_chain``), one per
+        message. Raises ``ValueError`` when the lengths differ.
+        """
+        n = len(messages)
+        if len(chain) != n:
+            raise ValueError(f"{n} messages but {len(chain)} chain hashes")
+        start, found = 0, False
+        for i in self._probes(n):
+            hit = self._seen.get(chain[i])
+            if hit is not None:
+                start, found = i + 1, hit[0]
+                break
+        for i in range(start, n):
+            if found:
+                break
+            found = any(references_in(messages[i:i + 1]))
+            if (i + 1) % REFERENCE_CHECKPOINT == 0:
+                self._seen.put(chain[i], found)
+        if n:
+            self._seen.put(chain[-1], found)
+        return found
+
+    @staticmethod
+    def _probes(n: int) -> list[int]:
+        """Positions to look up, deepest first: the newest ``REFERENCE_LOOKBACK``, then checkpoints."""
+        newest = range(n - 1, max(-1, n - 1 - REFERENCE_LOOKBACK), -1)
+        checkpoints = range((n - REFERENCE_LOOKBACK) // REFERENCE_CHECKPOINT * REFERENCE_CHECKPOINT - 1, -1,
+                            -REFERENCE_CHECKPOINT)
+        return [*newest, *checkpoints]
 
 
 class _SummaryOverflow(Exception):

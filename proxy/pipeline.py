@@ -104,10 +104,11 @@ class ChatContext:
         return str(self.body.get("model"))
 
     async def ensure_logged(self) -> LoggedRequest:
-        """Write the client's messages now (before a compaction event anchors on them)."""
+        """Write the client's messages now (before a compaction event anchors on them). Shielded:
+        a request cancelled meanwhile (its client left) does not cancel the write."""
         if self.append_task is None:
             self.append_task = asyncio.ensure_future(self.session_log.append_request(self.session, self.messages, self.chain))
-        return await self.append_task
+        return await asyncio.shield(self.append_task)
 
 
 class ChatPipeline:
@@ -293,9 +294,12 @@ class ChatPipeline:
         relay = self._logged_stream(ctx, state, inner)
 
         async def close() -> None:
-            await relay.aclose()  # a started relay, stopped at a yield, runs its finally now
-            if not ctx.finished:  # never started: the client left before the first byte
-                await self._stream_ended(ctx, state, inner)
+            try:
+                await relay.aclose()  # a started relay, stopped at a yield, runs its finally now
+                if not ctx.finished:  # never started: the client left before the first byte
+                    await self._stream_ended(ctx, state, inner)
+            finally:
+                await state.resp.aclose()  # idempotent: released even if the above was cut short
 
         return Streamed(resp.status_code, headers, relay, close)
 
@@ -361,7 +365,11 @@ class ChatPipeline:
         logged: LoggedRequest | None = None  # None: the client's messages go in the final transaction
         if ctx.append_task is not None:
             try:
-                logged = await ctx.append_task
+                logged = await asyncio.shield(ctx.append_task)
+            except asyncio.CancelledError:
+                if not ctx.append_task.cancelled():
+                    raise  # this task itself is cancelled (shutdown)
+                logged = None  # the write never ran: it goes in the final transaction
             except Exception as exc:
                 log.exception("appending the request's messages failed; retried with the reply", extra={"session_id": ctx.session.session_id})
                 self.metrics.database_error("log")

@@ -155,16 +155,23 @@ class _Projector:
             return m, cnt  # the common case, kept cheap: most messages are small and untouched
         if m is not self.messages[i]:
             return self._transform(i, truncate, media, kinds)
-        key = (self.digests[i], truncate, media, self.cfg, self.unavailable)
+        # the counter is part of the key: another tokenizer counts (and offloads) differently
+        key = (self.digests[i], truncate, media, self.cfg, self.unavailable,
+               self.counter.encoding_name, self.counter.exact)
         with _memo_lock:
             hit = _transform_memo.get(key)
             if hit is not None:
                 _transform_memo.move_to_end(key)
         if hit is None:
             new_kinds: set[str] = set()
-            before = dict(self.artifacts)
-            out, n = self._transform(i, truncate, media, new_kinds)
-            arts = tuple(a for k, a in self.artifacts.items() if k not in before)
+            # every artifact the stub names, not only those new to this request: a later hit (in
+            # another session or tenant) must store all of them itself
+            outer, self.artifacts = self.artifacts, {}
+            try:
+                out, n = self._transform(i, truncate, media, new_kinds)
+                arts = tuple(self.artifacts.values())
+            finally:
+                self.artifacts = outer
             hit = (out, n, tuple(sorted(new_kinds)), arts)
             with _memo_lock:
                 _transform_memo[key] = hit

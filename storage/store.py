@@ -30,7 +30,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from storage import reads
-from storage.engine import create_engine, create_sqlite_file_engine
+from storage.engine import SQLITE_BUSY_TIMEOUT_MS, create_engine, create_sqlite_file_engine
 from storage.errors import FOREIGN_ERRORS, StorageError, translate_error
 from storage.records import (
     ArtifactRecord,
@@ -60,15 +60,19 @@ INLINE_MAX_ROWS = 16
 """Message rows a SQLite transaction may write on the event loop's thread; more (a client's first
 request with a long history) go to the writer thread, so the loop never stalls on a large write."""
 
+INLINE_MAX_CHARS = 256 * 1024
+"""Characters of text in those rows, at most, for the same reason (serializing, compressing and
+writing one 16 MB message took 321 ms of the loop's time, measured)."""
+
+CHECKPOINT_BUSY_TIMEOUT_MS = 100
+"""How long a checkpoint waits for readers of older snapshots (e.g. a backup, the retention
+command): writers queue behind it meanwhile, so it gives up soon and is tried again later."""
+
+DEFER_WRITE_S = 0.002
+"""How long the end-of-request write may wait to be committed with others (``_transact_deferred``)."""
+
 CHECKPOINT_EVERY_WRITES = 200
 """Inline SQLite writes between two WAL checkpoints (SQLite's own default is every 1,000 pages)."""
-
-log = logging.getLogger("context_proxy.storage")
-
-READ_THREADS = 2
-"""Threads for hot-path reads of a SQLite file (WAL: reads run beside the writer)."""
-
-T = TypeVar("T")
 
 log = logging.getLogger("context_proxy.storage")
 
@@ -90,6 +94,9 @@ class Store:
         self._sync = sync_engine
         self._inline = inline_engine
         self._inline_writes = 0
+        self._deferred: list[tuple[str, Callable[[sa.Connection], Any], asyncio.Future[Any]]] = []
+        self._flush_timer: asyncio.TimerHandle | None = None
+        self._retrying: set[asyncio.Task[None]] = set()
         # hot-path statements built once: executed with parameters, they compile once per engine
         # (a statement built per call with its values inside is compiled again each time)
         self._bump_session = (
@@ -121,6 +128,9 @@ class Store:
 
     async def close(self) -> None:
         """Finish queued writes, then close every pooled connection."""
+        self._flush_deferred()
+        if self._retrying:
+            await asyncio.gather(*self._retrying, return_exceptions=True)
         for pool in (self._writer, self._reader):
             if pool is not None:
                 await asyncio.get_running_loop().run_in_executor(None, pool.shutdown)
@@ -156,6 +166,7 @@ class Store:
                     return await conn.run_sync(fn)
             async with self._read(operation) as conn:
                 return await conn.run_sync(fn)
+        self._flush_deferred()  # what was deferred goes first: order and read-your-writes hold
         if small and self._inline is not None:
             try:
                 result = self._sync_transaction(self._inline, operation, fn, write)
@@ -168,7 +179,10 @@ class Store:
                         self._checkpoint()
                 return result
         pool = self._writer if write else self._reader
-        return await asyncio.get_running_loop().run_in_executor(pool, self._sync_transaction, self._sync, operation, fn, write)
+        # shielded: a cancelled caller must not cancel a queued write before it ran
+        return await asyncio.shield(
+            asyncio.get_running_loop().run_in_executor(pool, self._sync_transaction, self._sync, operation, fn, write)
+        )
 
     @staticmethod
     def _sync_transaction(engine: Engine, operation: str, fn: Callable[[sa.Connection], T], write: bool) -> T:
@@ -190,10 +204,69 @@ class Store:
         assert self._sync is not None and self._writer is not None
 
         def run(conn: sa.Connection) -> None:
-            conn.exec_driver_sql("PRAGMA wal_checkpoint(RESTART)")
+            conn.exec_driver_sql(f"PRAGMA busy_timeout = {CHECKPOINT_BUSY_TIMEOUT_MS}")
+            try:
+                conn.exec_driver_sql("PRAGMA wal_checkpoint(RESTART)")
+            finally:
+                conn.exec_driver_sql(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
 
         future = asyncio.get_running_loop().run_in_executor(self._writer, self._sync_transaction, self._sync, "checkpoint", run, False)
         future.add_done_callback(_log_checkpoint_failure)
+
+    async def _transact_deferred(self, operation: str, fn: Callable[[sa.Connection], T]) -> T:
+        """``_transact(operation, fn)`` for a small write that nothing waits on but its caller
+        (the end of a request: reply and request record). On a SQLite file it is queued for up to
+        ``DEFER_WRITE_S`` and committed with the others queued meanwhile in one transaction, or
+        sooner: before any other operation of this store (so order and read-your-writes hold in
+        this process). The point is when it runs: at one request a time, a client's next request
+        arrives right after the reply, and the previous request's write would delay it; deferred,
+        the write runs while the proxy waits for the upstream (``tests/benchmarks``, overhead at
+        concurrency 1). Resolves when committed; a crash loses at most the last ``DEFER_WRITE_S``
+        of replies, which the client resends with its next request anyway."""
+        if self._inline is None:
+            return await self._transact(operation, fn)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._deferred.append((operation, fn, future))
+        if self._flush_timer is None:
+            self._flush_timer = loop.call_later(DEFER_WRITE_S, self._flush_deferred)
+        return await future
+
+    def _flush_deferred(self) -> None:
+        """Commit the queued writes in one inline transaction (on the event loop's thread). If that
+        fails (the database is locked, or one write is refused), each is retried on its own
+        through ``_transact``, so one bad write fails alone."""
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        jobs, self._deferred = self._deferred, []
+        if not jobs:
+            return
+        assert self._inline is not None
+        try:
+            results = self._sync_transaction(self._inline, "deferred writes", lambda conn: [fn(conn) for _, fn, _ in jobs], True)
+        except Exception:  # noqa: BLE001  (locked, a refused write, anything: retried one by one)
+            task = asyncio.get_running_loop().create_task(self._one_by_one(jobs))
+            self._retrying.add(task)
+            task.add_done_callback(self._retrying.discard)
+            return
+        self._inline_writes += 1
+        if self._inline_writes % CHECKPOINT_EVERY_WRITES == 0:
+            self._checkpoint()
+        for (_, _, future), result in zip(jobs, results, strict=True):
+            if not future.done():
+                future.set_result(result)
+
+    async def _one_by_one(self, jobs: list[tuple[str, Callable[[sa.Connection], Any], asyncio.Future[Any]]]) -> None:
+        for operation, fn, future in jobs:
+            try:
+                result = await self._transact(operation, fn)
+            except Exception as exc:  # noqa: BLE001  (handed to the waiting caller)
+                if not future.done():
+                    future.set_exception(exc)
+            else:
+                if not future.done():
+                    future.set_result(result)
 
     async def ping(self, timeout_s: float = 5.0) -> bool:
         """True iff ``SELECT 1`` succeeds within ``timeout_s``; never raises."""
@@ -207,6 +280,7 @@ class Store:
     @asynccontextmanager
     async def _begin(self, operation: str) -> AsyncIterator[AsyncConnection]:
         """One transaction, committed on exit; foreign errors become ``StorageError``s."""
+        self._flush_deferred()
         try:
             async with self._engine.begin() as conn:
                 yield conn
@@ -215,6 +289,7 @@ class Store:
 
     @asynccontextmanager
     async def _read(self, operation: str) -> AsyncIterator[AsyncConnection]:
+        self._flush_deferred()
         try:
             async with self._engine.connect() as conn:
                 yield conn
@@ -326,7 +401,7 @@ class Store:
             return 0
         rows = _message_rows(session_pk, new_messages, now)
         return await self._transact("append_messages", lambda conn: self._append(conn, session_pk, rows, now),
-                                    small=len(rows) <= INLINE_MAX_ROWS)
+                                    small=_small(new_messages))
 
     def _append(self, conn: sa.Connection, session_pk: int, rows: list[dict[str, Any]], now: datetime) -> int:
         """Bump the session, insert ``rows``; how many were new (the ``RETURNING`` rows: a
@@ -349,7 +424,9 @@ class Store:
             conn.execute(self._insert_request, values)
             return added
 
-        return await self._transact("append_and_record", run, small=len(rows) <= INLINE_MAX_ROWS)
+        if _small(new_messages):
+            return await self._transact_deferred("append_and_record", run)
+        return await self._transact("append_and_record", run, small=False)
 
     # --- events, artifacts, requests, learned limits ---------------------------------------
 
@@ -422,7 +499,7 @@ class Store:
         query = sa.select(*artifacts.c).where(artifacts.c.id == artifact_id)
         if tenant is not None:
             query = query.where(artifacts.c.tenant == tenant)
-        row = await self._transact("get_artifact", lambda conn: conn.execute(query).first(), write=False)
+        row = await self._transact("get_artifact", lambda conn: conn.execute(query).first(), write=False, small=False)
         return None if row is None else ArtifactRecord(**row._mapping)
 
     async def add_request(self, record: RequestRecord) -> None:
@@ -512,6 +589,29 @@ class Store:
                     )
             rows = (await conn.execute(query.order_by(requests.c.created_at, requests.c.id).limit(limit + 1))).all()
         return [RequestRecord(**r._mapping) for r in rows[:limit]], len(rows) > limit
+
+
+def _small(new_messages: Sequence[NewMessage]) -> bool:
+    """Few rows and little text: cheap enough to write on the event loop's thread."""
+    if len(new_messages) > INLINE_MAX_ROWS:
+        return False
+    budget = INLINE_MAX_CHARS
+    for m in new_messages:
+        budget -= _chars(m.message)
+        if budget < 0:
+            return False
+    return True
+
+
+def _chars(value: Any) -> int:
+    """Characters of the strings in a JSON value (its size, roughly, without serializing it)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_chars(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_chars(v) for v in value)
+    return 8
 
 
 class _Busy(Exception):

@@ -19,6 +19,13 @@ from proxy.requests import parse_chat_request
     (orjson.dumps({"model": "m", "messages": [{"role": "wizard"}]}), "messages[0].role"),
     (orjson.dumps({"model": "m", "messages": [{"role": "user"}], "stream": "yes"}), "stream"),
     (b"\xff\xfe", None),
+    # the first invalid message is named, whichever check fails (the fast checks only gate)
+    (orjson.dumps({"model": "m", "messages": [{"role": "user"}, "hi", {"role": "wizard"}]}), "messages[1]"),
+    (orjson.dumps({"model": "m", "messages": [{"role": "user"}, {"role": "user"}, {"role": {"a": 1}}]}), "messages[2].role"),
+    (orjson.dumps({"model": "m", "messages": [{"role": "user"}, {"content": "no role"}]}), "messages[1].role"),
+    (orjson.dumps({"model": "m", "messages": [{"role": "user"}, {"role": "assistant", "tool_calls": {}}]}), "messages[1].tool_calls"),
+    (orjson.dumps({"model": "m", "messages": [{"role": "assistant", "tool_calls": "x"}, {"role": 3}]}), "messages[0].tool_calls"),
+    (orjson.dumps({"model": "m", "messages": [{"role": "user"}, [{"role": "user"}]]}), "messages[1]"),
 ])
 def test_bad_bodies_are_400s_naming_the_field(body: bytes, param: str | None) -> None:
     with pytest.raises(BadRequest) as err:
@@ -29,3 +36,11 @@ def test_bad_bodies_are_400s_naming_the_field(body: bytes, param: str | None) ->
 def test_unknown_fields_survive() -> None:
     body = parse_chat_request(orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "x", "x_extra": 1}], "seed": 3}))
     assert body["seed"] == 3 and body["messages"][0]["x_extra"] == 1
+
+
+def test_every_role_and_tool_calls_shape_the_api_allows_passes() -> None:
+    roles = ["system", "developer", "user", "assistant", "tool", "function"]
+    messages = [{"role": r, "content": "x"} for r in roles]
+    messages += [{"role": "assistant", "tool_calls": None}, {"role": "assistant", "tool_calls": []}]
+    body = parse_chat_request(orjson.dumps({"model": "m", "messages": messages}))
+    assert body["messages"] == messages

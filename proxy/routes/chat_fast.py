@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
-
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -106,9 +104,10 @@ async def _read_body(receive: Receive, headers: Headers, limit_bytes: int) -> by
         size += len(chunk)
         if size > limit_bytes:
             raise PayloadTooLarge(f"The request body is larger than this proxy's limit of {limit_bytes} bytes.")
-        chunks.append(chunk)
+        if chunk:  # (a client may end with an empty chunk: joining would copy the body again)
+            chunks.append(chunk)
         if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)  # b"" when empty
 
 
 def _encode(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
@@ -148,18 +147,12 @@ async def _send_stream(outcome: Streamed, receive: Receive, send: Send) -> None:
         task.uncancel()
     finally:
         watcher.cancel()
-        await _close_shielded(outcome, disconnected)
-
-
-async def _close_shielded(outcome: Streamed, disconnected: bool) -> None:
-    """``outcome.close()``, even with the watcher's cancellation still pending on this task."""
-    if outcome.close is None:
-        return
-    try:
-        await outcome.close()
-    except asyncio.CancelledError:
-        if not disconnected:
-            raise
-        task: Any = asyncio.current_task()
-        task.uncancel()
-        await outcome.close()
+        if outcome.close is not None:
+            # shielded: neither the watcher's late cancel nor a shutdown's stops the cleanup
+            # halfway (it logs the request and releases the upstream response)
+            try:
+                await asyncio.shield(outcome.close())
+            except asyncio.CancelledError:
+                if not disconnected:
+                    raise
+                task.uncancel()  # the watcher's cancel, come late: the client is gone, all is done

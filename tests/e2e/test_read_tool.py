@@ -233,3 +233,25 @@ def test_a_single_huge_line_is_read_in_parts(proxy_factory: Any, upstream: Upstr
     assert reply.choices[0].message.content == "ANSWER: B-LONG"
     first, *rounds = upstream.state.chat_requests
     assert "B-LONG" not in first.body.decode() and len(rounds) >= 2  # offloaded, then read in segments
+
+
+def test_read_tool_is_offered_only_while_the_messages_name_stored_content(proxy_factory: Any, upstream: Upstream, models_file: str) -> None:
+    """No stub applies here: the tool follows what the client's own messages name, turn by turn
+    (later turns answered by ``compactor.ReferenceMemo`` from the messages new since the last)."""
+    proxy = proxy_factory(models_file=models_file)
+    client = proxy.client(default_headers={"x-session-id": "names-stored"})
+    art = "art_" + "0123456789abcdef" * 2
+
+    def offered(messages: list[dict[str, Any]]) -> list[str]:
+        client.chat.completions.create(model=MODEL, messages=messages)
+        return [t["function"]["name"] for t in upstream.state.chat_requests[-1].json.get("tools") or []]
+
+    history: list[dict[str, Any]] = [{"role": "user", "content": "Hello there."}]
+    assert offered(history) == []
+    history += [{"role": "assistant", "content": f"I saw {art} earlier."}, {"role": "user", "content": "Go on."}]
+    assert offered(history) == []  # a bare id, and the body names no read URL: not offered (as before the memo)
+    history += [{"role": "assistant", "content": f"It is at /artifacts/{art}?offset=0."}, {"role": "user", "content": "And?"}]
+    assert offered(history) == [READ]
+    history += [{"role": "assistant", "content": "Done."}, {"role": "user", "content": "Thanks."}]
+    assert offered(history) == [READ]  # still named further back
+    assert offered([history[0], {"role": "user", "content": "A new branch."}]) == []

@@ -330,12 +330,61 @@ async def test_sqlite_inline_writes_checkpoint_the_wal(tmp_path: Any) -> None:
     try:
         session = await store.get_or_create_session("t", "s", T0)
         sizes = []
-        for round_ in range(6):
+        for round_ in range(10):
             for i in range(store_module.CHECKPOINT_EVERY_WRITES):
                 text = f"round {round_} message {i} " + "x" * 2000
                 await store.append_messages(session.pk, chain([{"role": "user", "content": text}]), T0)
             sizes.append(wal.stat().st_size)  # no idle moment: writes go on while it checkpoints
-        # each checkpoint lets the WAL be rewritten from its start: it stops growing
-        assert max(sizes[2:]) <= sizes[1] * 1.5, sizes
+        # each checkpoint lets the WAL be rewritten from its start: it stops growing (a checkpoint
+        # that could not finish at once, on a loaded machine, lets it grow by a round or two);
+        # without checkpoints it grows by a round's worth every round (10x here)
+        assert sizes[-1] <= sizes[1] * 3, sizes
+    finally:
+        await store.close()
+
+
+def _record(request_id: str, session_pk: int) -> RequestRecord:
+    return RequestRecord(id=request_id, session_pk=session_pk, model="m", status=200, latency_ms=1.0, stream=False,
+                         usage=None, added_messages=0, first_added_seq=None, tokens_client=None, tokens_forwarded=None,
+                         defenses=[], event_ids=[], error=None, finish_reason="stop")
+
+
+async def test_end_of_request_writes_are_read_back_at_once_and_fail_alone(store: Store, database_url: str) -> None:
+    """``append_and_record`` may be deferred and batched (SQLite): a read issued while it is
+    queued still sees it, and a refused write in a batch fails alone."""
+    session = await store.get_or_create_session("t", "deferred", T0)
+    log = chain(conversation(4))
+    first = asyncio.create_task(store.append_and_record(session.pk, log[:2], _record("req_a", session.pk), T0))
+    if database_url.startswith("sqlite"):  # (PostgreSQL writes at once, concurrently with the read)
+        await asyncio.sleep(0)  # queued, not committed yet
+        assert await store.stored_prefix_len(session.pk, [m.chain_hash for m in log]) == 2
+    assert await first == 2
+    good = asyncio.create_task(store.append_and_record(session.pk, log, _record("req_b", session.pk), T0))
+    taken = asyncio.create_task(store.append_and_record(session.pk, log, _record("req_a", session.pk), T0))
+    assert await good == 2
+    with pytest.raises(StorageError):
+        await taken  # the request id is taken: this write alone is refused
+    assert await store.stored_prefix_len(session.pk, [m.chain_hash for m in log]) == 4
+    summary = await store.session_summary(session)
+    assert summary.request_count == 2
+
+
+async def test_deferred_writes_commit_without_another_operation(tmp_path: Any) -> None:
+    """Nothing else touching the store: the queued end-of-request write is committed within
+    milliseconds all the same (seen by another connection)."""
+    import sqlite3
+
+    from storage.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path}/deferred.db"
+    await upgrade(url)
+    store = await Store.open(url)
+    try:
+        session = await store.get_or_create_session("t", "s", T0)
+        await store.append_and_record(session.pk, chain(conversation(3)), _record("req_1", session.pk), T0)
+        other = sqlite3.connect(tmp_path / "deferred.db")
+        assert other.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 3
+        assert other.execute("SELECT COUNT(*) FROM requests").fetchone()[0] == 1
+        other.close()
     finally:
         await store.close()
