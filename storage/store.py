@@ -88,8 +88,12 @@ COMPACTION_LOCK_SPACE = 0x4350 << 40
 class Store:
     """Async storage over one engine (SQLite or PostgreSQL). Create with ``await Store.open(url)``."""
 
-    def __init__(self, engine: AsyncEngine, sync_engine: Engine | None = None, inline_engine: Engine | None = None) -> None:
+    def __init__(self, engine: AsyncEngine, sync_engine: Engine | None = None, inline_engine: Engine | None = None,
+                 *, lock_connections: int = 10) -> None:
         self._engine = engine
+        self._lock_slots = asyncio.Semaphore(lock_connections)
+        """Compaction locks held at once (each holds a pooled connection for a summary's seconds:
+        unbounded, many sessions compacting together would take the whole pool from requests)."""
         self._dialect = engine.dialect.name
         self._sync = sync_engine
         self._inline = inline_engine
@@ -124,7 +128,7 @@ class Store:
         """Open a store on ``database_url`` (as users write it); does not migrate
         (``storage.migrate.upgrade`` does). Connections are made lazily."""
         return cls(create_engine(database_url, pool_size=pool_size), create_sqlite_file_engine(database_url),
-                   create_sqlite_file_engine(database_url, inline=True))
+                   create_sqlite_file_engine(database_url, inline=True), lock_connections=max(1, pool_size // 2))
 
     async def close(self) -> None:
         """Finish queued writes, then close every pooled connection."""
@@ -302,15 +306,17 @@ class Store:
 
         PostgreSQL: a session-level advisory lock on a dedicated connection, polled with
         ``pg_try_advisory_lock`` for at most ``wait_s`` (then yields ``False``: the caller goes on
-        unlocked rather than stall a request). SQLite: yields ``True`` at once (one process writes
-        a SQLite file in practice; the proxy also locks per session in-process).
+        unlocked rather than stall a request). At most ``lock_connections`` (half the pool, from
+        ``Store.open``) are held at once in this process; more compactions wait for a slot, so
+        requests always find connections. SQLite: yields ``True`` at once (one process writes a
+        SQLite file in practice; the proxy also locks per session in-process).
         """
         if self._dialect != "postgresql":
             yield True
             return
         key = COMPACTION_LOCK_SPACE | session_pk
         try:
-            async with self._engine.connect() as conn:
+            async with self._lock_slots, self._engine.connect() as conn:
                 deadline = asyncio.get_running_loop().time() + wait_s
                 acquired = False
                 while True:

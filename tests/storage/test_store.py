@@ -388,3 +388,28 @@ async def test_deferred_writes_commit_without_another_operation(tmp_path: Any) -
         other.close()
     finally:
         await store.close()
+
+
+async def test_compaction_locks_leave_connections_for_requests(database_url: str) -> None:
+    """Many sessions compacting at once (each lock holds a connection for a summary's seconds)
+    never take the whole pool: a request's read still gets a connection at once."""
+    store = await Store.open(database_url, pool_size=2)  # 2 + 2 overflow connections; 1 lock slot
+    try:
+        sessions = [await store.get_or_create_session("t", f"compacting-{i}", T0) for i in range(5)]
+        entered = asyncio.Event()
+
+        async def compacting(pk: int) -> None:
+            async with store.compaction_lock(pk) as acquired:
+                assert acquired
+                entered.set()
+                await asyncio.sleep(1.5)  # a summary call
+
+        holders = [asyncio.create_task(compacting(s.pk)) for s in sessions]
+        await asyncio.wait_for(entered.wait(), 5)
+        await asyncio.sleep(0.2)  # every compaction that can take a connection has
+        t0 = asyncio.get_running_loop().time()
+        assert await asyncio.wait_for(store.list_events(sessions[0].pk), 10) == []
+        assert asyncio.get_running_loop().time() - t0 < 1.0, "the read waited for a compaction's connection"
+        await asyncio.gather(*holders)
+    finally:
+        await store.close()
