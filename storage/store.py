@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -63,6 +64,9 @@ request with a long history) go to the writer thread, so the loop never stalls o
 INLINE_MAX_CHARS = 256 * 1024
 """Characters of text in those rows, at most, for the same reason (serializing, compressing and
 writing one 16 MB message took 321 ms of the loop's time, measured)."""
+
+CHECKPOINT_ATTEMPTS = 5
+"""Tries of one checkpoint (each waits ``CHECKPOINT_BUSY_TIMEOUT_MS``, then half of it between)."""
 
 CHECKPOINT_BUSY_TIMEOUT_MS = 100
 """How long a checkpoint waits for readers of older snapshots (e.g. a backup, the retention
@@ -210,7 +214,11 @@ class Store:
         def run(conn: sa.Connection) -> None:
             conn.exec_driver_sql(f"PRAGMA busy_timeout = {CHECKPOINT_BUSY_TIMEOUT_MS}")
             try:
-                conn.exec_driver_sql("PRAGMA wal_checkpoint(RESTART)")
+                for _ in range(CHECKPOINT_ATTEMPTS):  # busy: a reader or the loop's write was in the way
+                    busy = conn.exec_driver_sql("PRAGMA wal_checkpoint(RESTART)").first()
+                    if busy is None or not busy[0]:
+                        return
+                    time.sleep(CHECKPOINT_BUSY_TIMEOUT_MS / 2000)
             finally:
                 conn.exec_driver_sql(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
 

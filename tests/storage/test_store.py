@@ -338,7 +338,7 @@ async def test_sqlite_inline_writes_checkpoint_the_wal(tmp_path: Any) -> None:
         # each checkpoint lets the WAL be rewritten from its start: it stops growing (a checkpoint
         # that could not finish at once, on a loaded machine, lets it grow by a round or two);
         # without checkpoints it grows by a round's worth every round (10x here)
-        assert sizes[-1] <= sizes[1] * 3, sizes
+        assert sizes[-1] <= sizes[1] * 5, sizes
     finally:
         await store.close()
 
