@@ -416,7 +416,7 @@ class ProjectingCompactor(Compactor):
         await self._set_learned(ctx.model, prompt)
 
 
-REFERENCE_MEMO_SIZE = 50_000
+REFERENCE_MEMO_SIZE = 20_000
 """Chain hashes ``ReferenceMemo`` remembers (about 200 bytes each: 10 MB at most; a session needs
 one, plus one per ``REFERENCE_CHECKPOINT`` messages of its history)."""
 REFERENCE_LOOKBACK = 64

@@ -124,13 +124,27 @@ class ChatPipeline:
         self.rounds = ToolRounds(settings, session_log.store, upstream, compactor)
         self.health = DatabaseHealth(session_log.store)
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._room = asyncio.Event()
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         """Run ``coro`` as a tracked task (awaited at shutdown by ``drain``)."""
         task = asyncio.create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
         return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if len(self._tasks) < self.settings.max_pending_log_writes:
+            self._room.set()
+
+    async def _wait_for_room(self) -> None:
+        """Backpressure: wait while ``max_pending_log_writes`` log writes are pending (the
+        database is slower than the traffic), so the backlog, and memory, stay bounded."""
+        while len(self._tasks) >= self.settings.max_pending_log_writes:
+            self._room.clear()
+            self.metrics.database_error("backpressure")
+            await self._room.wait()
 
     async def drain(self, timeout_s: float = 10.0) -> None:
         """Wait for pending log writes (graceful shutdown)."""
@@ -138,6 +152,8 @@ class ChatPipeline:
             await asyncio.wait(list(self._tasks), timeout=timeout_s)
 
     async def handle(self, raw: bytes, headers: Mapping[str, str], header_items: list[tuple[str, str]], tenant: str) -> Buffered | Streamed:
+        if len(self._tasks) >= self.settings.max_pending_log_writes:
+            await self._wait_for_room()
         body = parse_chat_request(raw)
         messages: list[dict[str, Any]] = body["messages"]
         try:

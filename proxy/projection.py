@@ -48,9 +48,9 @@ DEFENSE_ORDER = ("summary", "truncate_args", "offload", "media", "clip", "patch_
 TRANSFORM_MEMO_SIZE = 20_000
 """Transformed messages kept (truncated, offloaded, media-offloaded; one stub each): an unchanged
 message is transformed once, not on every request that resends it."""
-INDEX_MEMO_POSITIONS = 500_000
+INDEX_MEMO_POSITIONS = 100_000
 """Positions kept over all chain-hash -> position maps (one map per recent conversation with
-events, see ``_chain_index``; about 100 bytes each: 50 MB at most), least recently used first out."""
+events, see ``_chain_index``; about 100 bytes each: 10 MB at most), least recently used first out."""
 INDEX_LOOKBACK = 64
 """Trailing positions ``_chain_index`` looks back for the map of a shorter prefix."""
 

@@ -38,6 +38,13 @@ class Settings(BaseSettings):
     database_pool_size: int = Field(
         10, description="Database connections per process (plus as many overflow); keep replicas x 2 x this under the server's max_connections."
     )
+    max_pending_log_writes: int = Field(
+        256,
+        gt=0,
+        description="Log writes (a request's messages, reply and record) that may wait for the database at once. "
+        "Past it, new chat requests wait before they are read: when the database is slower than the traffic, "
+        "memory stays bounded instead of holding an ever longer backlog (seen in a 200-stream load run).",
+    )
     upstream_keepalive_s: float = Field(
         4.0, description="Seconds an idle upstream connection is kept for reuse (under common servers' 5 s keep-alive)."
     )

@@ -135,9 +135,9 @@ def estimate_text_tokens(text: str) -> int:
     return -(-len(text.encode("utf-8", "surrogatepass")) // FALLBACK_BYTES_PER_TOKEN)
 
 
-HISTORY_MEMO_MESSAGES = 1_000_000
-"""Per-message counts ``TokenCounter.count_history`` keeps over all histories (a list slot each,
-8 bytes: 8 MB), least recently used history dropped first."""
+HISTORY_MEMO_MESSAGES = 100_000
+"""Per-message counts ``TokenCounter.count_history`` keeps over all histories (a list slot and
+often an int object each: about 40 bytes, 8 MB), least recently used history dropped first."""
 HISTORY_LOOKBACK = 64
 """How many trailing messages ``count_history`` looks back for a history it counted before (a
 turn adds a reply and a user message; an agent step a few tool rounds)."""

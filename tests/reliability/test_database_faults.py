@@ -212,3 +212,43 @@ def test_kill_9_mid_stream_and_mid_compaction_leaves_a_consistent_log(upstream: 
         proxy.stop()
     TALLY.add("faults_injected", 2)
     TALLY.add("kill9_restarts", 2)
+
+
+def test_a_slow_database_holds_new_requests_back_instead_of_growing_a_backlog(
+    proxy_factory: Callable[..., Any], upstream: Upstream, sqlite_database_url: str
+) -> None:
+    """With the log's writes stuck (another connection holds SQLite's write lock), at most
+    ``max_pending_log_writes`` answered requests wait to be logged; the next request waits
+    before it is served (bounded memory), and once the database moves, everything is logged."""
+    import sqlite3
+
+    from tests.e2e.conftest import wait_logged
+
+    proxy = proxy_factory(database_url=sqlite_database_url, max_pending_log_writes=2)
+    sessions = [f"slow-db-{i}" for i in range(3)]
+
+    def ask(session: str, text: str) -> None:
+        with proxy.http() as http:
+            r = http.post("/v1/chat/completions", headers={"x-session-id": session}, timeout=30,
+                          json={"model": "gpt-4o", "messages": [{"role": "user", "content": text}]})
+            assert r.status_code == 200, r.text
+
+    for s in sessions:  # the sessions exist (and are cached): no write before forwarding
+        ask(s, "first")
+        wait_logged(proxy, s, 1)
+    lock = sqlite3.connect(sqlite_database_url.removeprefix("sqlite:///"), isolation_level=None)
+    lock.execute("BEGIN IMMEDIATE")
+    try:
+        ask(sessions[0], "first")  # answered; its log write waits for the lock
+        ask(sessions[1], "first")
+        third = threading.Thread(target=ask, args=(sessions[2], "first"))
+        third.start()
+        third.join(1.5)
+        assert third.is_alive(), "a third request was served with two log writes already waiting"
+    finally:
+        lock.execute("COMMIT")
+        lock.close()
+    third.join(30)
+    assert not third.is_alive()
+    for s in sessions:
+        assert wait_logged(proxy, s, 2)["request_count"] == 2
