@@ -6,32 +6,26 @@ Concurrent writers are safe by constraint, not by locking: inserts use ``ON CONF
 NOTHING`` on the natural keys, so racing appends or compactions converge on one row.
 Every SQLAlchemy/driver error is raised as ``StorageError`` or ``StorageUnavailable``.
 
-On a SQLite file, the hot-path methods run each transaction whole on a store thread with a
-synchronous engine (writes on one writer thread, in order); the read API's queries and
-PostgreSQL use the async engine. See ``Store._transact``.
+On a SQLite file, the hot-path methods run through ``storage.sqlite_file.SqliteFile`` (small
+transactions inline on the event loop's thread, others on store threads); the read API's queries
+and PostgreSQL use the async engine. See ``Store._transact``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy import Engine
-from sqlalchemy import exc as sa_exc
-from sqlalchemy.pool import StaticPool
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from storage import reads
-from storage.engine import SQLITE_BUSY_TIMEOUT_MS, create_engine, create_sqlite_file_engine
+from storage.engine import create_engine
 from storage.errors import FOREIGN_ERRORS, StorageError, translate_error
 from storage.records import (
     ArtifactRecord,
@@ -42,7 +36,15 @@ from storage.records import (
     SessionRecord,
     SessionSummary,
 )
-from storage.tables import artifacts, events, learned_limits, messages, requests, sessions
+from storage.sqlite_file import SqliteFile, small_rows
+from storage.tables import (
+    artifacts,
+    events,
+    learned_limits,
+    messages,
+    requests,
+    sessions,
+)
 
 INSERT_BATCH_ROWS = 500
 """Rows per multi-row INSERT: keeps bound parameters (rows x columns) under SQLite's and asyncpg's
@@ -52,36 +54,10 @@ PREFIX_TAIL = 64
 """``stored_prefix_len`` checks the last this-many hashes in one query before binary searching."""
 
 
-def _later(column: sa.ColumnElement[Any], now: datetime) -> sa.ColumnElement[Any]:
+def _later(column: sa.ColumnElement[Any], now: datetime | sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
     """``max(column, now)``, portable: a timestamp never moves back when clocks interleave."""
     return sa.case((column < now, now), else_=column)
 
-
-INLINE_MAX_ROWS = 16
-"""Message rows a SQLite transaction may write on the event loop's thread; more (a client's first
-request with a long history) go to the writer thread, so the loop never stalls on a large write."""
-
-INLINE_MAX_CHARS = 256 * 1024
-"""Characters of text in those rows, at most, for the same reason (serializing, compressing and
-writing one 16 MB message took 321 ms of the loop's time, measured)."""
-
-CHECKPOINT_ATTEMPTS = 5
-"""Tries of one checkpoint (each waits ``CHECKPOINT_BUSY_TIMEOUT_MS``, then half of it between)."""
-
-CHECKPOINT_BUSY_TIMEOUT_MS = 100
-"""How long a checkpoint waits for readers of older snapshots (e.g. a backup, the retention
-command): writers queue behind it meanwhile, so it gives up soon and is tried again later."""
-
-DEFER_WRITE_S = 0.002
-"""How long the end-of-request write may wait to be committed with others (``_transact_deferred``)."""
-
-CHECKPOINT_EVERY_WRITES = 200
-"""Inline SQLite writes between two WAL checkpoints (SQLite's own default is every 1,000 pages)."""
-
-log = logging.getLogger("context_proxy.storage")
-
-READ_THREADS = 2
-"""Threads for hot-path reads of a SQLite file (WAL: reads run beside the writer)."""
 
 T = TypeVar("T")
 
@@ -92,26 +68,19 @@ COMPACTION_LOCK_SPACE = 0x4350 << 40
 class Store:
     """Async storage over one engine (SQLite or PostgreSQL). Create with ``await Store.open(url)``."""
 
-    def __init__(self, engine: AsyncEngine, sync_engine: Engine | None = None, inline_engine: Engine | None = None,
-                 *, lock_connections: int = 10) -> None:
+    def __init__(self, engine: AsyncEngine, sqlite_file: SqliteFile | None = None, *, lock_connections: int = 10) -> None:
         self._engine = engine
         self._lock_slots = asyncio.Semaphore(lock_connections)
         """Compaction locks held at once (each holds a pooled connection for a summary's seconds:
         unbounded, many sessions compacting together would take the whole pool from requests)."""
         self._dialect = engine.dialect.name
-        self._sync = sync_engine
-        self._inline = inline_engine
-        self._inline_writes = 0
-        self._deferred: list[tuple[str, Callable[[sa.Connection], Any], asyncio.Future[Any]]] = []
-        self._flush_timer: asyncio.TimerHandle | None = None
-        self._retrying: set[asyncio.Task[None]] = set()
+        self._sqlite = sqlite_file
         # hot-path statements built once: executed with parameters, they compile once per engine
         # (a statement built per call with its values inside is compiled again each time)
         self._bump_session = (
             sa.update(sessions)
             .where(sessions.c.pk == sa.bindparam("b_pk"))
-            .values(updated_at=sa.case((sessions.c.updated_at < sa.bindparam("b_now", type_=sessions.c.updated_at.type),
-                                        sa.bindparam("b_now", type_=sessions.c.updated_at.type)), else_=sessions.c.updated_at))
+            .values(updated_at=_later(sessions.c.updated_at, sa.bindparam("b_now", type_=sessions.c.updated_at.type)))
         )
         self._insert_message = (
             self._insert(messages)
@@ -119,166 +88,46 @@ class Store:
             .returning(messages.c.id)
         )
         self._insert_request = sa.insert(requests)
-        self._writer: ThreadPoolExecutor | None = None
-        self._reader: ThreadPoolExecutor | None = None
-        if sync_engine is not None:
-            # SQLite has one writer at a time: one thread for writes queues them in order instead
-            # of having our own connections wait on each other's locks
-            self._writer = ThreadPoolExecutor(1, thread_name_prefix="store-write")
-            self._reader = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="store-read")
 
     @classmethod
     async def open(cls, database_url: str, *, pool_size: int = 20) -> Store:
         """Open a store on ``database_url`` (as users write it); does not migrate
         (``storage.migrate.upgrade`` does). Connections are made lazily."""
-        return cls(create_engine(database_url, pool_size=pool_size), create_sqlite_file_engine(database_url),
-                   create_sqlite_file_engine(database_url, inline=True), lock_connections=max(1, pool_size // 2))
+        return cls(create_engine(database_url, pool_size=pool_size), SqliteFile.open(database_url),
+                   lock_connections=max(1, pool_size // 2))
 
     async def close(self) -> None:
         """Finish queued writes, then close every pooled connection."""
-        self._flush_deferred()
-        if self._retrying:
-            await asyncio.gather(*self._retrying, return_exceptions=True)
-        for pool in (self._writer, self._reader):
-            if pool is not None:
-                await asyncio.get_running_loop().run_in_executor(None, pool.shutdown)
-        for sync in (self._sync, self._inline):
-            if sync is not None:
-                sync.dispose()
+        if self._sqlite is not None:
+            await self._sqlite.close()
         await self._engine.dispose()
 
     async def reset_pool(self) -> None:
         """Drop every pooled connection (after the server restarted they are all dead); the
         engine stays usable and opens fresh ones."""
-        for sync in (self._sync, self._inline):
-            if sync is not None:
-                sync.dispose()
+        if self._sqlite is not None:
+            self._sqlite.dispose()
         await self._engine.dispose()
 
     async def _transact(self, operation: str, fn: Callable[[sa.Connection], T], *, write: bool = True, small: bool = True) -> T:
         """Run ``fn(connection)`` in one transaction (committed if ``write``) and return its result.
 
-        SQLite file, ``small`` transaction (a turn's few rows, a point read): run at once on the
-        event loop's thread, with the synchronous engine's inline connection. It takes about
-        0.1 ms (WAL, ``synchronous=NORMAL``: a commit does not sync), less than the thread hops
-        of any asynchronous driver (``tests/benchmarks``: 1.5 ms of CPU a request through
-        ``aiosqlite``). If another connection holds the lock, it does not wait there: it goes
-        to the store threads like a large one (writes on the single writer thread, in arrival
-        order; reads on their own). Else (PostgreSQL, SQLite in memory): the async engine
-        through ``run_sync``. Foreign errors become ``StorageError``s either way. A caller
-        cancelled while a threaded SQLite transaction runs does not stop it: the write completes.
+        SQLite file: through ``SqliteFile.run`` (inline on the event loop's thread when ``small``
+        and unlocked, else on a store thread). Else (PostgreSQL, SQLite in memory): the async
+        engine through ``run_sync``. Foreign errors become ``StorageError``s either way.
         """
-        if self._sync is None:
-            if write:
-                async with self._begin(operation) as conn:
-                    return await conn.run_sync(fn)
-            async with self._read(operation) as conn:
+        if self._sqlite is not None:
+            return await self._sqlite.run(operation, fn, write=write, small=small)
+        if write:
+            async with self._begin(operation) as conn:
                 return await conn.run_sync(fn)
-        self._flush_deferred()  # what was deferred goes first: order and read-your-writes hold
-        if small and self._inline is not None:
-            try:
-                result = self._sync_transaction(self._inline, operation, fn, write)
-            except _Busy:
-                pass  # another connection holds the lock: wait for it on a thread instead
-            else:
-                if write:
-                    self._inline_writes += 1
-                    if self._inline_writes % CHECKPOINT_EVERY_WRITES == 0:
-                        self._checkpoint()
-                return result
-        pool = self._writer if write else self._reader
-        # shielded: a cancelled caller must not cancel a queued write before it ran
-        return await asyncio.shield(
-            asyncio.get_running_loop().run_in_executor(pool, self._sync_transaction, self._sync, operation, fn, write)
-        )
+        async with self._read(operation) as conn:
+            return await conn.run_sync(fn)
 
-    @staticmethod
-    def _sync_transaction(engine: Engine, operation: str, fn: Callable[[sa.Connection], T], write: bool) -> T:
-        try:
-            with engine.begin() if write else engine.connect() as conn:
-                return fn(conn)
-        except sa_exc.OperationalError as exc:
-            if engine.dialect.name == "sqlite" and _is_busy(exc) and engine.pool.__class__ is StaticPool:
-                raise _Busy from exc
-            raise translate_error(exc, operation) from exc
-        except FOREIGN_ERRORS as exc:
-            raise translate_error(exc, operation) from exc
-
-    def _checkpoint(self) -> None:
-        """Checkpoint the WAL on the writer thread, in RESTART mode: it holds off writers until
-        the whole WAL is copied, so the next write starts the WAL over (a PASSIVE checkpoint
-        never catches up while writes go on, and the WAL grows without end). Meanwhile the
-        loop's writes find the lock taken and queue on the writer thread behind it."""
-        assert self._sync is not None and self._writer is not None
-
-        def run(conn: sa.Connection) -> None:
-            conn.exec_driver_sql(f"PRAGMA busy_timeout = {CHECKPOINT_BUSY_TIMEOUT_MS}")
-            try:
-                for _ in range(CHECKPOINT_ATTEMPTS):  # busy: a reader or the loop's write was in the way
-                    busy = conn.exec_driver_sql("PRAGMA wal_checkpoint(RESTART)").first()
-                    if busy is None or not busy[0]:
-                        return
-                    time.sleep(CHECKPOINT_BUSY_TIMEOUT_MS / 2000)
-            finally:
-                conn.exec_driver_sql(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
-
-        future = asyncio.get_running_loop().run_in_executor(self._writer, self._sync_transaction, self._sync, "checkpoint", run, False)
-        future.add_done_callback(_log_checkpoint_failure)
-
-    async def _transact_deferred(self, operation: str, fn: Callable[[sa.Connection], T]) -> T:
-        """``_transact(operation, fn)`` for a small write that nothing waits on but its caller
-        (the end of a request: reply and request record). On a SQLite file it is queued for up to
-        ``DEFER_WRITE_S`` and committed with the others queued meanwhile in one transaction, or
-        sooner: before any other operation of this store (so order and read-your-writes hold in
-        this process). The point is when it runs: at one request a time, a client's next request
-        arrives right after the reply, and the previous request's write would delay it; deferred,
-        the write runs while the proxy waits for the upstream (``tests/benchmarks``, overhead at
-        concurrency 1). Resolves when committed; a crash loses at most the last ``DEFER_WRITE_S``
-        of replies, which the client resends with its next request anyway."""
-        if self._inline is None:
-            return await self._transact(operation, fn)
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-        self._deferred.append((operation, fn, future))
-        if self._flush_timer is None:
-            self._flush_timer = loop.call_later(DEFER_WRITE_S, self._flush_deferred)
-        return await future
-
-    def _flush_deferred(self) -> None:
-        """Commit the queued writes in one inline transaction (on the event loop's thread). If that
-        fails (the database is locked, or one write is refused), each is retried on its own
-        through ``_transact``, so one bad write fails alone."""
-        if self._flush_timer is not None:
-            self._flush_timer.cancel()
-            self._flush_timer = None
-        jobs, self._deferred = self._deferred, []
-        if not jobs:
-            return
-        assert self._inline is not None
-        try:
-            results = self._sync_transaction(self._inline, "deferred writes", lambda conn: [fn(conn) for _, fn, _ in jobs], True)
-        except Exception:  # noqa: BLE001  (locked, a refused write, anything: retried one by one)
-            task = asyncio.get_running_loop().create_task(self._one_by_one(jobs))
-            self._retrying.add(task)
-            task.add_done_callback(self._retrying.discard)
-            return
-        self._inline_writes += 1
-        if self._inline_writes % CHECKPOINT_EVERY_WRITES == 0:
-            self._checkpoint()
-        for (_, _, future), result in zip(jobs, results, strict=True):
-            if not future.done():
-                future.set_result(result)
-
-    async def _one_by_one(self, jobs: list[tuple[str, Callable[[sa.Connection], Any], asyncio.Future[Any]]]) -> None:
-        for operation, fn, future in jobs:
-            try:
-                result = await self._transact(operation, fn)
-            except Exception as exc:  # noqa: BLE001  (handed to the waiting caller)
-                if not future.done():
-                    future.set_exception(exc)
-            else:
-                if not future.done():
-                    future.set_result(result)
+    def _flush(self) -> None:
+        """Commit deferred writes before anything else reads or writes (order, read-your-writes)."""
+        if self._sqlite is not None:
+            self._sqlite.flush()
 
     async def ping(self, timeout_s: float = 5.0) -> bool:
         """True iff ``SELECT 1`` succeeds within ``timeout_s``; never raises."""
@@ -292,7 +141,7 @@ class Store:
     @asynccontextmanager
     async def _begin(self, operation: str) -> AsyncIterator[AsyncConnection]:
         """One transaction, committed on exit; foreign errors become ``StorageError``s."""
-        self._flush_deferred()
+        self._flush()
         try:
             async with self._engine.begin() as conn:
                 yield conn
@@ -301,7 +150,7 @@ class Store:
 
     @asynccontextmanager
     async def _read(self, operation: str) -> AsyncIterator[AsyncConnection]:
-        self._flush_deferred()
+        self._flush()
         try:
             async with self._engine.connect() as conn:
                 yield conn
@@ -415,7 +264,7 @@ class Store:
             return 0
         rows = _message_rows(session_pk, new_messages, now)
         return await self._transact("append_messages", lambda conn: self._append(conn, session_pk, rows, now),
-                                    small=_small(new_messages))
+                                    small=small_rows(new_messages))
 
     def _append(self, conn: sa.Connection, session_pk: int, rows: list[dict[str, Any]], now: datetime) -> int:
         """Bump the session, insert ``rows``; how many were new (the ``RETURNING`` rows: a
@@ -438,8 +287,8 @@ class Store:
             conn.execute(self._insert_request, values)
             return added
 
-        if _small(new_messages):
-            return await self._transact_deferred("append_and_record", run)
+        if self._sqlite is not None and small_rows(new_messages):
+            return await self._sqlite.run_deferred("append_and_record", run)
         return await self._transact("append_and_record", run, small=False)
 
     # --- events, artifacts, requests, learned limits ---------------------------------------
@@ -603,43 +452,6 @@ class Store:
                     )
             rows = (await conn.execute(query.order_by(requests.c.created_at, requests.c.id).limit(limit + 1))).all()
         return [RequestRecord(**r._mapping) for r in rows[:limit]], len(rows) > limit
-
-
-def _small(new_messages: Sequence[NewMessage]) -> bool:
-    """Few rows and little text: cheap enough to write on the event loop's thread."""
-    if len(new_messages) > INLINE_MAX_ROWS:
-        return False
-    budget = INLINE_MAX_CHARS
-    for m in new_messages:
-        budget -= _chars(m.message)
-        if budget < 0:
-            return False
-    return True
-
-
-def _chars(value: Any) -> int:
-    """Characters of the strings in a JSON value (its size, roughly, without serializing it)."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, dict):
-        return sum(_chars(v) for v in value.values())
-    if isinstance(value, list):
-        return sum(_chars(v) for v in value)
-    return 8
-
-
-class _Busy(Exception):
-    """The inline SQLite connection found the database locked (it never waits)."""
-
-
-def _is_busy(exc: sa_exc.OperationalError) -> bool:
-    text = str(exc.orig)
-    return "locked" in text or "busy" in text
-
-
-def _log_checkpoint_failure(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        log.warning("WAL checkpoint failed: %s", future.exception())
 
 
 def _message_rows(session_pk: int, new_messages: Sequence[NewMessage], now: datetime) -> list[dict[str, Any]]:

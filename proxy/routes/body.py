@@ -1,22 +1,45 @@
-"""Reading a request body with a size limit."""
+"""Reading a request body with a size limit (the chat route and the pass-through use it)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from fastapi import Request
+from starlette.requests import ClientDisconnect
+from starlette.types import Receive
 
 from proxy.errors import PayloadTooLarge
 
 
-async def read_body(request: Request, limit_bytes: int) -> bytes:
-    """The whole body; raises ``PayloadTooLarge`` (413) past ``limit_bytes`` without reading it all."""
-    declared = request.headers.get("content-length")
+async def read_asgi_body(receive: Receive, headers: Mapping[str, str], limit_bytes: int) -> bytes | None:
+    """The whole body from ASGI ``receive`` (``None`` if the client disconnected first); raises
+    ``PayloadTooLarge`` (413) past ``limit_bytes`` (declared or read) without reading it all."""
+    declared = headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit_bytes:
-        raise PayloadTooLarge(f"The request body is larger than this proxy's limit of {limit_bytes} bytes.")
+        raise _too_large(limit_bytes)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit_bytes:
-            raise PayloadTooLarge(f"The request body is larger than this proxy's limit of {limit_bytes} bytes.")
-        chunks.append(chunk)
-    return b"".join(chunks)
+            raise _too_large(limit_bytes)
+        if chunk:  # (a client may end with an empty chunk: joining would copy the body again)
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)  # b"" when empty
+
+
+async def read_body(request: Request, limit_bytes: int) -> bytes:
+    """``read_asgi_body`` of a Starlette request; raises ``ClientDisconnect`` if the client left."""
+    body = await read_asgi_body(request.receive, request.headers, limit_bytes)
+    if body is None:
+        raise ClientDisconnect()
+    return body
+
+
+def _too_large(limit_bytes: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"The request body is larger than this proxy's limit of {limit_bytes} bytes.")

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy.errors import PayloadTooLarge, ProxyError, StorageUnavailableError
+from proxy.errors import ProxyError, StorageUnavailableError
 from proxy.metrics import Metrics
 from proxy.pipeline import Buffered, Streamed
+from proxy.routes.body import read_asgi_body
 from storage.errors import StorageError
 
 log = logging.getLogger("context_proxy.app")
@@ -75,7 +77,7 @@ async def serve_chat(scope: Scope, receive: Receive, send: Send) -> None:
     headers = Headers(scope=scope)
     try:
         tenant = state.auth.chat_tenant(headers)
-        raw = await _read_body(receive, headers, state.settings.max_body_bytes)
+        raw = await read_asgi_body(receive, headers, state.settings.max_body_bytes)
         if raw is None:
             return  # the client left while sending its body: nobody to answer
         outcome = await state.pipeline.handle(raw, headers, headers.items(), tenant)
@@ -87,27 +89,6 @@ async def serve_chat(scope: Scope, receive: Receive, send: Send) -> None:
         await _send_whole(send, outcome.status, _encode(outcome.headers), outcome.body)
     else:
         await _send_stream(outcome, receive, send)
-
-
-async def _read_body(receive: Receive, headers: Headers, limit_bytes: int) -> bytes | None:
-    """The whole body (``None`` if the client disconnected); ``PayloadTooLarge`` past the limit."""
-    declared = headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit_bytes:
-        raise PayloadTooLarge(f"The request body is larger than this proxy's limit of {limit_bytes} bytes.")
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit_bytes:
-            raise PayloadTooLarge(f"The request body is larger than this proxy's limit of {limit_bytes} bytes.")
-        if chunk:  # (a client may end with an empty chunk: joining would copy the body again)
-            chunks.append(chunk)
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)  # b"" when empty
 
 
 def _encode(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import orjson
 
 from tests.e2e.conftest import CLIENT_KEY, Proxy, Upstream
@@ -17,19 +18,33 @@ from tests.reliability.probes import TALLY, ServeProcess, connections_to
 REPLY = " ".join(f"word{i}" for i in range(200))
 
 
+def _stream_request(proxy: Proxy, session_id: str, content: str) -> socket.socket:
+    """A raw socket that has sent one streaming chat request (so the test can hang up at will)."""
+    assert proxy.server.port is not None
+    body = orjson.dumps({"model": "gpt-4o", "stream": True, "messages": [{"role": "user", "content": content}]})
+    raw = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+           b"authorization: Bearer " + CLIENT_KEY.encode() + b"\r\nx-session-id: " + session_id.encode() + b"\r\n"
+           b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    sock = socket.create_connection(("127.0.0.1", proxy.server.port))
+    sock.sendall(raw)
+    return sock
+
+
+def _wait_logged(http: httpx.Client, session_id: str, failure: str) -> None:
+    """Wait (10 s at most) for the session's first request record."""
+    deadline = time.monotonic() + 10
+    while http.get(f"/sessions/{session_id}").json().get("request_count", 0) < 1:
+        assert time.monotonic() < deadline, failure
+        time.sleep(0.05)
+
+
 def test_disconnect_mid_stream_cancels_upstream_and_logs_partial(proxy_factory: Callable[..., Proxy], upstream: Upstream) -> None:
     proxy = proxy_factory()
     port = upstream.server.port
     assert port is not None
     upstream.state.script.append({"role": "assistant", "content": REPLY})
     upstream.state.chunk_delay_s = 0.05  # about 70 chunks: 3.5 s if nobody hangs up
-    body = orjson.dumps({"model": "gpt-4o", "stream": True, "messages": [{"role": "user", "content": "Tell me a story"}]})
-    raw = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-           b"authorization: Bearer " + CLIENT_KEY.encode() + b"\r\nx-session-id: hangup\r\n"
-           b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    assert proxy.server.port is not None
-    sock = socket.create_connection(("127.0.0.1", proxy.server.port))
-    sock.sendall(raw)
+    sock = _stream_request(proxy, "hangup", "Tell me a story")
     received = b""
     while received.count(b"data: ") < 4:
         received += sock.recv(65536)
@@ -42,10 +57,7 @@ def test_disconnect_mid_stream_cancels_upstream_and_logs_partial(proxy_factory: 
     assert connections_to(port) == 0, "the upstream request was not cancelled"
     assert closed_after < 1.0
     with proxy.http() as http:
-        deadline = time.monotonic() + 10
-        while http.get("/sessions/hangup").json().get("request_count", 0) < 1:
-            assert time.monotonic() < deadline, "the disconnected request was never logged"
-            time.sleep(0.05)
+        _wait_logged(http, "hangup", "the disconnected request was never logged")
         messages = http.get("/sessions/hangup/messages").json()["data"]
     assert [m["role"] for m in messages] == ["user", "assistant"]
     partial = messages[-1]
@@ -64,19 +76,11 @@ def test_disconnect_before_the_first_byte_is_logged_and_releases_upstream(proxy_
     assert port is not None and proxy.server.port is not None
     upstream.state.fail_next.append(("delay", 1.0))  # the upstream answers after 1 s
     upstream.state.chunk_delay_s = 0.05
-    body = orjson.dumps({"model": "gpt-4o", "stream": True, "messages": [{"role": "user", "content": "Are you there?"}]})
-    raw = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-           b"authorization: Bearer " + CLIENT_KEY.encode() + b"\r\nx-session-id: early-hangup\r\n"
-           b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    sock = socket.create_connection(("127.0.0.1", proxy.server.port))
-    sock.sendall(raw)
+    sock = _stream_request(proxy, "early-hangup", "Are you there?")
     time.sleep(0.3)
     sock.close()  # gone before the upstream's first byte
     with proxy.http() as http:
-        deadline = time.monotonic() + 10
-        while http.get("/sessions/early-hangup").json().get("request_count", 0) < 1:
-            assert time.monotonic() < deadline, "the request whose client left early was never logged"
-            time.sleep(0.05)
+        _wait_logged(http, "early-hangup", "the request whose client left early was never logged")
         records = http.get("/sessions/early-hangup/requests").json()["data"]
         messages = http.get("/sessions/early-hangup/messages").json()["data"]
     assert records[0]["error"] == "client disconnected"

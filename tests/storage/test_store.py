@@ -320,7 +320,7 @@ async def test_sqlite_write_waits_for_a_locked_database_without_stalling_the_eve
 async def test_sqlite_inline_writes_checkpoint_the_wal(tmp_path: Any) -> None:
     """Writes on the loop's thread never checkpoint themselves; the store checkpoints on its writer
     thread every ``CHECKPOINT_EVERY_WRITES``, so the WAL file stops growing under continuous writes."""
-    from storage import store as store_module
+    from storage import sqlite_file as store_module
     from storage.migrate import upgrade
 
     url = f"sqlite:///{tmp_path}/wal.db"

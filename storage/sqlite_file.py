@@ -1,0 +1,244 @@
+"""How ``Store`` runs its hot-path transactions on a SQLite file (``SqliteFile``).
+
+A small transaction (a turn's few rows, a point read) runs whole, synchronously, on the event
+loop's thread with a synchronous engine's single "inline" connection. That costs about 0.25 ms of
+CPU (WAL, ``synchronous=NORMAL``: a commit does not sync), against about 1.5 ms of thread hops
+through ``aiosqlite`` (py-spy under ``tests/benchmarks``). The inline connection never waits for a
+lock: if another connection holds it, the transaction goes to the store threads like a large one
+(writes on a single writer thread, in arrival order; reads on their own threads).
+
+Also here: the end-of-request write deferred and batched (``run_deferred``), and WAL checkpoints
+on the writer thread (the inline connection never checkpoints itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy import Engine
+from sqlalchemy import exc as sa_exc
+
+from storage.engine import SQLITE_BUSY_TIMEOUT_MS, create_sqlite_file_engine
+from storage.errors import FOREIGN_ERRORS, translate_error
+from storage.records import NewMessage
+
+log = logging.getLogger("context_proxy.storage")
+
+T = TypeVar("T")
+
+INLINE_MAX_ROWS = 16
+"""Message rows a transaction may write on the event loop's thread; more (a client's first
+request with a long history) go to the writer thread, so the loop never stalls on a large write."""
+
+INLINE_MAX_CHARS = 256 * 1024
+"""Characters of text in those rows, at most, for the same reason (serializing, compressing and
+writing one 16 MB message took 321 ms of the loop's time, measured)."""
+
+READ_THREADS = 2
+"""Threads for reads that do not run inline (WAL: reads run beside the writer)."""
+
+DEFER_WRITE_S = 0.002
+"""How long the end-of-request write may wait to be committed with others (``run_deferred``)."""
+
+CHECKPOINT_EVERY_WRITES = 200
+"""Inline writes between two WAL checkpoints (SQLite's own default is every 1,000 pages)."""
+
+CHECKPOINT_ATTEMPTS = 5
+"""Tries of one checkpoint (each waits ``CHECKPOINT_BUSY_TIMEOUT_MS``, then half of it between)."""
+
+CHECKPOINT_BUSY_TIMEOUT_MS = 100
+"""How long a checkpoint waits for readers of older snapshots (e.g. a backup, the retention
+command): writers queue behind it meanwhile, so it gives up soon and is tried again later."""
+
+Job = tuple[str, Callable[[sa.Connection], Any], "asyncio.Future[Any]"]
+
+
+def small_rows(new_messages: Sequence[NewMessage]) -> bool:
+    """Few rows and little text (``INLINE_MAX_ROWS``, ``INLINE_MAX_CHARS``): cheap enough to write
+    on the event loop's thread."""
+    if len(new_messages) > INLINE_MAX_ROWS:
+        return False
+    budget = INLINE_MAX_CHARS
+    for m in new_messages:
+        budget -= _chars(m.message)
+        if budget < 0:
+            return False
+    return True
+
+
+def _chars(value: Any) -> int:
+    """Characters of the strings in a JSON value (its size, roughly, without serializing it)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_chars(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_chars(v) for v in value)
+    return 8
+
+
+class _Busy(Exception):
+    """The inline connection found the database locked (it never waits)."""
+
+
+class SqliteFile:
+    """The engines, threads and write queue of one SQLite file. ``open`` returns ``None`` for a
+    URL that is not a SQLite file (PostgreSQL, SQLite in memory): ``Store`` then uses its async
+    engine alone. Foreign errors are raised as ``StorageError``s."""
+
+    def __init__(self, threaded: Engine, inline: Engine) -> None:
+        self._threaded = threaded
+        self._inline = inline
+        self._inline_writes = 0
+        self._deferred: list[Job] = []
+        self._flush_timer: asyncio.TimerHandle | None = None
+        self._retrying: set[asyncio.Task[None]] = set()
+        # one writer at a time in SQLite: one thread for writes queues them in order instead of
+        # having our own connections wait on each other's locks
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="store-write")
+        self._reader = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="store-read")
+
+    @classmethod
+    def open(cls, database_url: str) -> SqliteFile | None:
+        threaded = create_sqlite_file_engine(database_url)
+        if threaded is None:
+            return None
+        inline = create_sqlite_file_engine(database_url, inline=True)
+        assert inline is not None
+        return cls(threaded, inline)
+
+    async def close(self) -> None:
+        """Commit what is queued, finish the threads' work, close the connections."""
+        self.flush()
+        if self._retrying:
+            await asyncio.gather(*self._retrying, return_exceptions=True)
+        for pool in (self._writer, self._reader):
+            await asyncio.get_running_loop().run_in_executor(None, pool.shutdown)
+        self.dispose()
+
+    def dispose(self) -> None:
+        """Drop the pooled connections (new ones open on the next use)."""
+        self._threaded.dispose()
+        self._inline.dispose()
+
+    async def run(self, operation: str, fn: Callable[[sa.Connection], T], *, write: bool, small: bool) -> T:
+        """Run ``fn(connection)`` in one transaction (committed if ``write``); inline when
+        ``small`` and the database is not locked, else on a store thread (see the module
+        docstring). A caller cancelled while a threaded transaction waits does not stop it."""
+        self.flush()  # what was deferred goes first: order and read-your-writes hold
+        if small:
+            try:
+                result = _transaction(self._inline, operation, fn, write, inline=True)
+            except _Busy:
+                pass  # another connection holds the lock: wait for it on a thread instead
+            else:
+                if write:
+                    self._wrote_inline()
+                return result
+        pool = self._writer if write else self._reader
+        # shielded: a cancelled caller must not cancel a queued write before it ran
+        return await asyncio.shield(
+            asyncio.get_running_loop().run_in_executor(pool, _transaction, self._threaded, operation, fn, write)
+        )
+
+    async def run_deferred(self, operation: str, fn: Callable[[sa.Connection], T]) -> T:
+        """``run(operation, fn)`` for a small write that nothing waits on but its caller (the end
+        of a request: reply and request record). It is queued for up to ``DEFER_WRITE_S`` and
+        committed with the others queued meanwhile in one transaction, or sooner: before any other
+        operation of the store (``flush``). The point is when it runs: at one request a time, a
+        client's next request arrives right after the reply, and the previous request's write
+        would delay it; deferred, the write runs while the proxy waits for the upstream
+        (``tests/benchmarks``, overhead at concurrency 1). Resolves when committed; a crash loses
+        at most the last ``DEFER_WRITE_S`` of replies, which the client resends with its next
+        request anyway."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._deferred.append((operation, fn, future))
+        if self._flush_timer is None:
+            self._flush_timer = loop.call_later(DEFER_WRITE_S, self.flush)
+        return await future
+
+    def flush(self) -> None:
+        """Commit the queued writes in one inline transaction. If that fails (the database is
+        locked, or one write is refused), each is retried on its own through ``run``, so one bad
+        write fails alone."""
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        jobs, self._deferred = self._deferred, []
+        if not jobs:
+            return
+        try:
+            results = _transaction(self._inline, "deferred writes", lambda conn: [fn(conn) for _, fn, _ in jobs], True,
+                                   inline=True)
+        except Exception:  # noqa: BLE001  (locked, a refused write, anything: retried one by one)
+            task = asyncio.get_running_loop().create_task(self._one_by_one(jobs))
+            self._retrying.add(task)
+            task.add_done_callback(self._retrying.discard)
+            return
+        self._wrote_inline()
+        for (_, _, future), result in zip(jobs, results, strict=True):
+            if not future.done():
+                future.set_result(result)
+
+    async def _one_by_one(self, jobs: list[Job]) -> None:
+        for operation, fn, future in jobs:
+            try:
+                result = await self.run(operation, fn, write=True, small=True)
+            except Exception as exc:  # noqa: BLE001  (handed to the waiting caller)
+                if not future.done():
+                    future.set_exception(exc)
+            else:
+                if not future.done():
+                    future.set_result(result)
+
+    def _wrote_inline(self) -> None:
+        self._inline_writes += 1
+        if self._inline_writes % CHECKPOINT_EVERY_WRITES == 0:
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        """Checkpoint the WAL on the writer thread, in RESTART mode: it holds off writers until
+        the whole WAL is copied, so the next write starts the WAL over (a PASSIVE checkpoint
+        never catches up while writes go on, and the WAL grows without end). Meanwhile the
+        loop's writes find the lock taken and queue on the writer thread behind it."""
+
+        def run(conn: sa.Connection) -> None:
+            conn.exec_driver_sql(f"PRAGMA busy_timeout = {CHECKPOINT_BUSY_TIMEOUT_MS}")
+            try:
+                for _ in range(CHECKPOINT_ATTEMPTS):  # busy: a reader or the loop's write was in the way
+                    busy = conn.exec_driver_sql("PRAGMA wal_checkpoint(RESTART)").first()
+                    if busy is None or not busy[0]:
+                        return
+                    time.sleep(CHECKPOINT_BUSY_TIMEOUT_MS / 2000)
+            finally:
+                conn.exec_driver_sql(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+
+        future = asyncio.get_running_loop().run_in_executor(self._writer, _transaction, self._threaded, "checkpoint", run, False)
+        future.add_done_callback(_log_checkpoint_failure)
+
+
+def _transaction(engine: Engine, operation: str, fn: Callable[[sa.Connection], T], write: bool, *, inline: bool = False) -> T:
+    """``fn(connection)`` in one transaction of ``engine``; ``_Busy`` when the inline connection
+    finds the database locked, else foreign errors as ``StorageError``s."""
+    try:
+        with engine.begin() if write else engine.connect() as conn:
+            return fn(conn)
+    except sa_exc.OperationalError as exc:
+        text = str(exc.orig)
+        if inline and ("locked" in text or "busy" in text):
+            raise _Busy from exc
+        raise translate_error(exc, operation) from exc
+    except FOREIGN_ERRORS as exc:
+        raise translate_error(exc, operation) from exc
+
+
+def _log_checkpoint_failure(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("WAL checkpoint failed: %s", future.exception())
