@@ -40,3 +40,76 @@ class BoundedCache(OrderedDict):  # type: ignore[type-arg]
         if hit is None or (hit[1] is not None and hit[1] <= time.monotonic()):
             return None
         return hit[0]
+
+
+MEMO_IDLE_S = 60.0
+"""Seconds an in-process memo keeps an entry nobody used. The memos serve an agent's loop (its next
+turn resends the same history within seconds); an entry of a conversation that went quiet only
+holds memory, and recomputing it costs about 3 ms per MB of history (``tests/benchmarks``,
+pipeline section), so memory follows the sessions active in the last minute, not every session
+since start. Measured in the 200-stream load run (sessions replaced every 20 turns): without
+idle expiry, memo memory still grew after 7 minutes; see ``RELIABILITY.md``."""
+
+
+class Memo:
+    """An LRU memo bounded by weight and by idleness (no I/O, no locks: callers lock if shared).
+
+    ``max_weight``: the bound on the sum of ``weight(value)`` over the entries (``weight``
+    defaults to 1 an entry: a bound on entries); least recently used entries leave first, and an
+    entry whose weight alone is over the bound is kept only until the next ``put``. ``idle_s``:
+    an entry not read (``get``) or written (``put``) for that many seconds leaves at the next
+    ``put``. ``None`` is not a storable value (``get`` answers ``None`` for a miss).
+    """
+
+    __slots__ = ("_entries", "idle_s", "max_weight", "total", "weight")
+
+    def __init__(self, max_weight: int, idle_s: float = MEMO_IDLE_S, weight: Any = None) -> None:
+        self._entries: OrderedDict[Any, list[Any]] = OrderedDict()  # key -> [value, last used]
+        self.max_weight = max_weight
+        self.idle_s = idle_s
+        self.weight = weight
+        self.total = 0
+        """Sum of the entries' weights."""
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self._entries
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.total = 0
+
+    def get(self, key: Any) -> Any:
+        """The value of ``key`` (now the most recently used), or ``None``."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        entry[1] = time.monotonic()
+        self._entries.move_to_end(key)
+        return entry[0]
+
+    def pop(self, key: Any) -> Any:
+        """Remove ``key``; its value, or ``None``."""
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return None
+        self.total -= self.weight(entry[0]) if self.weight else 1
+        return entry[0]
+
+    def put(self, key: Any, value: Any) -> None:
+        """Store ``value`` under ``key`` (most recently used), then drop idle and excess entries.
+        ``value`` must not change weight while stored."""
+        now = time.monotonic()
+        self.pop(key)
+        entries = self._entries
+        entries[key] = [value, now]
+        self.total += self.weight(value) if self.weight else 1
+        cutoff = now - self.idle_s
+        while len(entries) > 1:
+            first = next(iter(entries.values()))
+            if self.total <= self.max_weight and first[1] >= cutoff:
+                break
+            self.total -= self.weight(first[0]) if self.weight else 1
+            entries.popitem(last=False)

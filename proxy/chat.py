@@ -15,10 +15,13 @@ from __future__ import annotations
 import bisect
 import hashlib
 import threading
+import time
 from collections import OrderedDict
 from typing import Any, Literal, NotRequired, TypedDict
 
 import orjson
+
+from proxy.cache import MEMO_IDLE_S
 
 
 class FunctionCall(TypedDict):
@@ -185,7 +188,7 @@ class _Run:
     boolean): Python's ``==`` says ``1 == 1.0 == True`` while their JSON differs, so those are
     never reused, always hashed."""
 
-    __slots__ = ("chain", "dead", "digests", "keys", "messages", "nbytes", "sizes", "unsafe")
+    __slots__ = ("chain", "dead", "digests", "keys", "messages", "nbytes", "sizes", "unsafe", "used")
 
     def __init__(self) -> None:
         self.messages: list[dict[str, Any]] = []
@@ -196,6 +199,8 @@ class _Run:
         self.nbytes = 0
         self.keys: list[tuple[Any, ...]] = []
         self.dead = False
+        self.used = 0.0
+        """``time.monotonic()`` of the last request that reused or extended this list."""
 
 
 class DigestMemo:
@@ -208,12 +213,14 @@ class DigestMemo:
     Comparing is one C-level list comparison per matching run (about 0.2 ms per MB), against
     serializing and hashing every message (3 ms per MB). Everything else is hashed as before.
 
-    Bounded by ``max_bytes`` of canonical bytes over the kept lists (least recently used dropped).
+    Bounded by ``max_bytes`` of canonical bytes over the kept lists (least recently used dropped);
+    a list no request reused or extended for ``idle_s`` seconds is dropped too.
     Thread-safe (one lock); the lists given are never mutated, and copies are kept.
     """
 
-    def __init__(self, max_bytes: int = MEMO_MAX_BYTES) -> None:
+    def __init__(self, max_bytes: int = MEMO_MAX_BYTES, idle_s: float = MEMO_IDLE_S) -> None:
         self.max_bytes = max_bytes
+        self.idle_s = idle_s
         self._index: dict[tuple[Any, ...], list[_Run]] = {}
         self._runs: OrderedDict[int, _Run] = OrderedDict()
         self._bytes = 0
@@ -287,14 +294,25 @@ class DigestMemo:
             (fresh if _plain(c) else unsafe).append(i)
             self.hashed += 1
             i += 1
+        now = time.monotonic()
         if fresh or unsafe:
-            self._keep(msgs, digests, chain, sizes, fresh, unsafe, last)
+            self._keep(msgs, digests, chain, sizes, fresh, unsafe, last, now)
         elif last is not None:
+            last.used = now
             self._runs.move_to_end(id(last))
+        self._expire(now)
         return digests, chain
 
+    def _expire(self, now: float) -> None:
+        """Drop the lists unused for ``idle_s`` (the least recently used come first)."""
+        runs, cutoff = self._runs, now - self.idle_s
+        while len(runs) > 1:
+            if next(iter(runs.values())).used >= cutoff:
+                break
+            self._drop(runs.popitem(last=False)[1])
+
     def _keep(self, msgs: list[dict[str, Any]], digests: list[str], chain: list[str], sizes: list[int],
-              fresh: list[int], unsafe: list[int], last: _Run | None) -> None:
+              fresh: list[int], unsafe: list[int], last: _Run | None, now: float) -> None:
         """Index the hashed positions: on the run they extend, else on a new run."""
         if last is not None and len(last.chain) <= len(chain) and chain[len(last.chain) - 1] == last.chain[-1]:
             run = last  # the same conversation, grown: keep only the newest list
@@ -315,6 +333,7 @@ class DigestMemo:
                 cands.insert(0, run)
                 del cands[MEMO_CANDIDATES:]
                 run.keys.append(key)
+        run.used = now
         self._runs[id(run)] = run
         self._runs.move_to_end(id(run))
         while self._bytes > self.max_bytes and len(self._runs) > 1:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from proxy.cache import BoundedCache
+from proxy.cache import BoundedCache, Memo
 from proxy.compaction import Compactor, Prepared
 from proxy.defenses.plans import SummaryPlan
 from proxy.defenses.summarize import build_summary_request_messages, chunk_budget_tokens, render_transcript, summary_chunks
@@ -75,10 +75,14 @@ class ProjectingCompactor(Compactor):
         self._locks: dict[int, asyncio.Lock] = {}
         self._stored = BoundedCache(100_000, STORED_ARTIFACT_TTL_S)
         self._references = ReferenceMemo()
+        self._configs: dict[tuple[int | None, bool], DefenseConfig] = {}
 
     async def _learned_window(self, model: str) -> int | None:
         if model not in self._learned:
-            self._learned[model] = await self.store.get_learned_limit(self.upstream.base_url, model)
+            limit = await self.store.get_learned_limit(self.upstream.base_url, model)
+            if len(self._learned) >= LEARNED_MEMO_MODELS:
+                self._learned.clear()  # model names come from clients: bounded (re-read when needed)
+            self._learned[model] = limit
         return self._learned[model]
 
     async def window(self, model: str) -> int | None:
@@ -129,12 +133,25 @@ class ProjectingCompactor(Compactor):
             return False
         return named if named is not None else any(references_in(proj.messages))
 
+    def _config(self, window: int | None, read_tool: bool) -> DefenseConfig:
+        """The defenses' config for ``window`` (with the read tool named in stubs or not), built
+        once per pair: the settings never change, and building one per request cost about 3% of
+        a small request's CPU (py-spy)."""
+        key = (window, read_tool)
+        cfg = self._configs.get(key)
+        if cfg is None:
+            cfg = DefenseConfig.from_settings(self.settings, window)
+            if read_tool:
+                cfg = dataclasses.replace(cfg, read_tool_name=self.settings.read_tool_name)
+            if len(self._configs) >= LEARNED_MEMO_MODELS:
+                self._configs.clear()
+            self._configs[key] = cfg
+        return cfg
+
     async def prepare(self, ctx: ChatContext, *, overflow: Overflow | None) -> Prepared:
         window = await self.window(ctx.model)
-        cfg = DefenseConfig.from_settings(self.settings, window)
         own_names, own_schemas = self._offerable(ctx)
-        if self.settings.read_tool_name in own_names:
-            cfg = dataclasses.replace(cfg, read_tool_name=self.settings.read_tool_name)
+        cfg = self._config(window, self.settings.read_tool_name in own_names)
         ctx.count_tools = [*(ctx.body.get("tools") or []), *own_schemas] or None
         events = await self._events_of(ctx.session.pk, refresh=False)
         unavailable: set[str] = set()
@@ -350,6 +367,8 @@ class ProjectingCompactor(Compactor):
     async def _set_learned(self, model: str, limit: int) -> None:
         current = await self._learned_window(model)
         if current is None or limit < current:
+            if model not in self._learned and len(self._learned) >= LEARNED_MEMO_MODELS:
+                self._learned.clear()
             self._learned[model] = limit
             try:
                 await self.store.set_learned_limit(self.upstream.base_url, model, limit, now())
@@ -416,6 +435,8 @@ class ProjectingCompactor(Compactor):
         await self._set_learned(ctx.model, prompt)
 
 
+LEARNED_MEMO_MODELS = 4096
+"""Model names whose learned window ``Compactor`` keeps in memory (the stored value is the truth)."""
 REFERENCE_MEMO_SIZE = 20_000
 """Chain hashes ``ReferenceMemo`` remembers (about 200 bytes each: 10 MB at most; a session needs
 one, plus one per ``REFERENCE_CHECKPOINT`` messages of its history)."""
@@ -433,11 +454,12 @@ class ReferenceMemo:
     ``chain[i]`` (a chain hash identifies a message together with everything before it), so the
     answer for the longest remembered prefix is reused and only the messages after it are read.
     A client resends its whole history each turn: a warm request reads the two or three messages
-    it adds. Bounded (LRU over ``size`` chain hashes); not locked (one event loop).
+    it adds. Bounded (LRU over ``size`` chain hashes, idle ones out after ``proxy.cache.MEMO_IDLE_S``);
+    not locked (one event loop).
     """
 
     def __init__(self, size: int = REFERENCE_MEMO_SIZE) -> None:
-        self._seen = BoundedCache(size)
+        self._seen = Memo(size)
 
     def names(self, messages: list[dict[str, Any]], chain: list[str]) -> bool:
         """True iff the text of some message in ``messages`` names stored content.
@@ -452,7 +474,7 @@ class ReferenceMemo:
         for i in self._probes(n):
             hit = self._seen.get(chain[i])
             if hit is not None:
-                start, found = i + 1, hit[0]
+                start, found = i + 1, hit
                 break
         for i in range(start, n):
             if found:

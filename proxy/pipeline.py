@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import orjson
 
 from proxy.chat import digests_and_chain
@@ -227,7 +226,7 @@ class ChatPipeline:
                 continue
             return outcome
 
-    def _client_headers(self, ctx: ChatContext, upstream: httpx.Headers | None) -> dict[str, str]:
+    def _client_headers(self, ctx: ChatContext, upstream: Any) -> dict[str, str]:
         out = response_headers(upstream, keep_encoding=False) if upstream is not None else {}
         out.pop("content-length", None)
         p = ctx.prepared
@@ -300,7 +299,7 @@ class ChatPipeline:
             self._spawn_finish(ctx, resp.status_code, reply, usage, finish_reason=finish_reason)
         return Buffered(resp.status_code, self._client_headers(ctx, resp.headers), data)
 
-    async def _start_stream(self, ctx: ChatContext, resp: httpx.Response) -> Streamed | Overflow:
+    async def _start_stream(self, ctx: ChatContext, resp: Any) -> Streamed | Overflow:
         state = await start_stream(resp)
         if isinstance(state, Overflow):
             return state
@@ -420,7 +419,7 @@ class ChatPipeline:
             self._storage_failed(exc)
 
 
-async def _read(resp: httpx.Response) -> bytes:
+async def _read(resp: Any) -> bytes:
     try:
         return await resp.aread()
     except BaseException as exc:

@@ -25,12 +25,12 @@ digest as key, changed ones are counted once under their new digest. Unchanged m
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress
 from typing import Any
 
+from proxy.cache import Memo
 from proxy.chat import message_digest, text_of
 from proxy.defenses.config import DefenseConfig
 from proxy.defenses.cutoff import last_user_turn, leading_system_count, tail_start
@@ -47,17 +47,20 @@ REPLY_PRIMING_TOKENS = 3
 DEFENSE_ORDER = ("summary", "truncate_args", "offload", "media", "clip", "patch_dangling")
 TRANSFORM_MEMO_SIZE = 20_000
 """Transformed messages kept (truncated, offloaded, media-offloaded; one stub each): an unchanged
-message is transformed once, not on every request that resends it."""
+message is transformed once, not on every request that resends it (entries unused for
+``proxy.cache.MEMO_IDLE_S`` leave)."""
 INDEX_MEMO_POSITIONS = 100_000
 """Positions kept over all chain-hash -> position maps (one map per recent conversation with
-events, see ``_chain_index``; about 100 bytes each: 10 MB at most), least recently used first out."""
+events, see ``_chain_index``; about 100 bytes each: 10 MB at most), least recently used first out;
+maps unused for ``proxy.cache.MEMO_IDLE_S`` leave too."""
 INDEX_LOOKBACK = 64
 """Trailing positions ``_chain_index`` looks back for the map of a shorter prefix."""
 
 _memo_lock = threading.Lock()
-_transform_memo: OrderedDict[tuple[Any, ...], tuple[dict[str, Any], int, tuple[str, ...], tuple[ArtifactToStore, ...]]] = OrderedDict()
-_index_memo: OrderedDict[str, dict[str, int]] = OrderedDict()
-_index_positions = [0]
+_transform_memo = Memo(TRANSFORM_MEMO_SIZE)
+"""key -> (message, tokens, defense kinds, artifacts): see ``_Projector.transform``."""
+_index_memo = Memo(INDEX_MEMO_POSITIONS, weight=len)
+"""chain hash -> {chain hash: position}: see ``_chain_index``."""
 
 
 def _chain_index(chain: list[str]) -> dict[str, int]:
@@ -74,10 +77,9 @@ def _chain_index(chain: list[str]) -> dict[str, int]:
     with _memo_lock:
         index, start = None, 0
         for i in range(n - 1, max(-1, n - 1 - INDEX_LOOKBACK), -1):
-            index = _index_memo.pop(chain[i], None)
+            index = _index_memo.pop(chain[i])
             if index is not None:
                 start = i + 1
-                _index_positions[0] -= len(index)
                 break
         if index is None:
             index = {}
@@ -85,10 +87,7 @@ def _chain_index(chain: list[str]) -> dict[str, int]:
             index = dict(index)
         for i in range(start, n):
             index.setdefault(chain[i], i)
-        _index_memo[chain[-1]] = index
-        _index_positions[0] += len(index)
-        while _index_positions[0] > INDEX_MEMO_POSITIONS and len(_index_memo) > 1:
-            _index_positions[0] -= len(_index_memo.popitem(last=False)[1])
+        _index_memo.put(chain[-1], index)
         return index
 
 
@@ -160,8 +159,6 @@ class _Projector:
                self.counter.encoding_name, self.counter.exact)
         with _memo_lock:
             hit = _transform_memo.get(key)
-            if hit is not None:
-                _transform_memo.move_to_end(key)
         if hit is None:
             new_kinds: set[str] = set()
             # every artifact the stub names, not only those new to this request: a later hit (in
@@ -174,9 +171,7 @@ class _Projector:
                 self.artifacts = outer
             hit = (out, n, tuple(sorted(new_kinds)), arts)
             with _memo_lock:
-                _transform_memo[key] = hit
-                if len(_transform_memo) > TRANSFORM_MEMO_SIZE:
-                    _transform_memo.popitem(last=False)
+                _transform_memo.put(key, hit)
         out, n, new, arts = hit
         kinds.update(new)
         self.artifacts.update((a.id, a) for a in arts)

@@ -9,17 +9,14 @@ generator closed by a disconnect is recorded as partial).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from proxy.errors import ProxyError, UpstreamTimeout, UpstreamUnreachable
 from proxy.overflow import Overflow, classify_stream_event
 from proxy.sse import ReplyAssembler, SSEEvent, SSESplitter
-from proxy.upstream import translate
+from proxy.upstream import TRANSPORT_ERRORS, translate
 
 INCOMPLETE = UpstreamUnreachable("The upstream stream ended before it was complete.")
 
@@ -28,7 +25,8 @@ INCOMPLETE = UpstreamUnreachable("The upstream stream ended before it was comple
 class StreamState:
     """One upstream stream being relayed, and what was learned from it."""
 
-    resp: httpx.Response
+    resp: Any
+    """The upstream response (``proxy.upstream.AiohttpResponse`` or ``httpx.Response``)."""
     chunks: AsyncIterator[bytes]
     prebuffer: list[bytes] = field(default_factory=list)
     first: list[SSEEvent] = field(default_factory=list)
@@ -42,7 +40,7 @@ def error_event(exc: ProxyError) -> bytes:
     return b"data: " + exc.body() + b"\n\n"
 
 
-async def start_stream(resp: httpx.Response) -> StreamState | Overflow:
+async def start_stream(resp: Any) -> StreamState | Overflow:
     """Read until the first complete event; an overflow error there is returned, not relayed.
 
     Cases 014 (llama.cpp's error event inside a 200 stream) and SSE ``error`` events before any
@@ -80,7 +78,7 @@ async def relay_plain(state: StreamState) -> AsyncIterator[bytes]:
         for event in state.splitter.flush():
             state.assembler.add(event)
         state.error = None if state.assembler.done else "upstream stream ended without [DONE]"
-    except (httpx.HTTPError, OSError, asyncio.TimeoutError) as exc:
+    except TRANSPORT_ERRORS as exc:
         translated = translate(exc)
         state.error = str(translated)
         if isinstance(translated, (UpstreamUnreachable, UpstreamTimeout)):
@@ -112,12 +110,12 @@ async def relay_rounds(state: StreamState, rounds: Any, ctx: Any) -> AsyncIterat
         yield error_event(INCOMPLETE)
 
 
-async def relay_unlogged(resp: httpx.Response) -> AsyncIterator[bytes]:
+async def relay_unlogged(resp: Any) -> AsyncIterator[bytes]:
     """Fail-open relay: bytes through, nothing observed."""
     try:
         async for chunk in resp.aiter_raw():
             yield chunk
-    except (httpx.HTTPError, OSError, asyncio.TimeoutError) as exc:
+    except TRANSPORT_ERRORS as exc:
         translated = translate(exc)
         yield error_event(translated if isinstance(translated, ProxyError) else INCOMPLETE)
     finally:

@@ -23,10 +23,11 @@ import math
 import os
 import re
 import tempfile
-from collections import OrderedDict
 from typing import Any
 
 import orjson
+
+from proxy.cache import Memo
 
 log = logging.getLogger("context_proxy.tokens")
 
@@ -137,7 +138,8 @@ def estimate_text_tokens(text: str) -> int:
 
 HISTORY_MEMO_MESSAGES = 100_000
 """Per-message counts ``TokenCounter.count_history`` keeps over all histories (a list slot and
-often an int object each: about 40 bytes, 8 MB), least recently used history dropped first."""
+often an int object each: about 40 bytes, 8 MB), least recently used history dropped first;
+a history unused for ``proxy.cache.MEMO_IDLE_S`` leaves too."""
 HISTORY_LOOKBACK = 64
 """How many trailing messages ``count_history`` looks back for a history it counted before (a
 turn adds a reply and a user message; an agent step a few tool rounds)."""
@@ -148,7 +150,8 @@ class TokenCounter:
 
     ``exact`` is ``False`` in fallback mode (encoding not loadable; ``fallback_reason`` says why):
     texts are then estimated with ``estimate_text_tokens``. ``count_message(message, key)`` is
-    memoized in a bounded LRU (``memo_size`` entries) by ``key`` (e.g. ``proxy.chat.message_digest``)
+    memoized in a bounded LRU (``memo_size`` entries; idle ones leave after
+    ``proxy.cache.MEMO_IDLE_S``) by ``key`` (e.g. ``proxy.chat.message_digest``)
     or, without a key, by a BLAKE2 hash of the message's JSON, so a request costs only the
     messages it adds (``memo_hits`` / ``memo_misses`` count lookups).
     """
@@ -175,12 +178,10 @@ class TokenCounter:
                 encoding_name,
                 self.fallback_reason,
             )
-        self._memo: OrderedDict[str, int] = OrderedDict()
-        self._memo_size = memo_size
+        self._memo = Memo(memo_size)
         self.memo_hits = 0
         self.memo_misses = 0
-        self._histories: OrderedDict[str, list[int]] = OrderedDict()
-        self._history_slots = 0
+        self._histories = Memo(HISTORY_MEMO_MESSAGES, weight=len)
 
     def count_text(self, text: str) -> int:
         """Tokens of ``text`` (no framing). Special-token strings count as plain text."""
@@ -314,13 +315,10 @@ class TokenCounter:
         hit = self._memo.get(key)
         if hit is not None:
             self.memo_hits += 1
-            self._memo.move_to_end(key)
             return hit
         self.memo_misses += 1
         n = self._message_tokens(message)
-        self._memo[key] = n
-        if len(self._memo) > self._memo_size:
-            self._memo.popitem(last=False)
+        self._memo.put(key, n)
         return n
 
     def count_history(self, messages: list[dict[str, Any]], digests: list[str], chain: list[str]) -> list[int]:
@@ -341,20 +339,16 @@ class TokenCounter:
         histories = self._histories
         start, counts = 0, None
         for i in range(n - 1, max(-1, n - 1 - HISTORY_LOOKBACK), -1):
-            counts = histories.pop(chain[i], None)
+            counts = histories.pop(chain[i])
             if counts is not None:
                 start = i + 1
-                self._history_slots -= len(counts)
                 break
         if counts is None:
             counts = []
         if start < n:
             count = self.count_message
             counts += [count(m, d) for m, d in zip(messages[start:], digests[start:])]
-        histories[chain[-1]] = counts
-        self._history_slots += n
-        while self._history_slots > HISTORY_MEMO_MESSAGES and len(histories) > 1:
-            self._history_slots -= len(histories.popitem(last=False)[1])
+        histories.put(chain[-1], counts)
         return list(counts)
 
     def count_tools(self, tools: list[dict[str, Any]] | None) -> int:
@@ -381,7 +375,7 @@ class TokenCounter:
             return hit
         self.memo_misses += 1
         n = TOKENS_PER_TOOLS_BLOCK + sum(TOKENS_PER_TOOL + self._count_json(p) for p in parts)
-        self._memo[key] = n
+        self._memo.put(key, n)
         return n
 
     def count_messages(self, messages: list[dict[str, Any]], keys: list[str] | None = None) -> int:

@@ -1,19 +1,26 @@
-"""The HTTP client to the provider: one shared httpx client over aiohttp's connection pool.
+"""The HTTP client to the provider: one shared ``aiohttp.ClientSession``.
 
-Measured on this machine (issue 2): httpx over the ``httpx-aiohttp`` transport serves about
-1,500 requests/s at 16 concurrent requests against about 560 for httpx's own pool, so the proxy
-keeps httpx's API (tests use respx and httpx transports) but not its default transport.
-Transport errors are translated here into ``UpstreamUnreachable`` (502) / ``UpstreamTimeout`` (504).
+Measured on this machine (issue 2 and ``tests/benchmarks``): httpx over the ``httpx-aiohttp``
+transport serves about 1,500 requests/s at 16 concurrent requests against about 560 for httpx's
+own pool, and aiohttp's client used directly costs less again (the issue's anchors: 0.4-0.5 ms
+of CPU a request against 0.7 ms through httpx; ``tests/benchmarks`` shows the proxy's figures).
+So the proxy sends through aiohttp, behind a small response type with httpx's names
+(``status_code``, ``headers``, ``aread``, ``aiter_raw``, ``aclose``). An injected httpx
+transport (benchmarks: in-process runs and the httpx row) switches to an ``httpx.AsyncClient``
+with the same interface. Transport errors are translated here into ``UpstreamUnreachable``
+(502) / ``UpstreamTimeout`` (504); ``TRANSPORT_ERRORS`` are the exceptions a body read can raise.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+import zlib
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
 
 import aiohttp
 import httpx
-from httpx_aiohttp import AiohttpTransport
+import yarl
 
 from proxy.errors import UpstreamTimeout, UpstreamUnreachable
 
@@ -39,7 +46,9 @@ PROXY_HEADERS = frozenset({"x-session-id"})
 
 OWN_RESPONSE_HEADERS = frozenset({"date", "server"})
 """Set by the proxy's own server; the upstream's copies would be duplicates."""
-"""Headers addressed to this proxy, not to the provider."""
+
+TRANSPORT_ERRORS = (httpx.HTTPError, aiohttp.ClientError, OSError, asyncio.TimeoutError)
+"""What reading an upstream response can raise when the connection fails (``translate`` them)."""
 
 
 def forward_request_headers(
@@ -67,10 +76,14 @@ def forward_request_headers(
     return out
 
 
-def response_headers(headers: httpx.Headers, *, keep_encoding: bool) -> dict[str, str]:
-    """Upstream response headers to pass back (content type, request id, rate limits, retry-after…)."""
+def response_headers(headers: Any, *, keep_encoding: bool) -> dict[str, str]:
+    """Upstream response headers to pass back (content type, request id, rate limits, retry-after…).
+
+    ``headers``: an ``httpx.Headers`` or aiohttp's ``CIMultiDictProxy`` (repeated names joined
+    with ``", "``)."""
     out: dict[str, str] = {}
-    for name, value in headers.multi_items():
+    pairs = headers.multi_items() if isinstance(headers, httpx.Headers) else headers.items()
+    for name, value in pairs:
         low = name.lower()
         if low in HOP_BY_HOP or low in OWN_RESPONSE_HEADERS or (not keep_encoding and low == "content-encoding"):
             continue
@@ -81,12 +94,61 @@ def response_headers(headers: httpx.Headers, *, keep_encoding: bool) -> dict[str
     return out
 
 
+class AiohttpResponse:
+    """An upstream response read through aiohttp, under httpx's names (what the proxy uses).
+
+    ``status_code``: the HTTP status. ``headers``: aiohttp's case-insensitive multidict.
+    ``aread()``: the whole body (bytes); ``aiter_raw()``: the body as it arrives, undecoded.
+    ``aclose()``: release the connection to the pool when the body was read to its end, else
+    close it (so a stream the client left is cancelled upstream too); idempotent. Reads raise
+    aiohttp's exceptions (``TRANSPORT_ERRORS``; ``translate`` maps them).
+    """
+
+    __slots__ = ("_resp", "headers", "status_code")
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self._resp = resp
+        self.status_code = resp.status
+        self.headers = resp.headers
+
+    async def aread(self) -> bytes:
+        """The whole body, decoded when the upstream compressed it (``gzip``/``deflate``) although
+        asked for ``identity``, as ``httpx.Response.aread`` does; corrupt compressed data raises
+        ``aiohttp.ClientPayloadError`` (a transport error: ``translate`` makes it a 502)."""
+        data = await self._resp.read()
+        encoding = self.headers.get("content-encoding", "").strip().lower()
+        if encoding in ("gzip", "x-gzip", "deflate") and data:
+            try:
+                return zlib.decompressobj(wbits=47).decompress(data)  # 47: gzip or zlib, auto-detected
+            except zlib.error:
+                if encoding != "deflate":
+                    raise aiohttp.ClientPayloadError("the upstream sent corrupt gzip data") from None
+                return zlib.decompressobj(wbits=-15).decompress(data)  # raw deflate (some servers)
+        return data
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        async for chunk in self._resp.content.iter_any():
+            yield chunk
+
+    async def aclose(self) -> None:
+        resp = self._resp
+        if resp.content.is_eof():
+            resp.release()
+        else:
+            resp.close()
+
+
 class Upstream:
     """One shared client to the provider, created in the app's lifespan.
 
-    ``send`` returns a streaming ``httpx.Response`` (the caller reads or iterates it and must
-    ``aclose`` it). Raises ``UpstreamUnreachable`` or ``UpstreamTimeout``; never another library's
-    exception.
+    ``send`` returns a streaming response (``AiohttpResponse``, or an ``httpx.Response`` with an
+    injected ``transport``) that the caller reads or iterates and must ``aclose``. Raises
+    ``UpstreamUnreachable`` or ``UpstreamTimeout``; never another library's exception.
+    Timeouts: ``connect_timeout_s`` for a pooled connection (waiting for one included) and the
+    TCP connect, ``read_timeout_s`` from the request's last byte to the response and between two
+    reads of it (a stalled stream). Writing the request has no timeout of its own (as before,
+    through httpx's aiohttp transport): an upstream that accepts a connection but never reads
+    a body larger than the socket buffers holds that request.
     """
 
     def __init__(
@@ -100,15 +162,25 @@ class Upstream:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self._client: httpx.AsyncClient | None = None
+        self._session: aiohttp.ClientSession | None = None
+        if transport is not None:
+            limits = httpx.Limits(max_connections=pool_size, max_keepalive_connections=pool_size, keepalive_expiry=keepalive_s)
+            timeout = httpx.Timeout(connect=connect_timeout_s, read=read_timeout_s, write=read_timeout_s, pool=connect_timeout_s)
+            self._client = httpx.AsyncClient(transport=transport, timeout=timeout, limits=limits, trust_env=False)
+            return
         # an idle connection the server already closed fails the next request ("Server
         # disconnected"): keep idle connections shorter than the server does (uvicorn: 5 s)
-        limits = httpx.Limits(max_connections=pool_size, max_keepalive_connections=pool_size, keepalive_expiry=keepalive_s)
-        timeout = httpx.Timeout(connect=connect_timeout_s, read=read_timeout_s, write=read_timeout_s, pool=connect_timeout_s)
-        self._client = httpx.AsyncClient(
-            transport=transport or AiohttpTransport(limits=limits, trust_env=False),
-            timeout=timeout,
-            limits=limits,
+        # certifi's CAs, as httpx trusted before (aiohttp alone would use the system store)
+        connector = aiohttp.TCPConnector(limit=pool_size, keepalive_timeout=keepalive_s, ttl_dns_cache=60,
+                                         ssl=httpx.create_ssl_context())
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s,
+                                          sock_read=read_timeout_s),
+            auto_decompress=False,  # bytes are relayed as the upstream sent them
             trust_env=False,
+            skip_auto_headers=("Content-Type",),  # the client's own goes through, else none
         )
 
     def url(self, path: str) -> str:
@@ -122,30 +194,37 @@ class Upstream:
         *,
         headers: list[tuple[str, str]],
         content: bytes | None,
-        params: Mapping[str, str] | str | None = None,
-    ) -> httpx.Response:
-        request = self._client.build_request(method, self.url(path), headers=headers, content=content, params=params)
+    ) -> AiohttpResponse | httpx.Response:
+        """Send ``content`` to ``path`` (already percent-encoded, query included) with ``headers``."""
         try:
+            if self._session is not None:
+                resp = await self._session.request(method, yarl.URL(self.url(path), encoded=True), headers=headers,
+                                                   data=content, allow_redirects=False)
+                return AiohttpResponse(resp)
+            assert self._client is not None
+            request = self._client.build_request(method, self.url(path), headers=headers, content=content)
             return await self._client.send(request, stream=True)
         except BaseException as exc:
             raise translate(exc) from exc
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()
+        if self._client is not None:
+            await self._client.aclose()
 
 
 def translate(exc: BaseException) -> BaseException:
-    """Map an httpx/aiohttp transport error to our 502/504 errors; other exceptions unchanged."""
-    cause = exc.__cause__
-    if isinstance(exc, httpx.ConnectError) or isinstance(cause, aiohttp.ClientConnectorError):
-        return UpstreamUnreachable(f"The upstream provider could not be reached: {_describe(exc)}")
-    if isinstance(cause, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)) or isinstance(
-        exc, (httpx.RemoteProtocolError, httpx.ReadError)
-    ):
-        return UpstreamUnreachable(f"The upstream provider closed the connection: {_describe(exc)}")
+    """Map an aiohttp/httpx transport error to our 502/504 errors; other exceptions unchanged."""
     if isinstance(exc, (httpx.TimeoutException, asyncio.TimeoutError, TimeoutError)):
+        # before the connection errors: aiohttp's timeouts are ``ClientError`` subclasses too
         return UpstreamTimeout(f"The upstream provider did not answer in time ({type(exc).__name__}).")
-    if isinstance(exc, httpx.HTTPError):
+    if isinstance(exc, (httpx.ConnectError, aiohttp.ClientConnectorError)):
+        return UpstreamUnreachable(f"The upstream provider could not be reached: {_describe(exc)}")
+    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError,
+                        httpx.RemoteProtocolError, httpx.ReadError, ConnectionError)):
+        return UpstreamUnreachable(f"The upstream provider closed the connection: {_describe(exc)}")
+    if isinstance(exc, (httpx.HTTPError, aiohttp.ClientError)):
         return UpstreamUnreachable(f"Upstream transport error: {_describe(exc)}")
     return exc
 

@@ -104,6 +104,11 @@ class SqliteFile:
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="store-write")
         self._reader = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="store-read")
 
+    @property
+    def dialect(self) -> sa.Dialect:
+        """The dialect of the file's connections (``pysqlite``)."""
+        return self._inline.dialect
+
     @classmethod
     def open(cls, database_url: str) -> SqliteFile | None:
         threaded = create_sqlite_file_engine(database_url)
@@ -242,3 +247,50 @@ def _transaction(engine: Engine, operation: str, fn: Callable[[sa.Connection], T
 def _log_checkpoint_failure(future: asyncio.Future[Any]) -> None:
     if not future.cancelled() and future.exception() is not None:
         log.warning("WAL checkpoint failed: %s", future.exception())
+
+
+class DriverStatement:
+    """A SQLAlchemy statement compiled once for SQLite, then run on the driver's connection.
+
+    ``execute(conn, values)`` / ``executemany(conn, rows)`` take the values by bind name (as
+    ``conn.execute`` does), convert them with the column types' own bind processors (hashes to
+    bytes, JSON packed, times as text), and call ``sqlite3`` directly inside ``conn``'s
+    transaction. They return the rows changed (``executemany``: the sum, so an ``INSERT .. ON
+    CONFLICT DO NOTHING`` counts the rows it added). SQLAlchemy's per-execution work (execution
+    context, parameter processing, result objects) was about 15% of a small chat request's CPU
+    (py-spy, ``tests/benchmarks`` overhead at concurrency 16); this keeps the same SQL and types
+    without it. Driver errors are raised as SQLAlchemy's (``OperationalError`` for a locked
+    database), as ``conn.execute`` would. Statements with ``RETURNING`` are not supported.
+    """
+
+    __slots__ = ("_params", "sql")
+
+    def __init__(self, statement: sa.Executable, dialect: sa.Dialect, column_keys: Sequence[str] | None = None) -> None:
+        """``column_keys``: for an ``INSERT`` without values, the columns given (else all)."""
+        compiled = statement.compile(dialect=dialect, column_keys=list(column_keys) if column_keys else None)  # type: ignore[attr-defined]
+        if compiled.positiontup is None:
+            raise ValueError("DriverStatement needs a positional (qmark) dialect")
+        processors = compiled._bind_processors  # name -> the type's bind processor, for those that have one
+        self.sql: str = compiled.string
+        self._params = [(name, processors.get(name)) for name in compiled.positiontup]
+
+    def _row(self, values: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(values[name] if proc is None else proc(values[name]) for name, proc in self._params)
+
+    def execute(self, conn: sa.Connection, values: dict[str, Any]) -> int:
+        return self._run(conn, False, [self._row(values)])
+
+    def executemany(self, conn: sa.Connection, rows: Sequence[dict[str, Any]]) -> int:
+        return self._run(conn, True, [self._row(r) for r in rows])
+
+    def _run(self, conn: sa.Connection, many: bool, params: list[tuple[Any, ...]]) -> int:
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        try:
+            cursor = driver.executemany(self.sql, params) if many else driver.execute(self.sql, params[0])
+        except conn.dialect.dbapi.Error as exc:  # type: ignore[union-attr]
+            raise sa_exc.DBAPIError.instance(self.sql, params, exc, conn.dialect.dbapi.Error) from exc  # type: ignore[union-attr]
+        try:
+            return cursor.rowcount
+        finally:
+            cursor.close()

@@ -36,7 +36,7 @@ from storage.records import (
     SessionRecord,
     SessionSummary,
 )
-from storage.sqlite_file import SqliteFile, small_rows
+from storage.sqlite_file import DriverStatement, SqliteFile, small_rows
 from storage.tables import (
     artifacts,
     events,
@@ -88,6 +88,16 @@ class Store:
             .returning(messages.c.id)
         )
         self._insert_request = sa.insert(requests)
+        self._driver: tuple[DriverStatement, DriverStatement, DriverStatement] | None = None
+        """On a SQLite file: the end-of-request statements run on the driver (``DriverStatement``)."""
+        if sqlite_file is not None:
+            d = sqlite_file.dialect
+            self._driver = (
+                DriverStatement(self._bump_session, d),
+                DriverStatement(self._insert(messages).on_conflict_do_nothing(
+                    index_elements=[messages.c.session_pk, messages.c.chain_hash]), d, MESSAGE_ROW_KEYS),
+                DriverStatement(self._insert_request, d, REQUEST_ROW_KEYS),
+            )
 
     @classmethod
     async def open(cls, database_url: str, *, pool_size: int = 20) -> Store:
@@ -287,8 +297,18 @@ class Store:
             conn.execute(self._insert_request, values)
             return added
 
-        if self._sqlite is not None and small_rows(new_messages):
-            return await self._sqlite.run_deferred("append_and_record", run)
+        if self._sqlite is not None and self._driver is not None and small_rows(new_messages):
+            bump, insert_messages, insert_request = self._driver
+
+            def run_on_driver(conn: sa.Connection) -> int:
+                added = 0
+                if rows:
+                    bump.execute(conn, {"b_pk": session_pk, "b_now": now})
+                    added = insert_messages.executemany(conn, rows)
+                insert_request.execute(conn, values)
+                return added
+
+            return await self._sqlite.run_deferred("append_and_record", run_on_driver)
         return await self._transact("append_and_record", run, small=False)
 
     # --- events, artifacts, requests, learned limits ---------------------------------------
@@ -452,6 +472,12 @@ class Store:
                     )
             rows = (await conn.execute(query.order_by(requests.c.created_at, requests.c.id).limit(limit + 1))).all()
         return [RequestRecord(**r._mapping) for r in rows[:limit]], len(rows) > limit
+
+
+MESSAGE_ROW_KEYS = ("session_pk", "chain_hash", "parent_hash", "seq", "role", "message", "internal", "created_at")
+"""The keys of ``_message_rows``' rows (the columns of a new message row)."""
+REQUEST_ROW_KEYS = tuple(f.name for f in dataclasses.fields(RequestRecord))
+"""The columns of a request row, as ``append_and_record`` gives them (``created_at`` included)."""
 
 
 def _message_rows(session_pk: int, new_messages: Sequence[NewMessage], now: datetime) -> list[dict[str, Any]]:

@@ -79,3 +79,18 @@ def test_cpu_of_a_process_grows() -> None:
     asyncio.run(asyncio.sleep(0))
     sum(i * i for i in range(200_000))
     assert overhead.cpu_ns(os.getpid()) > before
+
+
+def test_load_generator_parses_responses_split_anywhere() -> None:
+    """The raw load generator must see where a response ends, however TCP splits it (a response
+    taken as complete too early would make every latency too short)."""
+    from tests.benchmarks.loadgen import ResponseParser
+    from tests.benchmarks.servers import _JSON_HEAD, _SSE_CHUNKS, _SSE_HEAD, COMPLETION
+
+    for whole in (_JSON_HEAD + COMPLETION, _SSE_HEAD + b"".join(_SSE_CHUNKS)):
+        for size in (1, 2, 7, 64, len(whole)):
+            parser = ResponseParser()
+            pieces = [whole[i:i + size] for i in range(0, len(whole), size)]
+            ends = [parser.feed(p) for p in pieces]
+            assert ends[-1] and not any(ends[:-1]), size
+            assert parser.status == 200 and parser.first_body_at is not None

@@ -390,7 +390,6 @@ def test_memoized_projection_equals_a_cold_one_turn_after_turn(counter):
         again = project_once([dict(m) for m in history], cfg, counter, tools=req["tools"])
         proj_mod._transform_memo.clear()
         proj_mod._index_memo.clear()
-        proj_mod._index_positions[0] = 0
         cold = project_once(history, cfg, _fresh_counter(), tools=req["tools"])
         for p in (first, again):
             assert orjson.dumps(p.messages) == orjson.dumps(cold.messages)

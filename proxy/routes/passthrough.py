@@ -42,8 +42,8 @@ async def passthrough(path: str, request: Request) -> StreamingResponse:
             )
     body = await read_body(request, state.settings.max_body_bytes)
     headers = forward_request_headers(request.headers.items(), upstream_api_key=state.settings.upstream_api_key, identity=False)
-    # The path and query exactly as the client wrote them (percent-encoding kept): httpx would
-    # re-encode a ``params`` string (``%20`` -> ``+``) and the decoded ``path`` loses ``%2F``.
+    # The path and query exactly as the client wrote them (percent-encoding kept): a client
+    # library would re-encode a query (``%20`` -> ``+``) and the decoded ``path`` loses ``%2F``.
     raw_path = request.scope.get("raw_path") or ("/v1/" + path).encode()
     target = raw_path.decode("latin-1").removeprefix("/v1")
     if request.url.query:

@@ -237,8 +237,9 @@ def _progress(point: dict[str, Any]) -> None:
 
 FLOOR_NOISE_MS = 0.25
 """Below this added p50 (ms), the floor's added latency is within this machine's noise: a ratio
-over it is undefined, not huge (at concurrency 16 and 64 on 2 cores the load generator and the
-upstream share one core, which saturates first: the floor then adds nothing measurable)."""
+over it is undefined, not huge. It happened while the load generator (then aiohttp's client)
+and the upstream (then an ASGI app) saturated their shared core before the floor saturated its
+own; with the raw-protocol generator and upstream the floor is the slower side at 16 and 64."""
 
 
 def goals(result: dict[str, Any]) -> dict[str, Any]:

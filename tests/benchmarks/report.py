@@ -165,10 +165,10 @@ def goals_table(g: dict[str, Any]) -> list[str]:
     lines.append(f"| added latency vs LiteLLM | {'not measured (not installed)' if g['added_latency_vs_litellm'] is None else g['added_latency_vs_litellm']} | – |")
     if floor and any(v is None for v in floor.values()):
         lines += ["", "*Undefined*: at that concurrency the floor's added p50 is under "
-                  f"{FLOOR_NOISE_MS:g} ms, within this machine's noise (the core shared by the load generator and "
-                  "the upstream saturates first, so a relay that parses nothing adds no measurable latency); the "
-                  "ratio cannot be computed and the goal is not counted as met. The proxy's added latency there "
-                  "is its CPU per request (row above) queueing at saturation."]
+                  f"{FLOOR_NOISE_MS:g} ms, within this machine's noise (the load generator's core saturated before "
+                  "the floor's, so a relay that parses nothing added no measurable latency); the ratio cannot be "
+                  "computed and the goal is not counted as met. The proxy's added latency there is its CPU per "
+                  "request (row above) queueing at saturation."]
     return lines
 
 

@@ -5,15 +5,18 @@
 prints ``PORT <n>`` on stdout once its socket is bound (127.0.0.1, port 0), then serves until
 SIGTERM. ``KIND``:
 
-- ``upstream``: ``FastUpstream``, a raw ASGI app answering every POST with one fixed chat
-  completion, or a fixed SSE stream when the body asks for ``"stream":true`` (no parsing);
+- ``upstream``: ``UpstreamProtocol``, a raw HTTP/1.1 server (asyncio protocol, no ASGI server)
+  answering every request with one fixed chat completion, or a fixed SSE stream (one chunk an
+  event) when the body asks for ``"stream":true``; it shares its core with the load generator,
+  so it must cost far less than any candidate (an ASGI app under uvicorn cost 0.07 ms a request);
 - ``floor``: ``Relay``, a raw ASGI app relaying request and response bytes to ``--upstream`` with
   one shared ``aiohttp.ClientSession``; parses nothing (the least a Python proxy can do);
 - ``proxy``: ``proxy.app.create_app`` with real settings (session log on SQLite in ``--workdir``,
   compaction on), on its default aiohttp transport;
 - ``proxy-httpx``: the same on httpx's own ``AsyncHTTPTransport`` (the transport issue 2 rejected).
 
-All run under uvicorn with the same options as ``context-proxy serve`` (no access log).
+The others run under uvicorn with the same options as ``context-proxy serve`` (no access log; uvloop and
+httptools when installed, as ``uvicorn[standard]`` does).
 """
 
 from __future__ import annotations
@@ -76,23 +79,44 @@ async def _lifespan(receive: Any, send: Any) -> None:
             return
 
 
-class FastUpstream:
-    """A fixed chat completion (``COMPLETION``) or SSE stream (``SSE_PARTS``, one send per event)."""
+_JSON_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+              + str(len(COMPLETION)).encode() + b"\r\n\r\n")
+_SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n"
+_SSE_CHUNKS = [f"{len(part):x}\r\n".encode() + part + b"\r\n" for part in SSE_PARTS] + [b"0\r\n\r\n"]
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            return await _lifespan(receive, send)
-        body = await _read_body(receive)
-        if b'"stream":true' in body:
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
-            for part in SSE_PARTS:
-                await send({"type": "http.response.body", "body": part, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-            return
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(COMPLETION)).encode())]})
-        await send({"type": "http.response.body", "body": COMPLETION, "more_body": False})
+
+class UpstreamProtocol(asyncio.Protocol):
+    """The fake upstream, one instance a connection: reads requests with a ``Content-Length``
+    body (what the candidates and the load generator send), answers ``COMPLETION`` or, when the
+    body says ``"stream":true``, the SSE events of ``SSE_PARTS`` as one write (one chunk) each."""
+
+    def __init__(self) -> None:
+        self.buf = b""
+        self.transport: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buf[:end].lower()
+            at, size = head.find(b"\r\ncontent-length:"), 0
+            if at >= 0:
+                eol = head.find(b"\r\n", at + 2)
+                size = int(head[at + 17:eol if eol >= 0 else len(head)])
+            if len(self.buf) < end + 4 + size:
+                return
+            body, self.buf = self.buf[end + 4:end + 4 + size], self.buf[end + 4 + size:]
+            if b'"stream":true' in body:
+                self.transport.write(_SSE_HEAD)
+                for chunk in _SSE_CHUNKS:
+                    self.transport.write(chunk)
+            else:
+                self.transport.write(_JSON_HEAD + COMPLETION)
 
 
 class Relay:
@@ -122,8 +146,6 @@ class Relay:
 
 def build_app(kind: str, upstream_url: str | None, workdir: Path) -> Any:
     """The ASGI app of ``kind`` (see the module docstring)."""
-    if kind == "upstream":
-        return FastUpstream()
     assert upstream_url, f"{kind} needs --upstream"
     if kind == "floor":
         return Relay(upstream_url)
@@ -143,6 +165,39 @@ def build_app(kind: str, upstream_url: str | None, workdir: Path) -> Any:
     return create_app(settings, upstream_transport=transport)
 
 
+def _listen() -> socket.socket:
+    # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted sockets only when the
+    # listening socket says TCP; with proto 0 Nagle + delayed ACKs add ~40 ms per response.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(2048)  # connections queue from now on, before the server serves them
+    return sock
+
+
+def serve_upstream() -> None:
+    """Serve ``UpstreamProtocol`` (on uvloop when installed) until SIGTERM."""
+    import signal
+
+    sock = _listen()
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(UpstreamProtocol, sock=sock)
+        stop = asyncio.Event()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        print(f"PORT {sock.getsockname()[1]}", flush=True)
+        await stop.wait()
+        server.close()
+
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve())
+    else:
+        uvloop.run(serve())
+
+
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
@@ -154,18 +209,16 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
+    if args.kind == "upstream":
+        serve_upstream()
+        return
     app = build_app(args.kind, args.upstream, Path(args.workdir))
-    # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted sockets only when the
-    # listening socket says TCP; with proto 0 Nagle + delayed ACKs add ~40 ms per response.
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(2048)  # connections queue from now on, before uvicorn serves them
+    sock = _listen()
     config = uvicorn.Config(app, log_level="warning", access_log=False, log_config=None, ws="none",
                             timeout_graceful_shutdown=1, backlog=2048, timeout_keep_alive=75)
     server = uvicorn.Server(config)
     print(f"PORT {sock.getsockname()[1]}", flush=True)
-    asyncio.run(server.serve(sockets=[sock]))
+    server.run(sockets=[sock])  # on uvloop when installed, as ``context-proxy serve`` (uvicorn's loop="auto")
     sys.exit(0)
 
 

@@ -8,7 +8,9 @@ user message, and starts again (a new session every 20 turns, so histories stay 
 error is any status but 200, a transport error, or a stream without ``[DONE]``. Added latency is the
 proxy's time to the last byte minus the upstream's alone, per percentile, with the same workers
 sending straight to the fake upstream for a calibration run first. RSS of the proxy process
-(bytes) is sampled every 0.25 s.
+(bytes) is sampled every 0.25 s; the report gives start, middle, peak and end, a series of about
+ten points, and the growth over the second half (MB per minute: memory that stops growing is
+near 0 there).
 """
 
 from __future__ import annotations
@@ -103,6 +105,11 @@ async def run_load(proxy_url: str, upstream_url: str, proxy_pid: int, *, concurr
     rss = [r for _, r in samples]
     half = [r for t, r in samples if t <= samples[-1][0] / 2] or rss
     mb = 1024 * 1024
+    # RSS over time: one sample per tenth of the run, and the growth over its second half
+    step = max(1, len(samples) // 10)
+    series = [[round(t, 1), round(r / mb, 1)] for t, r in samples[::step]] + [[round(samples[-1][0], 1), round(rss[-1] / mb, 1)]]
+    mid = next((r for t, r in samples if t >= samples[-1][0] / 2), rss[-1])
+    half_s = max(1e-9, samples[-1][0] / 2)
     return {
         "concurrency": concurrency,
         "duration_s": duration_s,
@@ -116,7 +123,9 @@ async def run_load(proxy_url: str, upstream_url: str, proxy_pid: int, *, concurr
         "calibration_requests": direct.requests,
         "calibration_errors": direct.errors,
         "rss_mb": {"start": round(rss[0] / mb, 1), "peak": round(max(rss) / mb, 1), "end": round(rss[-1] / mb, 1),
-                   "peak_first_half": round(max(half) / mb, 1)},
+                   "peak_first_half": round(max(half) / mb, 1), "middle": round(mid / mb, 1)},
+        "rss_growth_second_half_mb_per_min": round((rss[-1] - mid) / mb / half_s * 60, 2),
+        "rss_mb_series": series,
         "mean_latency_ms": round(statistics.fmean(through.latencies_ms), 1) if through.latencies_ms else 0.0,
     }
 

@@ -413,3 +413,52 @@ async def test_compaction_locks_leave_connections_for_requests(database_url: str
         await asyncio.gather(*holders)
     finally:
         await store.close()
+
+
+async def test_driver_statements_write_the_same_rows_as_sqlalchemy(tmp_path: Any) -> None:
+    """On a SQLite file the end-of-request write runs on the driver (``DriverStatement``): its
+    rows are byte for byte those of the SQLAlchemy path (hashes as bytes, JSON packed or not,
+    times as text), it counts only new rows, and it is read back like any other."""
+    import sqlite3
+
+    from storage.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path}/driver.db"
+    await upgrade(url)
+    store = await Store.open(url)
+    assert store._driver is not None  # the path under test
+    messages = conversation(3) + [{"role": "user", "content": "ünïcode ✓ " + "long and compressible " * 20},
+                                  {"role": "assistant", "content": None, "tool_calls": [
+                                      {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]
+    log = chain(messages)
+    record = dataclasses.replace(_record("req_x", 0), usage={"prompt_tokens": 7, "total_tokens": 9},
+                                 defenses=["offload"], event_ids=["evt_1"], error="partial ✓", tokens_client=12)
+    try:
+        via_driver = await store.get_or_create_session("t", "driver", T0)
+        via_sqlalchemy = await store.get_or_create_session("t", "sqlalchemy", T0)
+        assert await store.append_and_record(via_driver.pk, log[:3], dataclasses.replace(record, session_pk=via_driver.pk), T0) == 3
+        assert await store.append_and_record(via_driver.pk, log, dataclasses.replace(
+            record, id="req_y", session_pk=via_driver.pk), T0 + timedelta(seconds=1)) == 2  # only the new ones
+        assert await store.append_messages(via_sqlalchemy.pk, log[:3], T0) == 3
+        await store.add_request(dataclasses.replace(record, session_pk=via_sqlalchemy.pk, id="req_z", created_at=T0))
+        assert await store.append_messages(via_sqlalchemy.pk, log, T0 + timedelta(seconds=1)) == 2
+        await store.add_request(dataclasses.replace(record, session_pk=via_sqlalchemy.pk, id="req_w",
+                                                    created_at=T0 + timedelta(seconds=1)))
+        assert await store.stored_prefix_len(via_driver.pk, [m.chain_hash for m in log]) == len(log)
+    finally:
+        await store.close()
+    db = sqlite3.connect(tmp_path / "driver.db")
+    try:
+        def rows(table: str, pk: int, columns: str) -> list[tuple[Any, ...]]:
+            return db.execute(f"SELECT {columns} FROM {table} WHERE session_pk = ? ORDER BY rowid", (pk,)).fetchall()
+
+        cols = "chain_hash, parent_hash, seq, role, message, internal, created_at"
+        assert rows("messages", via_driver.pk, cols) == rows("messages", via_sqlalchemy.pk, cols)
+        assert any(isinstance(r[4], bytes) for r in rows("messages", via_driver.pk, cols))  # packed
+        cols = ("model, status, latency_ms, stream, usage, added_messages, first_added_seq, tokens_client, "
+                "tokens_forwarded, defenses, event_ids, error, finish_reason, created_at")
+        assert rows("requests", via_driver.pk, cols) == rows("requests", via_sqlalchemy.pk, cols)
+        assert db.execute("SELECT updated_at FROM sessions WHERE pk = ?", (via_driver.pk,)).fetchone() == \
+            db.execute("SELECT updated_at FROM sessions WHERE pk = ?", (via_sqlalchemy.pk,)).fetchone()
+    finally:
+        db.close()

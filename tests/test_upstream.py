@@ -1,0 +1,86 @@
+"""proxy/upstream.py on a real socket: what the aiohttp client sends and how replies are read."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import zlib
+
+import pytest
+
+from proxy.errors import UpstreamTimeout, UpstreamUnreachable
+from proxy.upstream import Upstream, translate
+
+BODY = b'{"id": "chatcmpl-1", "choices": []}' * 20
+
+
+async def _serve(reply: bytes, seen: list[bytes], *, stall: bool = False) -> tuple[asyncio.Server, str]:
+    """A one-response-per-request HTTP/1.1 server on a free port; ``seen`` gets each raw request."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next((int(line.split(b":")[1]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:")), 0)
+        seen.append(head + await reader.readexactly(length))
+        if stall:
+            await asyncio.sleep(30)
+        writer.write(reply)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+
+
+def _response(body: bytes, encoding: str | None) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+    if encoding:
+        head += b"content-encoding: " + encoding.encode() + b"\r\n"
+    return head + b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body
+
+
+@pytest.mark.parametrize("encoding, encode", [(None, lambda b: b), ("gzip", gzip.compress), ("deflate", zlib.compress),
+                                              ("deflate", lambda b: zlib.compress(b)[2:-4])])
+async def test_a_compressed_reply_is_read_decoded_and_the_request_goes_as_given(encoding, encode) -> None:
+    """Asked for ``identity``, an upstream may compress all the same: the body is read decoded
+    (httpx did that before), so the proxy parses and logs JSON, not gzip bytes."""
+    seen: list[bytes] = []
+    server, url = await _serve(_response(encode(BODY), encoding), seen)
+    upstream = Upstream(url, pool_size=4, connect_timeout_s=2, read_timeout_s=2)
+    try:
+        resp = await upstream.send("POST", "/files/a%2Fb%20c?x=%20y&z=1+2", headers=[("accept-encoding", "identity")],
+                                   content=b"{}")
+        assert resp.status_code == 200 and await resp.aread() == BODY
+        await resp.aclose()
+    finally:
+        await upstream.aclose()
+        server.close()
+    assert seen[0].startswith(b"POST /v1/files/a%2Fb%20c?x=%20y&z=1+2 HTTP/1.1\r\n")  # as the client wrote it
+    assert b"content-type" not in seen[0].lower()  # nothing the client did not send
+
+
+async def _expect_failure(url: str, error: type[Exception]) -> None:
+    upstream = Upstream(url, pool_size=4, connect_timeout_s=1, read_timeout_s=0.3)
+    try:
+        with pytest.raises(error):
+            await upstream.send("POST", "/chat/completions", headers=[], content=b"{}")
+    finally:
+        await upstream.aclose()
+
+
+async def test_a_stalled_upstream_times_out_and_a_refused_one_is_unreachable() -> None:
+    server, url = await _serve(b"", [], stall=True)
+    try:
+        await _expect_failure(url, UpstreamTimeout)  # no answer within the read timeout
+    finally:
+        server.close()  # the listening socket closes now (the stalled handler is left to sleep)
+    await _expect_failure(url, UpstreamUnreachable)  # nobody listens there any more
+
+
+def test_timeouts_are_mapped_before_connection_errors() -> None:
+    """``TimeoutError`` is an ``OSError`` in Python 3.11, and aiohttp's timeouts are client errors."""
+    import aiohttp
+
+    assert isinstance(translate(aiohttp.ServerTimeoutError("read")), UpstreamTimeout)
+    assert isinstance(translate(TimeoutError()), UpstreamTimeout)
+    assert isinstance(translate(aiohttp.ServerDisconnectedError()), UpstreamUnreachable)
+    assert isinstance(translate(aiohttp.ClientPayloadError("cut")), UpstreamUnreachable)
