@@ -72,8 +72,8 @@ class Server:
     """A ``tests.benchmarks.servers`` process; ``url`` is its base URL (``http://127.0.0.1:P``)."""
 
     def __init__(self, kind: str, cpu: int | None, workdir: Path, upstream: str | None = None,
-                 ready_path: str = "/healthz") -> None:
-        cmd = [sys.executable, "-m", "tests.benchmarks.servers", kind, "--workdir", str(workdir)]
+                 ready_path: str = "/healthz", python: str = sys.executable) -> None:
+        cmd = [python, "-m", "tests.benchmarks.servers", kind, "--workdir", str(workdir)]
         if cpu is not None:
             cmd += ["--cpu", str(cpu)]
         if upstream:
@@ -93,11 +93,11 @@ class Server:
     def pid(self) -> int:
         return self.proc.pid
 
-    def _wait_ready(self, path: str, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
+    def _wait_ready(self, path: str, timeout_s: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout_s  # LiteLLM's proxy takes seconds to import
         while True:
             try:
-                data = b"{}" if path != "/healthz" else None
+                data = b"{}" if path.startswith("/v1/") else None  # the upstream answers POSTs only
                 with urllib.request.urlopen(urllib.request.Request(self.url + path, data=data), timeout=5) as r:
                     r.read()
                 return
@@ -145,11 +145,37 @@ class LoadGenerator:
             self.proc.kill()
 
 
+LITELLM_PYTHON_ENV = "CONTEXT_PROXY_BENCH_LITELLM_PYTHON"
+"""A Python with ``litellm[proxy]`` installed, when the test environment has none (LiteLLM pins
+its own versions of httpx, openai and pydantic: a virtual environment of its own is cleaner)."""
+
+
+def litellm_python() -> str | None:
+    """The interpreter that runs LiteLLM's proxy: this one if it has ``litellm``, else the one
+    named by ``CONTEXT_PROXY_BENCH_LITELLM_PYTHON`` if that has it; ``None``: not measured."""
+    if importlib.util.find_spec("litellm") is not None:
+        return sys.executable
+    other = os.environ.get(LITELLM_PYTHON_ENV)
+    if other and subprocess.run([other, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('litellm') is None)"],
+                                capture_output=True, check=False).returncode == 0:
+        return other
+    return None
+
+
 def litellm_status() -> str | None:
-    """``None`` when LiteLLM's proxy is importable, else why it is not measured."""
-    if importlib.util.find_spec("litellm") is None:
-        return "litellm not installed (optional; not installed by the benchmark)"
-    return "litellm is installed but this benchmark does not launch its proxy yet"
+    """``None`` when LiteLLM's proxy is measured, else why not."""
+    if litellm_python() is None:
+        return (f"not installed (optional: `pip install 'litellm[proxy]'` in the test environment, or set "
+                f"{LITELLM_PYTHON_ENV} to a Python that has it)")
+    return None
+
+
+def requests_for(kind: str, concurrency: int, requests: int, quick: bool) -> int:
+    """Recorded requests of ``kind`` at one point: LiteLLM's proxy serves about 100 requests/s
+    (the issue's anchor: 83), so it gets fewer (still many per worker) to keep the run short."""
+    if kind != "litellm":
+        return requests
+    return min(requests, (2 if quick else 20) * concurrency + (20 if quick else 200))
 
 
 @contextlib.contextmanager
@@ -164,6 +190,14 @@ def servers(workdir: Path, kinds: tuple[str, ...]) -> Iterator[dict[str, Server 
         for kind in kinds:
             if kind == "direct":
                 continue
+            if kind == "litellm":
+                python = litellm_python()
+                assert python is not None
+                server = Server(kind, far, workdir, upstream=upstream.url + "/v1", ready_path="/health/liveliness",
+                                python=python)
+                started.append(server)
+                out[kind] = server
+                continue
             server = Server(kind, far, workdir, upstream=upstream.url + "/v1")
             started.append(server)
             out[kind] = server
@@ -174,7 +208,7 @@ def servers(workdir: Path, kinds: tuple[str, ...]) -> Iterator[dict[str, Server 
 
 
 def measure_point(gen: LoadGenerator, srv: dict[str, Server | None], kinds: tuple[str, ...], concurrency: int,
-                  requests: int, stream: bool, reps: int) -> dict[str, Any]:
+                  requests: int, stream: bool, reps: int, quick: bool = False) -> dict[str, Any]:
     """Every candidate at one point, ``reps`` interleaved repetitions; see the module docstring."""
     upstream = srv["upstream"]
     assert upstream is not None
@@ -185,20 +219,22 @@ def measure_point(gen: LoadGenerator, srv: dict[str, Server | None], kinds: tupl
             server = srv[kind]
             url = (server.url if server is not None else upstream.url) + "/v1/chat/completions"
             pid = server.pid if server is not None else upstream.pid
+            n = requests_for(kind, concurrency, requests, quick)
             cpu0 = cpu_ns(pid)
-            res = gen.run(url, body, concurrency, requests, stream)
+            res = gen.run(url, body, concurrency, n, stream)
             cpu1 = cpu_ns(pid)
             runs[kind].append({
-                "rps": requests / res["wall_s"],
+                "rps": n / res["wall_s"], "requests": n,
                 "p50_ms": percentile(res["total_ms"], 0.5), "p99_ms": percentile(res["total_ms"], 0.99),
                 "ttfb_p50_ms": percentile(res["ttfb_ms"], 0.5), "ttfb_p99_ms": percentile(res["ttfb_ms"], 0.99),
-                "cpu_ms_per_request": (cpu1 - cpu0) / 1e6 / requests, "errors": res["errors"],
+                "cpu_ms_per_request": (cpu1 - cpu0) / 1e6 / n, "errors": res["errors"],
             })
     out: dict[str, Any] = {"concurrency": concurrency, "stream": stream, "requests": requests, "reps": reps, "candidates": {}}
     direct = runs["direct"]
     for kind in kinds:
         rows = runs[kind]
-        entry: dict[str, Any] = {key: spread([r[key] for r in rows]) for key in rows[0] if key != "errors"}
+        entry: dict[str, Any] = {key: spread([r[key] for r in rows]) for key in rows[0] if key not in ("errors", "requests")}
+        entry["requests"] = rows[0]["requests"]
         entry["errors"] = sum(int(r["errors"]) for r in rows)
         for key in ("p50_ms", "p99_ms", "ttfb_p50_ms", "ttfb_p99_ms"):
             entry["added_" + key] = spread([r[key] - d[key] for r, d in zip(rows, direct, strict=True)])
@@ -216,13 +252,15 @@ def measure_point(gen: LoadGenerator, srv: dict[str, Server | None], kinds: tupl
 def run(cfg: BenchConfig, kinds: tuple[str, ...] = CANDIDATES) -> dict[str, Any]:
     """The overhead section: ``{"points": [...], "litellm": reason|None, "cores": [...]}``."""
     near, far = cores()
+    if "litellm" not in kinds and litellm_python() is not None:
+        kinds = (*kinds, "litellm")
     points: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp, servers(Path(tmp), kinds) as srv:
         gen = LoadGenerator(near)
         try:
             for stream in (False, True):
                 for c in cfg.concurrencies:
-                    point = measure_point(gen, srv, kinds, c, cfg.requests[c], stream, cfg.reps)
+                    point = measure_point(gen, srv, kinds, c, cfg.requests[c], stream, cfg.reps, cfg.quick)
                     points.append(point)
                     _progress(point)
         finally:
@@ -246,10 +284,12 @@ def goals(result: dict[str, Any]) -> dict[str, Any]:
     """Added non-streaming p50 of the proxy ÷ the floor's, by concurrency (the goal; ``None`` where
     the floor's added p50 is under ``FLOOR_NOISE_MS``), the same for p99 (shown: a tail the p50
     hides), CPU per request ÷ the floor's (shown), the floor's own added p50 (ms), and the added
-    time to the first streamed event at concurrency 1."""
+    time to the first streamed event at concurrency 1; with LiteLLM measured, the proxy's added p50
+    ÷ LiteLLM's by concurrency (``added_latency_vs_litellm``; under 1: the proxy adds less)."""
     ratios: dict[str, float | None] = {}
     p99_ratios: dict[str, float] = {}
     cpu_ratios: dict[str, float] = {}
+    vs_litellm: dict[str, float] = {}
     floor_added: dict[str, float] = {}
     ttfb_added: float | None = None
     for point in result["points"]:
@@ -263,7 +303,11 @@ def goals(result: dict[str, Any]) -> dict[str, Any]:
             ratios[c] = proxy["added_p50_vs_floor"]["median"] if floor_added[c] >= FLOOR_NOISE_MS else None
             p99_ratios[c] = proxy["added_p99_ms"]["median"] / max(floor["added_p99_ms"]["median"], 1e-3)
             cpu_ratios[c] = proxy["cpu_ms_per_request"]["median"] / max(floor["cpu_ms_per_request"]["median"], 1e-6)
+            litellm = point["candidates"].get("litellm")
+            if litellm is not None:
+                vs_litellm[c] = proxy["added_p50_ms"]["median"] / max(litellm["added_p50_ms"]["median"], 1e-3)
         if point["stream"] and point["concurrency"] == 1:
             ttfb_added = proxy["added_ttfb_p50_ms"]["median"]
-    return {"added_latency_vs_floor": ratios, "added_p99_vs_floor": p99_ratios, "cpu_vs_floor": cpu_ratios,
+    return {"added_latency_vs_floor": ratios, "added_latency_vs_litellm": vs_litellm, "added_p99_vs_floor": p99_ratios,
+            "cpu_vs_floor": cpu_ratios,
             "floor_added_p50_ms": floor_added, "added_ttfb_ms_at_1": ttfb_added}

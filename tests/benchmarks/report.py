@@ -40,7 +40,7 @@ def goals(results: dict[str, Any]) -> dict[str, Any]:
     pipe, store = results.get("pipeline") or {}, results.get("storage") or {}
     out: dict[str, Any] = {
         "added_latency_vs_floor": ov.get("added_latency_vs_floor") or None,
-        "added_latency_vs_litellm": None,
+        "added_latency_vs_litellm": ov.get("added_latency_vs_litellm") or None,
         "pipeline_ms_per_mb": pipe.get("ms_per_mb"),
         "storage_vs_unique_bytes_max": store.get("vs_unique_max"),
         "added_p99_vs_floor": ov.get("added_p99_vs_floor") or None,
@@ -79,7 +79,9 @@ def overhead_tables(ov: dict[str, Any]) -> list[str]:
                   "|---|---|---|---|---|---|---|"]
         for kind, c in point["candidates"].items():
             ratio = _ms(c["added_p50_vs_floor"], 1) if "added_p50_vs_floor" in c else "–"
-            lines.append(f"| {kind} | {c['rps']['median']:.0f} | {_ms(c['added_p50_ms'])} | {_ms(c['added_p99_ms'])} | "
+            n = c.get("requests", point["requests"])
+            name = kind if n == point["requests"] else f"{kind} ({n} requests)"
+            lines.append(f"| {name} | {c['rps']['median']:.0f} | {_ms(c['added_p50_ms'])} | {_ms(c['added_p99_ms'])} | "
                          f"{_ms(c['added_ttfb_p50_ms'])} | {c['cpu_ms_per_request']['median']:.2f} | {ratio} |")
         lines.append("")
     return lines
@@ -162,7 +164,10 @@ def goals_table(g: dict[str, Any]) -> list[str]:
     if g["storage_vs_unique_bytes_max"] is not None:
         lines.append(f"| storage ≤ {STORAGE_GOAL_RATIO:g}× the unique messages (worst trace) | "
                      f"{g['storage_vs_unique_bytes_max']:.2f}× | {verdict('storage_vs_unique_bytes_max')} |")
-    lines.append(f"| added latency vs LiteLLM | {'not measured (not installed)' if g['added_latency_vs_litellm'] is None else g['added_latency_vs_litellm']} | – |")
+    vs = g["added_latency_vs_litellm"]
+    lines.append("| (shown, no goal) proxy's added p50 ÷ LiteLLM's, same concurrencies | "
+                 + ("not measured (LiteLLM not installed)" if vs is None else " / ".join(f"{vs[c]:.3f}×" for c in sorted(vs, key=int)))
+                 + " | – |")
     if floor and any(v is None for v in floor.values()):
         lines += ["", "*Undefined*: at that concurrency the floor's added p50 is under "
                   f"{FLOOR_NOISE_MS:g} ms, within this machine's noise (the load generator's core saturated before "
@@ -251,6 +256,11 @@ def readme_section(results: dict[str, Any], out: Path, readme: Path, command: st
              "Every comparison is a ratio within one run, candidates interleaved, median of repetitions; "
              f"full tables in [{rel}/report.md]({rel}/report.md).", "",
              *goals_table(results["goals"]), ""]
+    lines += ["The load generator and the fake upstream share one core (raw HTTP/1.1 on asyncio protocols, far "
+              "cheaper than any candidate); the candidate has the other. *Floor*: a raw ASGI relay on aiohttp's client "
+              "that parses nothing. LiteLLM's proxy is measured when a Python with `litellm[proxy]` is at hand: "
+              "`python3 -m venv .bench-litellm && .bench-litellm/bin/pip install 'litellm[proxy]'`, then run the "
+              "command with `CONTEXT_PROXY_BENCH_LITELLM_PYTHON=.bench-litellm/bin/python`.", ""]
     lines += [f"![{name}]({rel}/{name})" for name in results.get("plots", [])]
     return "\n".join(lines).rstrip() + "\n"
 

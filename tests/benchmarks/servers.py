@@ -13,7 +13,9 @@ SIGTERM. ``KIND``:
   one shared ``aiohttp.ClientSession``; parses nothing (the least a Python proxy can do);
 - ``proxy``: ``proxy.app.create_app`` with real settings (session log on SQLite in ``--workdir``,
   compaction on), on its default aiohttp transport;
-- ``proxy-httpx``: the same on httpx's own ``AsyncHTTPTransport`` (the transport issue 2 rejected).
+- ``proxy-httpx``: the same on httpx's own ``AsyncHTTPTransport`` (the transport issue 2 rejected);
+- ``litellm``: LiteLLM's proxy app (``litellm.proxy.proxy_server.app``, optional: run with a Python
+  that has ``litellm[proxy]``), one model routed to ``--upstream``, no master key, no database.
 
 The others run under uvicorn with the same options as ``context-proxy serve`` (no access log; uvloop and
 httptools when installed, as ``uvicorn[standard]`` does).
@@ -144,11 +146,32 @@ class Relay:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
+BENCH_CLIENT_KEY = "sk-bench-client-0123456789"
+"""The bearer key the load generator sends (LiteLLM's proxy checks it as its master key)."""
+
+
+def litellm_app(upstream_url: str, workdir: Path) -> Any:
+    """LiteLLM's proxy with a config (JSON is YAML) routing ``bench-model`` to ``upstream_url``; the
+    model cost map is the packaged one (no network) and its logging at errors only."""
+    config = {"model_list": [{"model_name": "bench-model", "litellm_params": {
+        "model": "openai/bench-model", "api_base": upstream_url, "api_key": "sk-bench-upstream"}}],
+        "litellm_settings": {"drop_params": True, "set_verbose": False}}
+    path = workdir / "litellm-config.yaml"
+    path.write_bytes(orjson.dumps(config))
+    os.environ.update({"CONFIG_FILE_PATH": str(path), "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR",
+                       "LITELLM_MASTER_KEY": BENCH_CLIENT_KEY})  # the key the load generator sends
+    from litellm.proxy.proxy_server import app
+
+    return app
+
+
 def build_app(kind: str, upstream_url: str | None, workdir: Path) -> Any:
     """The ASGI app of ``kind`` (see the module docstring)."""
     assert upstream_url, f"{kind} needs --upstream"
     if kind == "floor":
         return Relay(upstream_url)
+    if kind == "litellm":
+        return litellm_app(upstream_url, workdir)
     import httpx
 
     from proxy.app import create_app
@@ -202,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("kind", choices=["upstream", "floor", "proxy", "proxy-httpx"])
+    parser.add_argument("kind", choices=["upstream", "floor", "proxy", "proxy-httpx", "litellm"])
     parser.add_argument("--cpu", type=int, default=None)
     parser.add_argument("--upstream", default=None)
     parser.add_argument("--workdir", default=".")
@@ -212,12 +235,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.kind == "upstream":
         serve_upstream()
         return
-    app = build_app(args.kind, args.upstream, Path(args.workdir))
     sock = _listen()
+    print(f"PORT {sock.getsockname()[1]}", flush=True)
+    os.dup2(2, 1)  # anything printed later (LiteLLM's banner) goes to the log, not to a pipe nobody reads
+    app = build_app(args.kind, args.upstream, Path(args.workdir))
     config = uvicorn.Config(app, log_level="warning", access_log=False, log_config=None, ws="none",
                             timeout_graceful_shutdown=1, backlog=2048, timeout_keep_alive=75)
     server = uvicorn.Server(config)
-    print(f"PORT {sock.getsockname()[1]}", flush=True)
     server.run(sockets=[sock])  # on uvloop when installed, as ``context-proxy serve`` (uvicorn's loop="auto")
     sys.exit(0)
 
