@@ -13,10 +13,25 @@ forwarded on real traces at 16k/32k/128k windows). ``report`` writes ``report.md
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 SHARED_DIR = REPO_DIR.parent / "shared"
 TRACES_DIR = SHARED_DIR / "traces"
 os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED_DIR / "tiktoken"))
+
+
+def optional_python(module: str, env_var: str) -> str | None:
+    """An interpreter that can import ``module`` (an optional comparison's package): this one, else
+    the one the environment variable ``env_var`` names if it can; ``None`` when neither can."""
+    if importlib.util.find_spec(module) is not None:
+        return sys.executable
+    other = os.environ.get(env_var)
+    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    if other and subprocess.run([other, "-c", probe], capture_output=True, check=False).returncode == 0:
+        return other
+    return None

@@ -16,33 +16,20 @@ the previous forwarded prompt byte for byte.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 
-from tests.benchmarks import TRACES_DIR
+from tests.benchmarks import REPO_DIR, TRACES_DIR, optional_python
 from tests.benchmarks.config import BenchConfig
 from tests.benchmarks.inproc import InProcessProxy
-from tests.benchmarks.storage_growth import load_trace, request_points
+from tests.benchmarks.traces import load_trace, prefix_share, request_points
 
 PLOT_TRACE = "mini-swe-agent__sqlfluff-1733__deepseek-chat"
 """The longest shared trace: its tokens per turn are plotted."""
-
-
-def prefix_share(a: bytes, b: bytes) -> float:
-    """Share of ``a`` that ``b`` starts with, byte for byte (0..1)."""
-    n = min(len(a), len(b))
-    lo, hi = 0, n
-    while lo < hi:  # longest common prefix by bisection on slices (C speed)
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo / len(a) if a else 1.0
 
 
 class ClientTokens:
@@ -121,11 +108,32 @@ async def replay(path: Path, window: int, counter: ClientTokens) -> dict[str, An
     }
 
 
-def deepagents_status() -> str:
-    """Deep Agents' middleware is an optional comparison, never installed by the benchmark."""
-    if importlib.util.find_spec("deepagents") is None:
-        return "not installed"
-    return "installed, but this benchmark does not drive its middleware yet"
+DEEPAGENTS_PYTHON_ENV = "CONTEXT_PROXY_BENCH_DEEPAGENTS_PYTHON"
+"""A Python with ``deepagents`` installed, when the test environment has none (it brings
+LangChain and LangGraph: a virtual environment of its own keeps the tests' versions)."""
+
+
+def deepagents_python() -> str | None:
+    """This interpreter if it has ``deepagents``, else the one ``CONTEXT_PROXY_BENCH_DEEPAGENTS_PYTHON``
+    names if that has it; ``None``: the comparison is not run."""
+    return optional_python("deepagents", DEEPAGENTS_PYTHON_ENV)
+
+
+def deepagents_rows(paths: list[Path], windows: tuple[int, ...]) -> dict[str, Any]:
+    """``{"status", "version", "rows"}``: the traces through Deep Agents' middleware
+    (``tests.benchmarks.deepagents_compare``, in a process of its own), or why not."""
+    python = deepagents_python()
+    if python is None:
+        return {"status": f"not installed (optional: `pip install deepagents` in the test environment, or set "
+                          f"{DEEPAGENTS_PYTHON_ENV} to a Python that has it)", "version": None, "rows": []}
+    job = orjson.dumps({"traces": [str(p) for p in paths], "windows": list(windows)})
+    done = subprocess.run([python, "-m", "tests.benchmarks.deepagents_compare"], input=job, capture_output=True,
+                          cwd=REPO_DIR, check=False)
+    if done.returncode != 0:
+        return {"status": "failed: " + done.stderr.decode(errors="replace").strip().splitlines()[-1][:300],
+                "version": None, "rows": []}
+    out = orjson.loads(done.stdout)
+    return {"status": f"deepagents {out['version']}", "version": out["version"], "rows": out["rows"]}
 
 
 def run(cfg: BenchConfig) -> dict[str, Any]:
@@ -145,11 +153,20 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         return rows
 
     rows = asyncio.run(main())
+    deep = deepagents_rows(select_traces(cfg.compression_traces, cfg.trace_filter), cfg.windows)
+    for r in deep["rows"]:
+        print(f"  deepagents {r['trace'][:44]} @{r['window'] // 1024}k: {r['forwarded_ratio']:.2f}x tokens, "
+              f"{r['summary_calls']} summaries, overflows {r['overflows_without']} -> {r['overflows_with']}, "
+              f"stability {r['prefix_stability'] or 0:.3f}", flush=True)
     plot_rows = [r for r in rows if r["trace"] == PLOT_TRACE] or rows[:1]
     plot = None
     if plot_rows:
         chosen = min(plot_rows, key=lambda r: r["window"] if r["window"] >= 32_768 else 1 << 40)
         plot = {"trace": chosen["trace"], "window": chosen["window"], **chosen["per_turn"]}
-    for r in rows:
-        r.pop("per_turn")
-    return {"rows": rows, "deepagents": deepagents_status(), "plot": plot}
+        twin = [r for r in deep["rows"] if r["trace"] == chosen["trace"] and r["window"] == chosen["window"]]
+        if twin:
+            plot["deepagents"] = twin[0]["per_turn_forwarded"]
+    for r in [*rows, *deep["rows"]]:
+        r.pop("per_turn", None)
+        r.pop("per_turn_forwarded", None)
+    return {"rows": rows, "deepagents": deep["status"], "deepagents_rows": deep["rows"], "plot": plot}

@@ -13,7 +13,6 @@ floor is taken per repetition, then the median and spread (min..max) over repeti
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from tests.benchmarks import REPO_DIR
+from tests.benchmarks import REPO_DIR, optional_python
 from tests.benchmarks.config import BenchConfig
 from tests.benchmarks.stats import percentile, spread
 
@@ -153,13 +152,7 @@ its own versions of httpx, openai and pydantic: a virtual environment of its own
 def litellm_python() -> str | None:
     """The interpreter that runs LiteLLM's proxy: this one if it has ``litellm``, else the one
     named by ``CONTEXT_PROXY_BENCH_LITELLM_PYTHON`` if that has it; ``None``: not measured."""
-    if importlib.util.find_spec("litellm") is not None:
-        return sys.executable
-    other = os.environ.get(LITELLM_PYTHON_ENV)
-    if other and subprocess.run([other, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('litellm') is None)"],
-                                capture_output=True, check=False).returncode == 0:
-        return other
-    return None
+    return optional_python("litellm", LITELLM_PYTHON_ENV)
 
 
 def litellm_status() -> str | None:

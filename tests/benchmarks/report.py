@@ -128,6 +128,27 @@ def compression_table(cp: dict[str, Any]) -> list[str]:
                      f"{r['forwarded_tokens']} ({r['forwarded_ratio']:.2f}) | {r['summary_calls']} | {r['summary_prompt_tokens']} | "
                      f"{r['upstream_total_tokens']} ({r['upstream_total_ratio']:.2f}) | {r['overflows_without']} → "
                      f"{r['overflow_answers_with']}/{r['client_errors_with']} | {stab} |")
+    deep = {(r["trace"], r["window"]): r for r in cp.get("deepagents_rows") or []}
+    if deep:
+        lines += ["", "### The same sessions through Deep Agents' summarization middleware", "",
+                  "Each request of the trace through `create_summarization_middleware` (its defaults from the model "
+                  "profile, the window as `max_input_tokens`), with the same deterministic summarizer as the fake "
+                  "provider; overflows *with* are forwarded prompts over the window. Tokens forwarded ÷ pass-through, "
+                  "Deep Agents against the proxy (same run, same counter; converting to LangChain messages and back "
+                  "moves the count by about 1%: 1.01 where nothing is summarized).", "",
+                  "| trace | window | forwarded × (Deep Agents) | forwarded × (proxy) | summary calls (DA / proxy) | "
+                  "total × (DA / proxy) | overflows without → with (DA) | prefix stability (DA / proxy) |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in cp["rows"]:
+            d = deep.get((r["trace"], r["window"]))
+            if d is None:
+                continue
+            dstab = f"{d['prefix_stability']:.3f}" if d["prefix_stability"] is not None else "–"
+            stab = f"{r['prefix_stability']:.3f}" if r["prefix_stability"] is not None else "–"
+            lines.append(f"| {r['trace']} | {r['window'] // 1024}k | {d['forwarded_ratio']:.2f} | {r['forwarded_ratio']:.2f} | "
+                         f"{d['summary_calls']} / {r['summary_calls']} | {d['upstream_total_ratio']:.2f} / "
+                         f"{r['upstream_total_ratio']:.2f} | {d['overflows_without']} → {d['overflows_with']} | "
+                         f"{dstab} / {stab} |")
     return [*lines, ""]
 
 
@@ -232,6 +253,8 @@ def plots(results: dict[str, Any], out: Path) -> list[str]:
         fig, ax = plt.subplots(figsize=(7, 4))
         ax.plot(p["client"], label="without the proxy (client prompt)")
         ax.plot(p["forwarded"], label="forwarded by the proxy")
+        if p.get("deepagents"):
+            ax.plot(p["deepagents"], label="Deep Agents' summarization middleware", ls="--")
         ax.axhline(p["window"], color="k", ls=":", label=f"window {p['window'] // 1024}k")
         ax.set_xlabel("turn")
         ax.set_ylabel("prompt tokens")
@@ -260,7 +283,9 @@ def readme_section(results: dict[str, Any], out: Path, readme: Path, command: st
               "cheaper than any candidate); the candidate has the other. *Floor*: a raw ASGI relay on aiohttp's client "
               "that parses nothing. LiteLLM's proxy is measured when a Python with `litellm[proxy]` is at hand: "
               "`python3 -m venv .bench-litellm && .bench-litellm/bin/pip install 'litellm[proxy]'`, then run the "
-              "command with `CONTEXT_PROXY_BENCH_LITELLM_PYTHON=.bench-litellm/bin/python`.", ""]
+              "command with `CONTEXT_PROXY_BENCH_LITELLM_PYTHON=.bench-litellm/bin/python`. Likewise Deep Agents' "
+              "summarization middleware on the same traces: a Python with `deepagents`, named by "
+              "`CONTEXT_PROXY_BENCH_DEEPAGENTS_PYTHON`.", ""]
     lines += [f"![{name}]({rel}/{name})" for name in results.get("plots", [])]
     return "\n".join(lines).rstrip() + "\n"
 

@@ -26,16 +26,7 @@ import orjson
 from tests.benchmarks import TRACES_DIR
 from tests.benchmarks.config import BenchConfig
 from tests.benchmarks.inproc import InProcessProxy
-
-
-def load_trace(path: Path) -> list[dict[str, Any]]:
-    """The messages of a JSONL trace."""
-    return [orjson.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def request_points(trace: list[dict[str, Any]]) -> list[int]:
-    """Indices ``i`` of assistant messages: ``trace[:i]`` is one request."""
-    return [i for i, m in enumerate(trace) if m.get("role") == "assistant" and i > 0]
+from tests.benchmarks.traces import load_trace, request_points
 
 
 def scripted_upstream(replies: deque[dict[str, Any]]) -> httpx.MockTransport:
