@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -97,6 +98,17 @@ class Memo:
             return None
         self.total -= self.weight(entry[0]) if self.weight else 1
         return entry[0]
+
+    def pop_longest(self, keys: Sequence[Any], lookback: int) -> tuple[Any, int]:
+        """Remove and return the value under the last of ``keys``' newest ``lookback`` keys that
+        has one, with the position after that key: ``(value, i + 1)``; ``(None, 0)`` when none has.
+        For memos keyed by chain hash, where ``keys[i]`` names the prefix ``[0, i]``: the value of
+        the longest prefix seen before (the caller extends it and ``put``s it under the new end)."""
+        for i in range(len(keys) - 1, max(-1, len(keys) - 1 - lookback), -1):
+            value = self.pop(keys[i])
+            if value is not None:
+                return value, i + 1
+        return None, 0
 
     def put(self, key: Any, value: Any) -> None:
         """Store ``value`` under ``key`` (most recently used), then drop idle and excess entries.

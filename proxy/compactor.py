@@ -367,9 +367,7 @@ class ProjectingCompactor(Compactor):
     async def _set_learned(self, model: str, limit: int) -> None:
         current = await self._learned_window(model)
         if current is None or limit < current:
-            if model not in self._learned and len(self._learned) >= LEARNED_MEMO_MODELS:
-                self._learned.clear()
-            self._learned[model] = limit
+            self._learned[model] = limit  # (present: ``_learned_window`` just bounded and filled it)
             try:
                 await self.store.set_learned_limit(self.upstream.base_url, model, limit, now())
             except StorageError:

@@ -75,12 +75,7 @@ def _chain_index(chain: list[str]) -> dict[str, int]:
     if not n:
         return {}
     with _memo_lock:
-        index, start = None, 0
-        for i in range(n - 1, max(-1, n - 1 - INDEX_LOOKBACK), -1):
-            index = _index_memo.pop(chain[i])
-            if index is not None:
-                start = i + 1
-                break
+        index, start = _index_memo.pop_longest(chain, INDEX_LOOKBACK)
         if index is None:
             index = {}
         elif start < n:

@@ -337,12 +337,7 @@ class TokenCounter:
         if not n:
             return []
         histories = self._histories
-        start, counts = 0, None
-        for i in range(n - 1, max(-1, n - 1 - HISTORY_LOOKBACK), -1):
-            counts = histories.pop(chain[i])
-            if counts is not None:
-                start = i + 1
-                break
+        counts, start = histories.pop_longest(chain, HISTORY_LOOKBACK)
         if counts is None:
             counts = []
         if start < n:

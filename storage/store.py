@@ -297,7 +297,7 @@ class Store:
             conn.execute(self._insert_request, values)
             return added
 
-        if self._sqlite is not None and self._driver is not None and small_rows(new_messages):
+        if self._driver is not None and small_rows(new_messages):  # (set exactly on a SQLite file)
             bump, insert_messages, insert_request = self._driver
 
             def run_on_driver(conn: sa.Connection) -> int:
@@ -308,6 +308,7 @@ class Store:
                 insert_request.execute(conn, values)
                 return added
 
+            assert self._sqlite is not None
             return await self._sqlite.run_deferred("append_and_record", run_on_driver)
         return await self._transact("append_and_record", run, small=False)
 

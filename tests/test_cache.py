@@ -93,3 +93,13 @@ def test_digest_memo_forgets_idle_conversations_and_stays_correct(monkeypatch) -
     hashed = memo.hashed
     assert memo.digests_and_chain(copy.deepcopy(old)) == direct(old)  # forgotten: hashed again
     assert memo.hashed == hashed + len(old)
+
+
+def test_memo_pop_longest_takes_the_deepest_remembered_key_within_the_lookback() -> None:
+    memo = Memo(100)
+    memo.put("a", "value of [a]")
+    memo.put("c", "value of [a, b, c]")
+    assert memo.pop_longest(["a", "b", "c", "d"], 4) == ("value of [a, b, c]", 3)
+    assert "c" not in memo  # taken: the caller puts the extended value under its new end
+    assert memo.pop_longest(["a", "b", "c", "d"], 2) == (None, 0)  # "a" is beyond the lookback
+    assert memo.pop_longest(["a", "b"], 2) == ("value of [a]", 1) and memo.total == 0
