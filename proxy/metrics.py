@@ -163,12 +163,17 @@ class MetricsMiddleware:
             try:
                 await self.app(scope, receive, send_wrapper)
             finally:
-                route = _route_of(scope)
-                duration_s = time.perf_counter() - started
-                self.metrics.request_served(route, fields.get("model", ""), status, duration_s)
-                level = logging.DEBUG if route in QUIET_ROUTES else logging.INFO
-                access_log.log(level, "%s %s %d", scope.get("method", ""), route, status,
-                               extra={"route": route, "status": status, "duration_ms": round(duration_s * 1000, 1)})
+                served(self.metrics, scope.get("method", ""), _route_of(scope), fields.get("model", ""), status, started)
+
+
+def served(metrics: Metrics, method: str, route: str, model: str, status: int, started: float) -> None:
+    """Count one answered request (``started``: its ``time.perf_counter()`` on arrival) and write
+    its access line (DEBUG for ``QUIET_ROUTES``, else INFO)."""
+    duration_s = time.perf_counter() - started
+    metrics.request_served(route, model, status, duration_s)
+    level = logging.DEBUG if route in QUIET_ROUTES else logging.INFO
+    access_log.log(level, "%s %s %d", method, route, status,
+                   extra={"route": route, "status": status, "duration_ms": round(duration_s * 1000, 1)})
 
 
 def _route_of(scope: Scope) -> str:

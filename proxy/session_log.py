@@ -14,7 +14,6 @@ skips work that is known to be done: every insert is still idempotent (``ON CONF
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import secrets
 from dataclasses import dataclass
@@ -135,6 +134,7 @@ class SessionLog:
         after them, and the request record, in one transaction: a plain request costs one write.
         Internal messages are marked ``internal``; the chain runs through them."""
         new: list[NewMessage] = []
+        added = None  # the record's own counts
         if with_request:
             stored = self._known_prefix(session.pk, chain)
             if stored is None:
@@ -144,14 +144,14 @@ class SessionLog:
                            role=str(messages[i].get("role")), message=messages[i])
                 for i in range(stored, len(messages))
             ]
-            record = dataclasses.replace(record, added_messages=len(new), first_added_seq=stored if new else None)
+            added = (len(new), stored if new else None)
         parent, seq = chain[-1], len(messages)
         for message in [*internal, *([reply] if reply is not None else [])]:
             h = chain_hash(parent, message_digest(message))
             is_internal = message is not reply
             new.append(NewMessage(chain_hash=h, parent_hash=parent, seq=seq, role=str(message.get("role", "assistant")), message=message, internal=is_internal))
             parent, seq = h, seq + 1
-        await self.store.append_and_record(session.pk, new, record, now())
+        await self.store.append_and_record(session.pk, new, record, now(), added=added)
         self._remember(session.pk, [m.chain_hash for m in new])
         if internal:
             self._internal.pop(session.pk, None)

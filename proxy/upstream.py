@@ -14,6 +14,7 @@ with the same interface. Transport errors are translated here into ``UpstreamUnr
 from __future__ import annotations
 
 import asyncio
+import http.cookiejar
 import zlib
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
@@ -46,6 +47,9 @@ PROXY_HEADERS = frozenset({"x-session-id"})
 
 OWN_RESPONSE_HEADERS = frozenset({"date", "server"})
 """Set by the proxy's own server; the upstream's copies would be duplicates."""
+
+URL_MEMO_PATHS = 256
+"""Parsed upstream URLs kept per path (building one was ~2% of a small request's CPU)."""
 
 TRANSPORT_ERRORS = (httpx.HTTPError, aiohttp.ClientError, OSError, asyncio.TimeoutError)
 """What reading an upstream response can raise when the connection fails (``translate`` them)."""
@@ -162,12 +166,14 @@ class Upstream:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self._urls: dict[str, yarl.URL] = {}  # path -> parsed URL (the chat path, mostly)
         self._client: httpx.AsyncClient | None = None
         self._session: aiohttp.ClientSession | None = None
         if transport is not None:
             limits = httpx.Limits(max_connections=pool_size, max_keepalive_connections=pool_size, keepalive_expiry=keepalive_s)
             timeout = httpx.Timeout(connect=connect_timeout_s, read=read_timeout_s, write=read_timeout_s, pool=connect_timeout_s)
-            self._client = httpx.AsyncClient(transport=transport, timeout=timeout, limits=limits, trust_env=False)
+            self._client = httpx.AsyncClient(transport=transport, timeout=timeout, limits=limits, trust_env=False,
+                                             cookies=_no_cookies())
             return
         # an idle connection the server already closed fails the next request ("Server
         # disconnected"): keep idle connections shorter than the server does (uvicorn: 5 s)
@@ -181,11 +187,22 @@ class Upstream:
             auto_decompress=False,  # bytes are relayed as the upstream sent them
             trust_env=False,
             skip_auto_headers=("Content-Type",),  # the client's own goes through, else none
+            # one client serves every tenant: a cookie the upstream sets goes back to the client
+            # that got it (in the response headers), never into a jar sent with others' requests
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
 
     def url(self, path: str) -> str:
         """The upstream URL for ``path`` (relative to ``/v1``, e.g. ``/chat/completions``)."""
         return self.base_url + path
+
+    def _url(self, path: str) -> yarl.URL:
+        url = self._urls.get(path)
+        if url is None:
+            if len(self._urls) >= URL_MEMO_PATHS:  # paths come from clients (the passthrough routes)
+                self._urls.clear()
+            url = self._urls[path] = yarl.URL(self.url(path), encoded=True)
+        return url
 
     async def send(
         self,
@@ -198,8 +215,8 @@ class Upstream:
         """Send ``content`` to ``path`` (already percent-encoded, query included) with ``headers``."""
         try:
             if self._session is not None:
-                resp = await self._session.request(method, yarl.URL(self.url(path), encoded=True), headers=headers,
-                                                   data=content, allow_redirects=False)
+                resp = await self._session.request(method, self._url(path), headers=headers, data=content,
+                                                   allow_redirects=False)
                 return AiohttpResponse(resp)
             assert self._client is not None
             request = self._client.build_request(method, self.url(path), headers=headers, content=content)
@@ -212,6 +229,11 @@ class Upstream:
             await self._session.close()
         if self._client is not None:
             await self._client.aclose()
+
+
+def _no_cookies() -> http.cookiejar.CookieJar:
+    """A cookie jar that keeps nothing (its policy allows no domain)."""
+    return http.cookiejar.CookieJar(policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
 
 
 def translate(exc: BaseException) -> BaseException:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -249,6 +250,12 @@ def _log_checkpoint_failure(future: asyncio.Future[Any]) -> None:
         log.warning("WAL checkpoint failed: %s", future.exception())
 
 
+def _fused(type_: Any) -> Callable[[Any], Any] | None:
+    """A type's own one-step SQLite bind processor (``sqlite_bind_processor``), if it has one."""
+    make = getattr(type_, "sqlite_bind_processor", None)
+    return make() if make is not None else None
+
+
 class DriverStatement:
     """A SQLAlchemy statement compiled once for SQLite, then run on the driver's connection.
 
@@ -263,7 +270,7 @@ class DriverStatement:
     database), as ``conn.execute`` would. Statements with ``RETURNING`` are not supported.
     """
 
-    __slots__ = ("_params", "sql")
+    __slots__ = ("_get", "_processed", "sql")
 
     def __init__(self, statement: sa.Executable, dialect: sa.Dialect, column_keys: Sequence[str] | None = None) -> None:
         """``column_keys``: for an ``INSERT`` without values, the columns given (else all)."""
@@ -272,10 +279,17 @@ class DriverStatement:
             raise ValueError("DriverStatement needs a positional (qmark) dialect")
         processors = compiled._bind_processors  # name -> the type's bind processor, for those that have one
         self.sql: str = compiled.string
-        self._params = [(name, processors.get(name)) for name in compiled.positiontup]
+        names = list(compiled.positiontup)
+        self._get = operator.itemgetter(*names, *names[:1])  # (a name more: a 1-column row is a tuple too)
+        procs = [_fused(compiled.binds[name].type) or processors.get(name) for name in names]
+        self._processed = [(i, proc) for i, proc in enumerate(procs) if proc is not None]
 
-    def _row(self, values: dict[str, Any]) -> tuple[Any, ...]:
-        return tuple(values[name] if proc is None else proc(values[name]) for name, proc in self._params)
+    def _row(self, values: dict[str, Any]) -> list[Any]:
+        row = list(self._get(values))
+        row.pop()
+        for i, proc in self._processed:
+            row[i] = proc(row[i])
+        return row
 
     def execute(self, conn: sa.Connection, values: dict[str, Any]) -> int:
         return self._run(conn, False, [self._row(values)])
@@ -283,7 +297,7 @@ class DriverStatement:
     def executemany(self, conn: sa.Connection, rows: Sequence[dict[str, Any]]) -> int:
         return self._run(conn, True, [self._row(r) for r in rows])
 
-    def _run(self, conn: sa.Connection, many: bool, params: list[tuple[Any, ...]]) -> int:
+    def _run(self, conn: sa.Connection, many: bool, params: list[list[Any]]) -> int:
         driver = conn.connection.driver_connection
         assert driver is not None
         try:

@@ -286,12 +286,16 @@ class Store:
         return added
 
     async def append_and_record(
-        self, session_pk: int, new_messages: Sequence[NewMessage], record: RequestRecord, now: datetime
+        self, session_pk: int, new_messages: Sequence[NewMessage], record: RequestRecord, now: datetime,
+        *, added: tuple[int, int | None] | None = None,
     ) -> int:
-        """``append_messages`` and ``add_request`` in one short transaction (the end of a request)."""
+        """``append_messages`` and ``add_request`` in one short transaction (the end of a request).
+        ``added``: ``(added_messages, first_added_seq)`` to store instead of the record's."""
         rows = _message_rows(session_pk, new_messages, now)
-        values = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+        values = {name: getattr(record, name) for name in REQUEST_ROW_KEYS}
         values["created_at"] = record.created_at or now
+        if added is not None:
+            values["added_messages"], values["first_added_seq"] = added
         def run(conn: sa.Connection) -> int:
             added = self._append(conn, session_pk, rows, now) if rows else 0
             conn.execute(self._insert_request, values)
@@ -388,7 +392,7 @@ class Store:
 
     async def add_request(self, record: RequestRecord) -> None:
         """Store a request record (``created_at`` ``None`` means now)."""
-        values = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+        values = {name: getattr(record, name) for name in REQUEST_ROW_KEYS}
         values["created_at"] = record.created_at or datetime.now(UTC)
         await self._transact("add_request", lambda conn: conn.execute(sa.insert(requests).values(**values)))
 

@@ -57,6 +57,17 @@ def test_a_line_is_one_json_object_with_the_request_context() -> None:
     assert "request_id" not in outside and "session_id" not in outside
 
 
+def test_the_timestamp_is_utc_to_the_millisecond_and_extras_keep_their_order() -> None:
+    formatter = JsonFormatter()
+    for created, text in [(1795988192.1239, "2026-11-29T21:36:32.123Z"), (1795988192.0, "2026-11-29T21:36:32.000Z"),
+                          (1795988193.999, "2026-11-29T21:36:33.999Z"), (1795988192.5, "2026-11-29T21:36:32.500Z")]:
+        record = logging.makeLogRecord({"name": "n", "levelname": "INFO", "msg": "m", "created": created,
+                                        "zeta": 1, "alpha": 2, "mid": 3})
+        out = json.loads(formatter.format(record))
+        assert out["ts"] == text
+        assert list(out)[-3:] == ["zeta", "alpha", "mid"]  # as the call gave them
+
+
 def test_never_keys_and_no_content_unless_asked() -> None:
     line = _format(JsonFormatter(), "upstream said: Bearer sk-live-0123456789abcdef", exc=True,
                    authorization="Bearer sk-0123456789abcdef", api_key="sk-0123456789abcdef",

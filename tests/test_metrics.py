@@ -112,3 +112,24 @@ def test_overflow_retries_and_recovery_are_counted(proxy_factory: Callable[..., 
     assert _value(after, "context_proxy_overflows_total", outcome="recovered") >= 1
     assert _value(after, "context_proxy_overflows_total", outcome="unrecoverable") == 0
     assert _value(after, "context_proxy_requests_total", route="/v1/chat/completions", model=MODEL, status="200") == 8
+
+
+def test_a_traced_app_serves_and_counts_chat_through_its_middleware(proxy_factory: Callable[..., Proxy],
+                                                                    upstream: Upstream, tmp_path: Path) -> None:
+    """When FastAPI's OpenTelemetry instrumentation is on, the chat route goes through FastAPI,
+    ``MetricsMiddleware`` and ``ChatFastPath`` instead of straight to ``serve_chat_counted``:
+    both paths answer alike and count alike."""
+    for traced in (False, True):
+        proxy = proxy_factory(models_file=_models_file(tmp_path, 4096))
+        app = proxy.server.config.app
+        app._traced = traced  # as if a tracer provider had been configured (its SDK is not installed here)
+        with proxy.http() as http:
+            resp = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+            assert resp.status_code == 200 and resp.headers["x-context-proxy-request-id"].startswith("req_")
+            bad = http.post("/v1/chat/completions", content=b"{not json")
+            assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+        after = _scrape_until(proxy, lambda s: _value(s, "context_proxy_requests_total", route="/v1/chat/completions",
+                                                      model="", status="400") == 1)
+        assert _value(after, "context_proxy_requests_total", route="/v1/chat/completions", model=MODEL, status="200") == 1
+        assert _value(after, "context_proxy_requests_total", route="/v1/chat/completions", model="", status="400") == 1
+        assert _value(after, "context_proxy_request_duration_seconds_count", route="/v1/chat/completions") == 2

@@ -84,3 +84,25 @@ def test_timeouts_are_mapped_before_connection_errors() -> None:
     assert isinstance(translate(TimeoutError()), UpstreamTimeout)
     assert isinstance(translate(aiohttp.ServerDisconnectedError()), UpstreamUnreachable)
     assert isinstance(translate(aiohttp.ClientPayloadError("cut")), UpstreamUnreachable)
+
+
+async def test_a_cookie_the_upstream_sets_is_never_sent_with_a_later_request() -> None:
+    """One upstream client serves every client of the proxy: a ``Set-Cookie`` answered to one
+    must not ride along with the next request (someone else's, maybe). The header itself still
+    reaches the client that got it (``response_headers`` keeps it)."""
+    seen: list[bytes] = []
+    reply = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nset-cookie: session=secret-of-client-a; Path=/\r\n"
+             b"content-length: 2\r\nconnection: close\r\n\r\n{}")
+    server, url = await _serve(reply, seen)
+    url = url.replace("127.0.0.1", "localhost")  # a name: aiohttp's jar ignores cookies of IP addresses
+    upstream = Upstream(url, pool_size=4, connect_timeout_s=2, read_timeout_s=2)
+    try:
+        for _ in range(2):
+            resp = await upstream.send("POST", "/chat/completions", headers=[], content=b"{}")
+            assert resp.headers.get("set-cookie", "").startswith("session=secret-of-client-a")
+            await resp.aread()
+            await resp.aclose()
+    finally:
+        await upstream.aclose()
+        server.close()
+    assert len(seen) == 2 and b"cookie" not in seen[1].lower()

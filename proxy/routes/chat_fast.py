@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.errors import ProxyError, StorageUnavailableError
-from proxy.metrics import Metrics
+from proxy.logging_setup import request_context
+from proxy.metrics import Metrics, served
 from proxy.pipeline import Buffered, Streamed
 from proxy.routes.body import read_asgi_body
 from storage.errors import StorageError
@@ -70,8 +72,9 @@ class ChatFastPath:
         await serve_chat(scope, receive, send)
 
 
-async def serve_chat(scope: Scope, receive: Receive, send: Send) -> None:
-    """Answer one chat request as ASGI (the app's ``state.proxy`` does the work)."""
+async def serve_chat(scope: Scope, receive: Receive, send: Send) -> int | None:
+    """Answer one chat request as ASGI (the app's ``state.proxy`` does the work); returns the
+    status answered, ``None`` when the client left before its body was read."""
     app_state = scope["app"].state
     state = app_state.proxy
     headers = Headers(scope=scope)
@@ -79,16 +82,30 @@ async def serve_chat(scope: Scope, receive: Receive, send: Send) -> None:
         tenant = state.auth.chat_tenant(headers)
         raw = await read_asgi_body(receive, headers, state.settings.max_body_bytes)
         if raw is None:
-            return  # the client left while sending its body: nobody to answer
+            return None  # the client left while sending its body: nobody to answer
         outcome = await state.pipeline.handle(raw, headers, headers.items(), tenant)
     except Exception as exc:  # noqa: BLE001  (every failure answers in OpenAI's error envelope)
         error = error_of(exc, app_state.metrics)
         await _send_whole(send, error.status, _JSON, error.body())
-        return
+        return error.status
     if isinstance(outcome, Buffered):
         await _send_whole(send, outcome.status, _encode(outcome.headers), outcome.body)
     else:
         await _send_stream(outcome, receive, send)
+    return outcome.status
+
+
+async def serve_chat_counted(scope: Scope, receive: Receive, send: Send) -> None:
+    """``serve_chat`` with what ``MetricsMiddleware`` adds (a request context, the count and the
+    access line), without wrapping ``send``: the app calls it directly for the chat route."""
+    scope["route"] = _ChatRoute
+    started = time.perf_counter()
+    status: int | None = 500  # as the middleware counts a request that raised
+    with request_context() as fields:
+        try:
+            status = await serve_chat(scope, receive, send)
+        finally:
+            served(scope["app"].state.metrics, "POST", CHAT_PATH, fields.get("model", ""), status or 500, started)
 
 
 def _encode(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:

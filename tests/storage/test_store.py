@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -433,17 +433,18 @@ async def test_driver_statements_write_the_same_rows_as_sqlalchemy(tmp_path: Any
     log = chain(messages)
     record = dataclasses.replace(_record("req_x", 0), usage={"prompt_tokens": 7, "total_tokens": 9},
                                  defenses=["offload"], event_ids=["evt_1"], error="partial ✓", tokens_client=12)
+    # microseconds, and another zone: both paths store UTC wall time as the same text
+    later = (T0 + timedelta(seconds=1, microseconds=123456)).astimezone(timezone(timedelta(hours=2)))
     try:
         via_driver = await store.get_or_create_session("t", "driver", T0)
         via_sqlalchemy = await store.get_or_create_session("t", "sqlalchemy", T0)
         assert await store.append_and_record(via_driver.pk, log[:3], dataclasses.replace(record, session_pk=via_driver.pk), T0) == 3
         assert await store.append_and_record(via_driver.pk, log, dataclasses.replace(
-            record, id="req_y", session_pk=via_driver.pk), T0 + timedelta(seconds=1)) == 2  # only the new ones
+            record, id="req_y", session_pk=via_driver.pk), later) == 2  # only the new ones
         assert await store.append_messages(via_sqlalchemy.pk, log[:3], T0) == 3
         await store.add_request(dataclasses.replace(record, session_pk=via_sqlalchemy.pk, id="req_z", created_at=T0))
-        assert await store.append_messages(via_sqlalchemy.pk, log, T0 + timedelta(seconds=1)) == 2
-        await store.add_request(dataclasses.replace(record, session_pk=via_sqlalchemy.pk, id="req_w",
-                                                    created_at=T0 + timedelta(seconds=1)))
+        assert await store.append_messages(via_sqlalchemy.pk, log, later) == 2
+        await store.add_request(dataclasses.replace(record, session_pk=via_sqlalchemy.pk, id="req_w", created_at=later))
         assert await store.stored_prefix_len(via_driver.pk, [m.chain_hash for m in log]) == len(log)
     finally:
         await store.close()
@@ -458,6 +459,8 @@ async def test_driver_statements_write_the_same_rows_as_sqlalchemy(tmp_path: Any
         cols = ("model, status, latency_ms, stream, usage, added_messages, first_added_seq, tokens_client, "
                 "tokens_forwarded, defenses, event_ids, error, finish_reason, created_at")
         assert rows("requests", via_driver.pk, cols) == rows("requests", via_sqlalchemy.pk, cols)
+        updated = db.execute("SELECT updated_at FROM sessions WHERE pk IN (?, ?)", (via_driver.pk, via_sqlalchemy.pk)).fetchall()
+        assert updated[0] == updated[1] and updated[0][0].endswith(".123456")
         assert db.execute("SELECT updated_at FROM sessions WHERE pk = ?", (via_driver.pk,)).fetchone() == \
             db.execute("SELECT updated_at FROM sessions WHERE pk = ?", (via_sqlalchemy.pk,)).fetchone()
     finally:
