@@ -155,7 +155,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     rows = asyncio.run(main())
     deep = deepagents_rows(select_traces(cfg.compression_traces, cfg.trace_filter), cfg.windows)
     for r in deep["rows"]:
-        print(f"  deepagents {r['trace'][:44]} @{r['window'] // 1024}k: {r['forwarded_ratio']:.2f}x tokens, "
+        print(f"  deepagents ({r['counter']} counter) {r['trace'][:44]} @{r['window'] // 1024}k: {r['forwarded_ratio']:.2f}x tokens, "
               f"{r['summary_calls']} summaries, overflows {r['overflows_without']} -> {r['overflows_with']}, "
               f"stability {r['prefix_stability'] or 0:.3f}", flush=True)
     plot_rows = [r for r in rows if r["trace"] == PLOT_TRACE] or rows[:1]
@@ -163,7 +163,8 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     if plot_rows:
         chosen = min(plot_rows, key=lambda r: r["window"] if r["window"] >= 32_768 else 1 << 40)
         plot = {"trace": chosen["trace"], "window": chosen["window"], **chosen["per_turn"]}
-        twin = [r for r in deep["rows"] if r["trace"] == chosen["trace"] and r["window"] == chosen["window"]]
+        twin = [r for r in deep["rows"] if r["trace"] == chosen["trace"] and r["window"] == chosen["window"]
+                and r["counter"] == "default"]
         if twin:
             plot["deepagents"] = twin[0]["per_turn_forwarded"]
     for r in [*rows, *deep["rows"]]:

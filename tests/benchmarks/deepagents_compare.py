@@ -18,6 +18,13 @@ sides' summaries weigh the same. The middleware's state update (its summarizatio
 carried to the next request, as the agent's graph would. Tokens are counted with
 ``tests.fakes.tokens`` like the proxy's rows. A forwarded prompt over the window counts as an
 overflow (no provider enforces it here).
+
+Each trace runs twice: with the middleware's own token counter (``counter: "default"``, LangChain's
+``count_tokens_approximately``, what a Deep Agents user gets) and with the proxy's counter
+(``counter: "proxy"``, ``tests.fakes.tokens`` as above), so a difference in when each side
+summarizes is not a difference in counting. On the shared traces the approximate count is the lower
+(about 4 characters a token): the default middleware summarizes later and forwards some prompts
+over the window.
 """
 
 from __future__ import annotations
@@ -42,8 +49,9 @@ def _tokens(messages: list[dict[str, Any]]) -> int:
     return TOKENS_PER_REPLY + sum(count_message_tokens(m) for m in messages)
 
 
-def replay(path: Path, window: int) -> dict[str, Any]:
-    """One trace at one window through the middleware; a row like ``compression.replay``'s."""
+def replay(path: Path, window: int, counter: str = "default") -> dict[str, Any]:
+    """One trace at one window through the middleware; a row like ``compression.replay``'s.
+    ``counter``: ``default`` (the middleware's own) or ``proxy`` (the counter of the rows)."""
     from deepagents.backends import FilesystemBackend
     from deepagents.middleware.summarization import create_summarization_middleware
     from langchain.agents.middleware.types import ModelRequest, ModelResponse
@@ -68,8 +76,11 @@ def replay(path: Path, window: int) -> dict[str, Any]:
     forwarded: list[int] = []
     bodies: list[bytes] = []
     with tempfile.TemporaryDirectory(prefix="bench-deepagents-") as tmp:
+        options: dict[str, Any] = {}
+        if counter == "proxy":
+            options["token_counter"] = lambda messages, **_: _tokens(convert_to_openai_messages(messages))
         middleware = create_summarization_middleware(model, FilesystemBackend(root_dir=tmp, virtual_mode=True),
-                                                     summarizer=summarizer)
+                                                     summarizer=summarizer, **options)
         for i in request_points(trace):
             messages = convert_to_messages(trace[:i])
             seen: dict[str, Any] = {}
@@ -91,7 +102,7 @@ def replay(path: Path, window: int) -> dict[str, Any]:
     shares = [prefix_share(a, b) for a, b in zip(bodies, bodies[1:], strict=False)]
     passthrough, fwd, summary_tokens = sum(client), sum(forwarded), sum(summaries)
     return {
-        "trace": path.stem, "window": window, "turns": len(client),
+        "trace": path.stem, "window": window, "counter": counter, "turns": len(client),
         "passthrough_tokens": passthrough, "forwarded_tokens": fwd,
         "forwarded_ratio": fwd / passthrough if passthrough else None,
         "summary_calls": len(summaries), "summary_prompt_tokens": summary_tokens,
@@ -105,7 +116,8 @@ def replay(path: Path, window: int) -> dict[str, Any]:
 
 def main() -> None:
     job = orjson.loads(sys.stdin.buffer.read())
-    rows = [replay(Path(p), w) for p in job["traces"] for w in job["windows"]]
+    rows = [replay(Path(p), w, c) for c in job.get("counters", ["default", "proxy"]) for p in job["traces"]
+            for w in job["windows"]]
     sys.stdout.write(orjson.dumps({"version": version("deepagents"), "rows": rows}).decode())
 
 
