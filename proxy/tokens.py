@@ -145,6 +145,11 @@ HISTORY_LOOKBACK = 64
 turn adds a reply and a user message; an agent step a few tool rounds)."""
 
 
+RECENT_TOOL_LISTS = 8
+"""Tool lists ``count_tools`` compares a request's with before hashing it (sessions in flight with
+different tools; a miss costs a comparison each, failing at the first difference)."""
+
+
 class TokenCounter:
     """Counts tokens of messages, tool schemas and requests with one encoding.
 
@@ -182,6 +187,7 @@ class TokenCounter:
         self.memo_hits = 0
         self.memo_misses = 0
         self._histories = Memo(HISTORY_MEMO_MESSAGES, weight=len)
+        self._recent_tools: list[tuple[list[Any], int]] = []  # newest last (see ``count_tools``)
 
     def count_text(self, text: str) -> int:
         """Tokens of ``text`` (no framing). Special-token strings count as plain text."""
@@ -355,6 +361,18 @@ class TokenCounter:
         """
         if not tools:
             return 0
+        # The same tools arrive with every request of a session, as new objects: a list equal to
+        # one of the last few is matched by ``==`` (a C-level walk) before it is serialized and
+        # hashed (that was ~1% of a small request's CPU, py-spy under ``tests/benchmarks``).
+        for seen, n in reversed(self._recent_tools):
+            if seen == tools:
+                self.memo_hits += 1
+                return n
+        n = self._count_tools(tools)
+        self._recent_tools = [*self._recent_tools[-(RECENT_TOOL_LISTS - 1):], (tools, n)]
+        return n
+
+    def _count_tools(self, tools: list[dict[str, Any]]) -> int:
         parts = []
         for tool in tools:
             fn = tool.get("function") if isinstance(tool, dict) else None

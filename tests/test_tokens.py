@@ -13,6 +13,7 @@ import time
 import zlib
 from pathlib import Path
 
+import orjson
 import pytest
 
 from proxy.tokens import (
@@ -139,6 +140,20 @@ def test_tool_calls_count_name_and_arguments(counter: TokenCounter) -> None:
     # framing + "assistant" + per-call framing + name + arguments (ids are not shown to the model)
     assert small == 3 + 1 + 3 + counter.count_text("write_file") + counter.count_text("{}")
     assert large - small >= 500
+
+
+def test_an_equal_tool_list_is_remembered_and_a_changed_one_counted_anew() -> None:
+    counter = TokenCounter(cache_dir=CACHE_DIR)
+    tool = {"type": "function", "function": {"name": "read_file", "description": "Read a text file.", "parameters": {}}}
+    first = counter.count_tools([tool])
+    hits = counter.memo_hits
+    assert counter.count_tools(orjson.loads(orjson.dumps([tool]))) == first  # equal, new objects
+    assert counter.memo_hits == hits + 1
+    longer = [{"type": "function", "function": {**tool["function"], "description": "Read a text file, whole."}}]
+    assert counter.count_tools(longer) > first  # no stale count for a changed description
+    for i in range(20):  # more lists than are remembered: each still counted right
+        named = [{"type": "function", "function": {**tool["function"], "name": f"tool_{i:02d}"}}]
+        assert counter.count_tools(named) == first + counter.count_text(f"tool_{i:02d}") - counter.count_text("read_file")
 
 
 def test_tool_schemas_and_reserved_output_are_counted(counter: TokenCounter) -> None:
