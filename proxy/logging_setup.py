@@ -19,6 +19,7 @@ the middleware's access line and to the log lines of background tasks of the sam
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import sys
@@ -131,6 +132,60 @@ class TextFormatter(logging.Formatter):
         return mask_secrets(f"{line} [{ids}]" if ids else line)
 
 
+class LoopBatchingHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A ``StreamHandler`` that writes the INFO and DEBUG lines of one event-loop iteration together.
+
+    On the thread running an asyncio loop, such a line is kept until the end of the iteration
+    (a ``call_soon``), then written with the others in one ``write`` and ``flush``: a line per
+    request was a write and a flush per request (4 of the 10.6 us a line took, to a file; timeit).
+    WARNING and above, and every line from other threads, are written at once, after anything
+    kept (so the stream's order is the order of the records). ``flush`` (called at exit by
+    ``logging.shutdown``) writes what is kept. A line is never held longer than the loop iteration
+    that produced it.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__(stream)
+        self._kept: list[str] = []
+        self._scheduled = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record) + self.terminator
+            loop = _running_loop()
+            if loop is None or record.levelno >= logging.WARNING:
+                self._kept.append(line)
+                self.flush()
+                return
+            self._kept.append(line)
+            if not self._scheduled:
+                self._scheduled = True
+                loop.call_soon(self.flush)
+        except RecursionError:
+            raise
+        except Exception:  # noqa: BLE001  (as StreamHandler: a failing line must not fail the caller)
+            self.handleError(record)
+
+    def flush(self) -> None:
+        self.acquire()
+        try:
+            self._scheduled = False
+            if self._kept:
+                lines, self._kept = self._kept, []
+                self.stream.write("".join(lines))
+            if self.stream and hasattr(self.stream, "flush"):
+                self.stream.flush()
+        finally:
+            self.release()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 def configure_logging(
     level: str = "info", fmt: str = "json", *, log_message_content: bool = False, stream: TextIO | None = None
 ) -> logging.Handler:
@@ -152,7 +207,7 @@ def configure_logging(
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler = LoopBatchingHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter(log_message_content=log_message_content) if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     for old in list(root.handlers):

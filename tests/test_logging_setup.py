@@ -11,7 +11,14 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from proxy.logging_setup import JsonFormatter, TextFormatter, bind, configure_logging, request_context
+from proxy.logging_setup import (
+    JsonFormatter,
+    LoopBatchingHandler,
+    TextFormatter,
+    bind,
+    configure_logging,
+    request_context,
+)
 from tests.e2e.conftest import Proxy, Upstream, proxy, proxy_factory, upstream  # noqa: F401 - fixtures
 
 
@@ -122,3 +129,48 @@ def test_access_lines_carry_the_ids_of_the_chat_request(proxy: Proxy, captured: 
     assert chat[0]["session_id"] == resp.headers["x-context-proxy-session-id"]
     assert chat[0]["status"] == 200 and chat[0]["duration_ms"] >= 0
     assert all("private words" not in json.dumps(x) for x in captured())
+
+
+class _CountingStream(io.StringIO):
+    """A text stream that counts its writes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
+
+
+async def test_lines_of_one_loop_iteration_are_written_together_and_in_order() -> None:
+    import asyncio
+    import threading
+
+    stream = _CountingStream()
+    handler = LoopBatchingHandler(stream)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    logger = logging.getLogger("context_proxy.test.batching")
+    logger.addHandler(handler)
+    logger.propagate = False
+    logger.setLevel(logging.DEBUG)
+    try:
+        logger.info("one")
+        logger.debug("two")
+        assert stream.getvalue() == ""  # kept until this iteration ends
+        await asyncio.sleep(0)
+        assert stream.getvalue() == "INFO one\nDEBUG two\n" and stream.writes == 1
+        logger.info("three")
+        logger.warning("four")  # at once, after what was kept
+        assert stream.getvalue().endswith("INFO three\nWARNING four\n")
+        thread = threading.Thread(target=logger.info, args=("from a thread",))
+        thread.start()
+        thread.join()
+        assert stream.getvalue().endswith("WARNING four\nINFO from a thread\n")  # no loop there: at once
+        logger.info("five")
+        handler.flush()  # what logging.shutdown does at exit
+        assert stream.getvalue().endswith("INFO five\n")
+        await asyncio.sleep(0)  # the scheduled flush finds nothing left
+        assert stream.getvalue().count("five") == 1
+    finally:
+        logger.removeHandler(handler)
