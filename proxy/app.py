@@ -142,8 +142,17 @@ class _ProxyApp(FastAPI):
     Every other route still passes all of them."""
 
     _traced: bool | None = None
-    """Whether FastAPI's own OpenTelemetry instrumentation is on (a provider was configured before
-    the first chat request); looked up once, as FastAPI does for every request."""
+
+    def chat_traced(self) -> bool:
+        """Whether FastAPI's own OpenTelemetry instrumentation is on, as FastAPI decides it for a
+        request (a tracer, meter or logger provider is configured); looked up at the first chat
+        request and kept, so a provider must be configured before serving (as
+        ``opentelemetry-instrument`` and an application's startup code do). False with a FastAPI
+        that has no native telemetry."""
+        if self._traced is None:
+            telemetry = getattr(self, "_native_telemetry", None)
+            self._traced = bool(telemetry is not None and telemetry.enabled())
+        return self._traced
 
     def build_middleware_stack(self) -> ASGIApp:
         return MetricsMiddleware(ChatFastPath(super().build_middleware_stack()), metrics=self.state.metrics)
@@ -154,10 +163,7 @@ class _ProxyApp(FastAPI):
         layers and the wrapped ``send`` were about 5% of a small chat request's CPU (cProfile,
         ``tests/benchmarks`` overhead at concurrency 16)."""
         if scope["type"] == "http" and scope["path"] == CHAT_PATH and scope["method"] == "POST":
-            if self._traced is None:
-                telemetry = getattr(self, "_native_telemetry", None)  # absent from older FastAPI
-                self._traced = bool(telemetry is not None and telemetry.enabled())
-            if not self._traced:
+            if not self.chat_traced():
                 if self.root_path:
                     scope["root_path"] = self.root_path
                 scope["app"] = self

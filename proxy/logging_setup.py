@@ -193,7 +193,10 @@ def configure_logging(
     ``fmt`` (``json`` or ``text``) at ``level``; replaces the root logger's handlers.
 
     Returns the installed handler (tests remove it). Raises ``ValueError`` for an unknown format
-    or level. Call once per process (``context-proxy serve`` does), never at import time.
+    or level. Call once per process (``context-proxy serve`` does), never at import time. It also
+    turns off, for the whole process, the caller, thread and process lookups of every log record
+    (``logging._srcfile``, ``logThreads``, ``logProcesses``, ``logMultiprocessing``): neither format
+    writes them, and records carry ``(unknown file)`` and line 0 from then on.
     """
     if fmt not in ("json", "text"):
         raise ValueError(f"unknown log format {fmt!r} (json or text)")

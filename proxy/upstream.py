@@ -50,6 +50,8 @@ OWN_RESPONSE_HEADERS = frozenset({"date", "server"})
 
 URL_MEMO_PATHS = 256
 """Parsed upstream URLs kept per path (building one was ~2% of a small request's CPU)."""
+URL_MEMO_PATH_CHARS = 256
+"""Longer paths (query strings of pass-through calls) are parsed each time, never kept."""
 
 TRANSPORT_ERRORS = (httpx.HTTPError, aiohttp.ClientError, OSError, asyncio.TimeoutError)
 """What reading an upstream response can raise when the connection fails (``translate`` them)."""
@@ -199,9 +201,11 @@ class Upstream:
     def _url(self, path: str) -> yarl.URL:
         url = self._urls.get(path)
         if url is None:
-            if len(self._urls) >= URL_MEMO_PATHS:  # paths come from clients (the passthrough routes)
-                self._urls.clear()
-            url = self._urls[path] = yarl.URL(self.url(path), encoded=True)
+            url = yarl.URL(self.url(path), encoded=True)
+            if len(path) <= URL_MEMO_PATH_CHARS:  # paths come from clients (the passthrough routes)
+                if len(self._urls) >= URL_MEMO_PATHS:
+                    self._urls.clear()
+                self._urls[path] = url
         return url
 
     async def send(

@@ -14,6 +14,7 @@ on the writer thread (the inline connection never checkpoints itself).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import operator
 import time
@@ -132,10 +133,18 @@ class SqliteFile:
     def dispose(self) -> None:
         """Drop the pooled connections (new ones open on the next use)."""
         self._threaded.dispose()
-        if self._inline_conn is not None:
-            self._inline_conn.close()
-            self._inline_conn = None
+        self._drop_inline_connection(invalidate=False)
         self._inline.dispose()
+
+    def _drop_inline_connection(self, *, invalidate: bool = True) -> None:
+        """Forget the kept inline connection; ``invalidate``: close its driver connection too (so
+        no cursor or snapshot of it survives: the pool opens a new one)."""
+        conn, self._inline_conn = self._inline_conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):  # already broken: nothing more to release
+                if invalidate and not conn.invalidated:
+                    conn.invalidate()
+                conn.close()
 
     async def run(self, operation: str, fn: Callable[[sa.Connection], T], *, write: bool, small: bool) -> T:
         """Run ``fn(connection)`` in one transaction (committed if ``write``); inline when
@@ -211,14 +220,19 @@ class SqliteFile:
         """``fn(connection)`` in one transaction of the inline connection, committed; ``_Busy`` when
         the database is locked, else foreign errors as ``StorageError``s. The connection stays open
         between transactions (an ``Engine.begin()`` checked one out of the pool and reset it on
-        return: 13.5 us a transaction, against 2.5 us; measured), and is opened anew after an error
-        left it invalidated."""
+        return: 13.5 us a transaction, against 2.5 us; measured). ``fn`` reads its results to the
+        end (a cursor left open would hold its read snapshot into later transactions). After any
+        error the connection is invalidated, and the next transaction opens a fresh one."""
         try:
-            conn = self._inline_conn
-            if conn is None or conn.closed or conn.invalidated:
-                conn = self._inline_conn = self._inline.connect()
-            with conn.begin():
-                return fn(conn)
+            try:
+                conn = self._inline_conn
+                if conn is None or conn.closed or conn.invalidated:
+                    conn = self._inline_conn = self._inline.connect()
+                with conn.begin():
+                    return fn(conn)
+            except BaseException:
+                self._drop_inline_connection()
+                raise
         except sa_exc.OperationalError as exc:
             text = str(exc.orig)
             if "locked" in text or "busy" in text:

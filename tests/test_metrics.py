@@ -122,7 +122,8 @@ def test_a_traced_app_serves_and_counts_chat_through_its_middleware(proxy_factor
     for traced in (False, True):
         proxy = proxy_factory(models_file=_models_file(tmp_path, 4096))
         app = proxy.server.config.app
-        app._traced = traced  # as if a tracer provider had been configured (its SDK is not installed here)
+        assert app.chat_traced() is False  # no provider configured
+        app._traced = traced  # as if one had been (its SDK is not installed here)
         with proxy.http() as http:
             resp = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
             assert resp.status_code == 200 and resp.headers["x-context-proxy-request-id"].startswith("req_")
@@ -133,3 +134,61 @@ def test_a_traced_app_serves_and_counts_chat_through_its_middleware(proxy_factor
         assert _value(after, "context_proxy_requests_total", route="/v1/chat/completions", model=MODEL, status="200") == 1
         assert _value(after, "context_proxy_requests_total", route="/v1/chat/completions", model="", status="400") == 1
         assert _value(after, "context_proxy_request_duration_seconds_count", route="/v1/chat/completions") == 2
+
+
+def test_a_configured_provider_is_detected_as_fastapi_detects_it() -> None:
+    from proxy.app import create_app
+    from proxy.settings import Settings
+
+    app = create_app(Settings(upstream_url="http://127.0.0.1:9/v1", database_url="sqlite:///unused.db"))
+    telemetry = getattr(app, "_telemetry", None)
+    if telemetry is None:  # a FastAPI without native telemetry: never traced
+        assert app.chat_traced() is False
+        return
+    telemetry["tracer_provider"] = object()  # what FastAPI's enabled() looks at
+    assert app.chat_traced() is True
+
+
+async def test_a_stream_that_fails_after_its_start_is_counted_with_the_status_it_sent() -> None:
+    """The chat route's own counting (``serve_chat_counted``, no wrapped ``send``) counts the status
+    whose response started, as ``MetricsMiddleware`` does: a relay failing mid-stream is a 200
+    that went wrong, not a 500 that was never sent."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import pytest
+
+    from proxy.pipeline import Streamed
+    from proxy.routes.chat_fast import serve_chat_counted
+
+    async def chunks():  # type: ignore[no-untyped-def]
+        yield b"data: {}\n\n"
+        raise RuntimeError("the relay broke")
+
+    class Pipeline:
+        async def handle(self, raw, headers, items, tenant):  # type: ignore[no-untyped-def]
+            return Streamed(200, {"content-type": "text/event-stream"}, chunks())
+
+    metrics = Metrics()
+    proxy_state = SimpleNamespace(auth=SimpleNamespace(chat_tenant=lambda headers: "t"),
+                                  settings=SimpleNamespace(max_body_bytes=1 << 20), pipeline=Pipeline())
+    app = SimpleNamespace(state=SimpleNamespace(proxy=proxy_state, metrics=metrics))
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [], "app": app}
+    messages = [{"type": "http.request", "body": b"{}", "more_body": False}]
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        if messages:
+            return messages.pop(0)
+        await asyncio.sleep(3600)  # the client stays
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    with pytest.raises(RuntimeError, match="the relay broke"):
+        await serve_chat_counted(scope, receive, send)
+    assert sent[0] == {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]}
+    samples = _samples(metrics.render()[0].decode())
+    assert _value(samples, "context_proxy_requests_total", route="/v1/chat/completions", model="", status="200") == 1
+    assert _value(samples, "context_proxy_requests_total", route="/v1/chat/completions", model="", status="500") == 0

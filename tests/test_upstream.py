@@ -106,3 +106,25 @@ async def test_a_cookie_the_upstream_sets_is_never_sent_with_a_later_request() -
         await upstream.aclose()
         server.close()
     assert len(seen) == 2 and b"cookie" not in seen[1].lower()
+
+
+async def test_the_httpx_transport_keeps_no_cookies_either() -> None:
+    import httpx
+
+    seen: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("cookie"))
+        return httpx.Response(200, headers={"set-cookie": "session=secret-of-client-a; Path=/"}, content=b"{}")
+
+    upstream = Upstream("https://api.example.com/v1", pool_size=2, connect_timeout_s=1, read_timeout_s=1,
+                        transport=httpx.MockTransport(handler))
+    try:
+        for _ in range(2):
+            resp = await upstream.send("POST", "/chat/completions", headers=[], content=b"{}")
+            assert resp.headers["set-cookie"].startswith("session=")  # still relayed to its client
+            await resp.aread()
+            await resp.aclose()
+    finally:
+        await upstream.aclose()
+    assert seen == [None, None]

@@ -32,6 +32,8 @@ from storage.errors import StorageError
 log = logging.getLogger("context_proxy.app")
 
 CHAT_PATH = "/v1/chat/completions"
+STATUS_KEY = "context_proxy.status"
+"""Where ``serve_chat`` puts the status of the response it starts (in the ASGI scope)."""
 _JSON = [(b"content-type", b"application/json")]
 
 
@@ -72,9 +74,9 @@ class ChatFastPath:
         await serve_chat(scope, receive, send)
 
 
-async def serve_chat(scope: Scope, receive: Receive, send: Send) -> int | None:
-    """Answer one chat request as ASGI (the app's ``state.proxy`` does the work); returns the
-    status answered, ``None`` when the client left before its body was read."""
+async def serve_chat(scope: Scope, receive: Receive, send: Send) -> None:
+    """Answer one chat request as ASGI (the app's ``state.proxy`` does the work). The status is
+    put in ``scope[STATUS_KEY]`` as its response starts (``serve_chat_counted`` counts it)."""
     app_state = scope["app"].state
     state = app_state.proxy
     headers = Headers(scope=scope)
@@ -82,30 +84,32 @@ async def serve_chat(scope: Scope, receive: Receive, send: Send) -> int | None:
         tenant = state.auth.chat_tenant(headers)
         raw = await read_asgi_body(receive, headers, state.settings.max_body_bytes)
         if raw is None:
-            return None  # the client left while sending its body: nobody to answer
+            return  # the client left while sending its body: nobody to answer
         outcome = await state.pipeline.handle(raw, headers, headers.items(), tenant)
     except Exception as exc:  # noqa: BLE001  (every failure answers in OpenAI's error envelope)
         error = error_of(exc, app_state.metrics)
+        scope[STATUS_KEY] = error.status
         await _send_whole(send, error.status, _JSON, error.body())
-        return error.status
+        return
+    scope[STATUS_KEY] = outcome.status
     if isinstance(outcome, Buffered):
         await _send_whole(send, outcome.status, _encode(outcome.headers), outcome.body)
     else:
         await _send_stream(outcome, receive, send)
-    return outcome.status
 
 
 async def serve_chat_counted(scope: Scope, receive: Receive, send: Send) -> None:
     """``serve_chat`` with what ``MetricsMiddleware`` adds (a request context, the count and the
-    access line), without wrapping ``send``: the app calls it directly for the chat route."""
+    access line), without wrapping ``send``: the app calls it directly for the chat route. The
+    status counted is the one whose response started (500 if none did, as the middleware)."""
     scope["route"] = _ChatRoute
     started = time.perf_counter()
-    status: int | None = 500  # as the middleware counts a request that raised
     with request_context() as fields:
         try:
-            status = await serve_chat(scope, receive, send)
+            await serve_chat(scope, receive, send)
         finally:
-            served(scope["app"].state.metrics, "POST", CHAT_PATH, fields.get("model", ""), status or 500, started)
+            served(scope["app"].state.metrics, "POST", CHAT_PATH, fields.get("model", ""),
+                   scope.get(STATUS_KEY, 500), started)
 
 
 def _encode(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:

@@ -465,3 +465,39 @@ async def test_driver_statements_write_the_same_rows_as_sqlalchemy(tmp_path: Any
             db.execute("SELECT updated_at FROM sessions WHERE pk = ?", (via_sqlalchemy.pk,)).fetchone()
     finally:
         db.close()
+
+
+async def test_the_kept_inline_connection_sees_other_writers_and_survives_a_locked_database(tmp_path: Any) -> None:
+    """On a SQLite file, inline transactions share one kept connection: each still sees what other
+    connections committed before it, and a write that finds the database locked waits on the
+    writer thread and lands, after which the inline connection works as before."""
+    import asyncio
+    import sqlite3
+
+    from storage.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path}/kept.db"
+    await upgrade(url)
+    ours, theirs = await Store.open(url), await Store.open(url)
+    log = chain(conversation(4))
+    try:
+        session = await ours.get_or_create_session("t", "kept", T0)
+        assert await ours.stored_prefix_len(session.pk, [m.chain_hash for m in log]) == 0
+        assert await theirs.append_messages(session.pk, log[:2], T0) == 2  # another connection commits
+        assert await ours.stored_prefix_len(session.pk, [m.chain_hash for m in log]) == 2  # seen at once
+
+        locker = sqlite3.connect(tmp_path / "kept.db", isolation_level=None)
+        locker.execute("BEGIN IMMEDIATE")  # holds the write lock
+        write = asyncio.create_task(ours.append_messages(session.pk, log[:3], T0))
+        await asyncio.sleep(0.3)
+        assert not write.done()  # locked: waiting on the writer thread, not failed
+        locker.execute("COMMIT")
+        locker.close()
+        assert await asyncio.wait_for(write, 10) == 1
+
+        assert await theirs.append_messages(session.pk, log, T0) == 1
+        assert await ours.stored_prefix_len(session.pk, [m.chain_hash for m in log]) == 4
+        assert await ours.append_messages(session.pk, log, T0) == 0  # inline again, nothing new
+    finally:
+        await ours.close()
+        await theirs.close()
