@@ -162,13 +162,13 @@ class _ProxyApp(FastAPI):
         through FastAPI, ``MetricsMiddleware`` and ``ChatFastPath``, as every other route). Its
         layers and the wrapped ``send`` were about 5% of a small chat request's CPU (cProfile,
         ``tests/benchmarks`` overhead at concurrency 16)."""
-        if scope["type"] == "http" and scope["path"] == CHAT_PATH and scope["method"] == "POST":
-            if not self.chat_traced():
-                if self.root_path:
-                    scope["root_path"] = self.root_path
-                scope["app"] = self
-                await serve_chat_counted(scope, receive, send)
-                return
+        chat = scope["type"] == "http" and scope["path"] == CHAT_PATH and scope["method"] == "POST"
+        if chat and not self.chat_traced():
+            if self.root_path:
+                scope["root_path"] = self.root_path
+            scope["app"] = self
+            await serve_chat_counted(scope, receive, send)
+            return
         await super().__call__(scope, receive, send)
 
 
