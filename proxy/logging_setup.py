@@ -24,6 +24,7 @@ import logging
 import re
 import sys
 import time
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -147,7 +148,7 @@ class LoopBatchingHandler(logging.StreamHandler):  # type: ignore[type-arg]
     def __init__(self, stream: TextIO) -> None:
         super().__init__(stream)
         self._kept: list[str] = []
-        self._scheduled = False
+        self._scheduled_on: asyncio.AbstractEventLoop | None = None  # the loop a flush is queued on
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -158,18 +159,26 @@ class LoopBatchingHandler(logging.StreamHandler):  # type: ignore[type-arg]
                 self.flush()
                 return
             self._kept.append(line)
-            if not self._scheduled:
-                self._scheduled = True
-                loop.call_soon(self.flush)
+            if self._scheduled_on is not loop:  # none queued, or on a loop that may be gone
+                loop.call_soon(self._flush_kept)
+                self._scheduled_on = loop
         except RecursionError:
             raise
         except Exception:  # noqa: BLE001  (as StreamHandler: a failing line must not fail the caller)
             self.handleError(record)
 
+    def _flush_kept(self) -> None:
+        """The queued flush: a broken stream is reported as logging reports it, not to the loop."""
+        try:
+            self.flush()
+        except Exception:  # noqa: BLE001
+            if logging.raiseExceptions and sys.stderr:
+                traceback.print_exc(file=sys.stderr)
+
     def flush(self) -> None:
         self.acquire()
         try:
-            self._scheduled = False
+            self._scheduled_on = None
             if self._kept:
                 lines, self._kept = self._kept, []
                 self.stream.write("".join(lines))

@@ -174,3 +174,35 @@ async def test_lines_of_one_loop_iteration_are_written_together_and_in_order() -
         assert stream.getvalue().count("five") == 1
     finally:
         logger.removeHandler(handler)
+
+
+def test_a_loop_gone_with_a_flush_queued_does_not_hold_the_lines_of_the_next() -> None:
+    import asyncio
+
+    stream = _CountingStream()
+    handler = LoopBatchingHandler(stream)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger("context_proxy.test.batching_loops")
+    logger.addHandler(handler)
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    try:
+        first = asyncio.new_event_loop()
+
+        def log_and_stop() -> None:
+            logger.info("from the first loop")
+            first.stop()  # the loop ends with this iteration: the flush it queued never runs
+
+        first.call_soon(log_and_stop)
+        first.run_forever()
+        first.close()
+        assert stream.getvalue() == ""
+
+        async def log_and_yield() -> str:
+            logger.info("from the second loop")
+            await asyncio.sleep(0)
+            return stream.getvalue()
+
+        assert asyncio.run(log_and_yield()) == "from the first loop\nfrom the second loop\n"
+    finally:
+        logger.removeHandler(handler)

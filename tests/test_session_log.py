@@ -11,7 +11,10 @@ def test_request_ids_stay_unique_whatever_seeds_random() -> None:
     """Hypothesis (and some libraries) reseed ``random``: ids drawn from it repeated, and a
     repeated request id failed that request's log write (a primary key)."""
     ids = set()
-    for _ in range(50):
-        random.seed(0)
-        ids.add(new_id("req"))
+    try:
+        for _ in range(50):
+            random.seed(0)
+            ids.add(new_id("req"))
+    finally:
+        random.seed()  # from system entropy again: later tests get no fixed sequence
     assert len(ids) == 50 and all(i.startswith("req_") and len(i) == 28 for i in ids)

@@ -486,6 +486,9 @@ async def test_the_kept_inline_connection_sees_other_writers_and_survives_a_lock
         assert await theirs.append_messages(session.pk, log[:2], T0) == 2  # another connection commits
         assert await ours.stored_prefix_len(session.pk, [m.chain_hash for m in log]) == 2  # seen at once
 
+        sqlite = ours._sqlite
+        assert sqlite is not None
+        kept = sqlite._inline_conn
         locker = sqlite3.connect(tmp_path / "kept.db", isolation_level=None)
         locker.execute("BEGIN IMMEDIATE")  # holds the write lock
         write = asyncio.create_task(ours.append_messages(session.pk, log[:3], T0))
@@ -494,6 +497,18 @@ async def test_the_kept_inline_connection_sees_other_writers_and_survives_a_lock
         locker.execute("COMMIT")
         locker.close()
         assert await asyncio.wait_for(write, 10) == 1
+        assert sqlite._inline_conn is kept  # a locked database keeps the connection (rolled back)
+
+        def read_then_fail(conn: Any) -> None:
+            conn.exec_driver_sql("SELECT chain_hash FROM messages")  # a result left unread...
+            raise ValueError("fn failed")
+
+        driver = kept.connection.driver_connection
+        with pytest.raises(ValueError):
+            await sqlite.run("read_then_fail", read_then_fail, write=False, small=True)
+        assert sqlite._inline_conn is None
+        with pytest.raises(sqlite3.ProgrammingError):  # ...dies with its driver connection
+            driver.execute("SELECT 1")
 
         assert await theirs.append_messages(session.pk, log, T0) == 1
         assert await ours.stored_prefix_len(session.pk, [m.chain_hash for m in log]) == 4
