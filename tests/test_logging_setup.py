@@ -143,10 +143,9 @@ class _CountingStream(io.StringIO):
         return super().write(text)
 
 
-async def test_lines_of_one_loop_iteration_are_written_together_and_in_order() -> None:
-    import asyncio
-    import threading
-
+@pytest.fixture
+def batching() -> Iterator[tuple[logging.Logger, LoopBatchingHandler, _CountingStream]]:
+    """A logger of its own writing through a ``LoopBatchingHandler`` to a counting stream."""
     stream = _CountingStream()
     handler = LoopBatchingHandler(stream)
     handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
@@ -155,54 +154,53 @@ async def test_lines_of_one_loop_iteration_are_written_together_and_in_order() -
     logger.propagate = False
     logger.setLevel(logging.DEBUG)
     try:
-        logger.info("one")
-        logger.debug("two")
-        assert stream.getvalue() == ""  # kept until this iteration ends
-        await asyncio.sleep(0)
-        assert stream.getvalue() == "INFO one\nDEBUG two\n" and stream.writes == 1
-        logger.info("three")
-        logger.warning("four")  # at once, after what was kept
-        assert stream.getvalue().endswith("INFO three\nWARNING four\n")
-        thread = threading.Thread(target=logger.info, args=("from a thread",))
-        thread.start()
-        thread.join()
-        assert stream.getvalue().endswith("WARNING four\nINFO from a thread\n")  # no loop there: at once
-        logger.info("five")
-        handler.flush()  # what logging.shutdown does at exit
-        assert stream.getvalue().endswith("INFO five\n")
-        await asyncio.sleep(0)  # the scheduled flush finds nothing left
-        assert stream.getvalue().count("five") == 1
+        yield logger, handler, stream
     finally:
         logger.removeHandler(handler)
 
 
-def test_a_loop_gone_with_a_flush_queued_does_not_hold_the_lines_of_the_next() -> None:
+async def test_lines_of_one_loop_iteration_are_written_together_and_in_order(batching) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+    import threading
+
+    logger, handler, stream = batching
+    logger.info("one")
+    logger.debug("two")
+    assert stream.getvalue() == ""  # kept until this iteration ends
+    await asyncio.sleep(0)
+    assert stream.getvalue() == "INFO one\nDEBUG two\n" and stream.writes == 1
+    logger.info("three")
+    logger.warning("four")  # at once, after what was kept
+    assert stream.getvalue().endswith("INFO three\nWARNING four\n")
+    thread = threading.Thread(target=logger.info, args=("from a thread",))
+    thread.start()
+    thread.join()
+    assert stream.getvalue().endswith("WARNING four\nINFO from a thread\n")  # no loop there: at once
+    logger.info("five")
+    handler.flush()  # what logging.shutdown does at exit
+    assert stream.getvalue().endswith("INFO five\n")
+    await asyncio.sleep(0)  # the scheduled flush finds nothing left
+    assert stream.getvalue().count("five") == 1
+
+
+def test_a_loop_gone_with_a_flush_queued_does_not_hold_the_lines_of_the_next(batching) -> None:  # type: ignore[no-untyped-def]
     import asyncio
 
-    stream = _CountingStream()
-    handler = LoopBatchingHandler(stream)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    logger = logging.getLogger("context_proxy.test.batching_loops")
-    logger.addHandler(handler)
-    logger.propagate = False
-    logger.setLevel(logging.INFO)
-    try:
-        first = asyncio.new_event_loop()
+    logger, _, stream = batching
+    first = asyncio.new_event_loop()
 
-        def log_and_stop() -> None:
-            logger.info("from the first loop")
-            first.stop()  # the loop ends with this iteration: the flush it queued never runs
+    def log_and_stop() -> None:
+        logger.info("from the first loop")
+        first.stop()  # the loop ends with this iteration: the flush it queued never runs
 
-        first.call_soon(log_and_stop)
-        first.run_forever()
-        first.close()
-        assert stream.getvalue() == ""
+    first.call_soon(log_and_stop)
+    first.run_forever()
+    first.close()
+    assert stream.getvalue() == ""
 
-        async def log_and_yield() -> str:
-            logger.info("from the second loop")
-            await asyncio.sleep(0)
-            return stream.getvalue()
+    async def log_and_yield() -> str:
+        logger.info("from the second loop")
+        await asyncio.sleep(0)
+        return stream.getvalue()
 
-        assert asyncio.run(log_and_yield()) == "from the first loop\nfrom the second loop\n"
-    finally:
-        logger.removeHandler(handler)
+    assert asyncio.run(log_and_yield()) == "INFO from the first loop\nINFO from the second loop\n"
