@@ -152,13 +152,11 @@ class LoopBatchingHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            line = self.format(record) + self.terminator
+            self._kept.append(self.format(record) + self.terminator)
             loop = _running_loop()
             if loop is None or record.levelno >= logging.WARNING:
-                self._kept.append(line)
                 self.flush()
                 return
-            self._kept.append(line)
             if self._scheduled_on is not loop:  # none queued, or on a loop that may be gone
                 loop.call_soon(self._flush_kept)
                 self._scheduled_on = loop

@@ -252,12 +252,6 @@ def _log_checkpoint_failure(future: asyncio.Future[Any]) -> None:
         log.warning("WAL checkpoint failed: %s", future.exception())
 
 
-def _fused(type_: Any) -> Callable[[Any], Any] | None:
-    """A type's own one-step SQLite bind processor (``sqlite_bind_processor``), if it has one."""
-    make = getattr(type_, "sqlite_bind_processor", None)
-    return make() if make is not None else None
-
-
 class DriverStatement:
     """A SQLAlchemy statement compiled once for SQLite, then run on the driver's connection.
 
@@ -283,7 +277,8 @@ class DriverStatement:
         self.sql: str = compiled.string
         names = list(compiled.positiontup)
         self._get = operator.itemgetter(*names, *names[:1])  # (a name more: a 1-column row is a tuple too)
-        procs = [_fused(compiled.binds[name].type) or processors.get(name) for name in names]
+        # a type's own one-step SQLite processor (``sqlite_bind``) first, else SQLAlchemy's
+        procs = [getattr(compiled.binds[name].type, "sqlite_bind", None) or processors.get(name) for name in names]
         self._processed = [(i, proc) for i, proc in enumerate(procs) if proc is not None]
 
     def _row(self, values: dict[str, Any]) -> list[Any]:
