@@ -92,31 +92,38 @@ class JsonFormatter(logging.Formatter):
         return f"{cached[1]}.{int((created - second) * 1000):03d}Z"
 
     def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "ts": self._timestamp(record.created),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": mask_secrets(record.getMessage()),
-        }
-        context = _context.get() or {}
-        for name in CONTEXT_FIELDS:
-            value = getattr(record, name, None) or context.get(name)
-            if value:
-                out[name] = str(value)
         fields = vars(record)
         extra = fields.keys() - _RESERVED  # the call's extra fields, usually a few: in their order
-        for name in sorted(extra, key=list(fields).index) if len(extra) > 1 else extra:
-            value = fields[name]
-            if name in out or name.startswith("_"):
+        ordered = sorted(extra, key=list(fields).index) if len(extra) > 1 else extra
+        return self.line(record.created, record.levelname, record.name, record.getMessage(),
+                         {name: fields[name] for name in ordered}, record, record.exc_info)
+
+    def line(self, created: float, levelname: str, name: str, msg: str, extra: dict[str, Any],
+             record: logging.LogRecord | None = None, exc_info: Any = None) -> str:
+        """The JSON line of a record with these fields (``created``: epoch seconds; ``extra``: the
+        call's extra fields, in order). ``format`` and ``write_direct`` both write through it."""
+        out: dict[str, Any] = {
+            "ts": self._timestamp(created),
+            "level": levelname.lower(),
+            "logger": name,
+            "msg": mask_secrets(msg),
+        }
+        context = _context.get() or {}
+        for field in CONTEXT_FIELDS:
+            value = (getattr(record, field, None) if record is not None else extra.get(field)) or context.get(field)
+            if value:
+                out[field] = str(value)
+        for field, value in extra.items():
+            if field in out or field.startswith("_"):
                 continue
-            if name.lower() in SECRET_FIELDS:
+            if field.lower() in SECRET_FIELDS:
                 continue
-            if name.lower() in CONTENT_FIELDS and not self.log_message_content:
-                out[name + "_chars"] = len(value) if isinstance(value, (str, list, bytes)) else None
+            if field.lower() in CONTENT_FIELDS and not self.log_message_content:
+                out[field + "_chars"] = len(value) if isinstance(value, (str, list, bytes)) else None
                 continue
-            out[name] = mask_secrets(value) if isinstance(value, str) else value
-        if record.exc_info:
-            out["exc"] = mask_secrets(self.formatException(record.exc_info))
+            out[field] = mask_secrets(value) if isinstance(value, str) else value
+        if exc_info:
+            out["exc"] = mask_secrets(self.formatException(exc_info))
         return orjson.dumps(out, default=str).decode()
 
 
@@ -152,18 +159,22 @@ class LoopBatchingHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self._kept.append(self.format(record) + self.terminator)
-            loop = _running_loop()
-            if loop is None or record.levelno >= logging.WARNING:
-                self.flush()
-                return
-            if self._scheduled_on is not loop:  # none queued, or on a loop that may be gone
-                loop.call_soon(self._flush_kept)
-                self._scheduled_on = loop
+            self._keep(self.format(record), record.levelno)
         except RecursionError:
             raise
         except Exception:  # noqa: BLE001  (as StreamHandler: a failing line must not fail the caller)
             self.handleError(record)
+
+    def _keep(self, line: str, levelno: int) -> None:
+        """Keep ``line`` for the end of the loop iteration, or write it at once (see the class)."""
+        self._kept.append(line + self.terminator)
+        loop = _running_loop()
+        if loop is None or levelno >= logging.WARNING:
+            self.flush()
+            return
+        if self._scheduled_on is not loop:  # none queued, or on a loop that may be gone
+            loop.call_soon(self._flush_kept)
+            self._scheduled_on = loop
 
     def _flush_kept(self) -> None:
         """The queued flush: a broken stream is reported as logging reports it, not to the loop."""
@@ -184,6 +195,46 @@ class LoopBatchingHandler(logging.StreamHandler):  # type: ignore[type-arg]
                 self.stream.flush()
         finally:
             self.release()
+
+
+def write_direct(logger: logging.Logger, level: int, msg: str, extra: dict[str, Any]) -> bool:
+    """Write ``logger.log(level, msg, extra=extra)``'s line without making a ``LogRecord``, when
+    that writes the same line: ``logger`` is enabled for ``level``, and on the way up to the root
+    no logger has a filter or a handler of its own, and the root has one ``LoopBatchingHandler``
+    (no filter, level at most ``level``) with a ``JsonFormatter``. ``msg`` has no ``%`` arguments.
+    Returns ``False``, writing nothing, in any other case (the caller then logs as usual).
+
+    For the access line, written once per request: through ``logging`` it took 12 us of CPU,
+    written directly 3.5 us (timeit, 50,000 lines; in the proxy under load a line costs several
+    times its timeit figure). ``configure_logging`` installs the handler this needs.
+    """
+    if not logger.isEnabledFor(level):
+        return True  # dropped, as ``logger.log`` drops it
+    node: logging.Logger | None = logger
+    root = logging.root
+    while node is not root:
+        if node is None or node.filters or node.handlers or not node.propagate or node.disabled:
+            return False
+        node = node.parent  # type: ignore[assignment]
+    handlers = root.handlers
+    if root.filters or len(handlers) != 1:
+        return False
+    handler = handlers[0]
+    formatter = handler.formatter
+    if type(handler) is not LoopBatchingHandler or handler.filters or level < handler.level or type(formatter) is not JsonFormatter:
+        return False
+    line = formatter.line(time.time(), logging.getLevelName(level), logger.name, msg, extra)
+    handler.acquire()
+    try:
+        handler._keep(line, level)
+    except RecursionError:
+        raise
+    except Exception:  # noqa: BLE001  (as ``Handler.handleError``: a failing line must not fail the caller)
+        if logging.raiseExceptions and sys.stderr:
+            traceback.print_exc(file=sys.stderr)
+    finally:
+        handler.release()
+    return True
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.logging_setup import request_context
+from proxy.logging_setup import request_context, write_direct
 
 access_log = logging.getLogger("context_proxy.access")
 
@@ -172,8 +172,9 @@ def served(metrics: Metrics, method: str, route: str, model: str, status: int, s
     duration_s = time.perf_counter() - started
     metrics.request_served(route, model, status, duration_s)
     level = logging.DEBUG if route in QUIET_ROUTES else logging.INFO
-    access_log.log(level, "%s %s %d", method, route, status,
-                   extra={"route": route, "status": status, "duration_ms": round(duration_s * 1000, 1)})
+    extra = {"route": route, "status": status, "duration_ms": round(duration_s * 1000, 1)}
+    if not write_direct(access_log, level, f"{method} {route} {status}", extra):
+        access_log.log(level, "%s %s %d", method, route, status, extra=extra)
 
 
 def _route_of(scope: Scope) -> str:

@@ -302,19 +302,29 @@ class Store:
             return added
 
         if self._driver is not None and small_rows(new_messages):  # (set exactly on a SQLite file)
-            bump, insert_messages, insert_request = self._driver
-
-            def run_on_driver(conn: sa.Connection) -> int:
-                added = 0
-                if rows:
-                    bump.execute(conn, {"b_pk": session_pk, "b_now": now})
-                    added = insert_messages.executemany(conn, rows)
-                insert_request.execute(conn, values)
-                return added
-
+            item = (session_pk, rows, values, now)
             assert self._sqlite is not None
-            return await self._sqlite.run_deferred("append_and_record", run_on_driver)
+            return await self._sqlite.run_deferred("append_and_record", lambda conn: self._records_on_driver(conn, [item])[0],
+                                                   batch=self._records_on_driver, item=item)
         return await self._transact("append_and_record", run, small=False)
+
+    def _records_on_driver(self, conn: sa.Connection, items: list[tuple[int, list[dict[str, Any]], dict[str, Any], datetime]]) -> list[int]:
+        """The deferred ``append_and_record``s ``(session_pk, message rows, request values, now)``
+        on the driver, as each would run alone (bump, messages, request), with a bump per session
+        (to the latest ``now``: the bump keeps the later time anyway) and the request rows in one
+        ``executemany``. The messages stay an ``executemany`` per item: its row count is the
+        item's result."""
+        assert self._driver is not None
+        bump, insert_messages, insert_request = self._driver
+        latest: dict[int, datetime] = {}
+        for session_pk, rows, _, now in items:
+            if rows and (session_pk not in latest or now > latest[session_pk]):
+                latest[session_pk] = now
+        if latest:
+            bump.executemany(conn, [{"b_pk": pk, "b_now": now} for pk, now in latest.items()])
+        added = [insert_messages.executemany(conn, rows) if rows else 0 for _, rows, _, _ in items]
+        insert_request.executemany(conn, [values for _, _, values, _ in items])
+        return added
 
     # --- events, artifacts, requests, learned limits ---------------------------------------
 

@@ -18,6 +18,7 @@ from proxy.logging_setup import (
     bind,
     configure_logging,
     request_context,
+    write_direct,
 )
 from tests.e2e.conftest import Proxy, Upstream, proxy, proxy_factory, upstream  # noqa: F401 - fixtures
 
@@ -90,26 +91,37 @@ def test_never_keys_and_no_content_unless_asked() -> None:
     assert shown["content"] == "the user's secret plans"
 
 
-def test_text_format_and_configuration() -> None:
-    with request_context():
-        bind(request_id="req_2")
-        line = _format(TextFormatter(), "hello key sk-0123456789abcdef")
-    assert line.endswith("hello key *** [request_id=req_2]")
-    with pytest.raises(ValueError):
-        configure_logging("info", "xml")
+@pytest.fixture
+def root_json() -> Iterator[Callable[[str], io.StringIO]]:
+    """``configure_logging`` into a ``StringIO`` (call with the level); the root logger restored after."""
     root = logging.getLogger()
     saved = (list(root.handlers), root.level)
-    stream = io.StringIO()
+
+    def configure(level: str) -> io.StringIO:
+        stream = io.StringIO()
+        configure_logging(level, "json", stream=stream)
+        return stream
+
     try:
-        configure_logging("warning", "json", stream=stream)
-        logging.getLogger("uvicorn.error").warning("from uvicorn")
-        logging.getLogger("context_proxy.x").info("below the level")
+        yield configure
     finally:
         for h in list(root.handlers):
             root.removeHandler(h)
         for h in saved[0]:
             root.addHandler(h)
         root.setLevel(saved[1])
+
+
+def test_text_format_and_configuration(root_json) -> None:  # type: ignore[no-untyped-def]
+    with request_context():
+        bind(request_id="req_2")
+        line = _format(TextFormatter(), "hello key sk-0123456789abcdef")
+    assert line.endswith("hello key *** [request_id=req_2]")
+    with pytest.raises(ValueError):
+        configure_logging("info", "xml")
+    stream = root_json("warning")
+    logging.getLogger("uvicorn.error").warning("from uvicorn")
+    logging.getLogger("context_proxy.x").info("below the level")
     lines = [json.loads(x) for x in stream.getvalue().splitlines()]
     assert [(x["logger"], x["msg"]) for x in lines] == [("uvicorn.error", "from uvicorn")]
 
@@ -204,3 +216,52 @@ def test_a_loop_gone_with_a_flush_queued_does_not_hold_the_lines_of_the_next(bat
         return stream.getvalue()
 
     assert asyncio.run(log_and_yield()) == "INFO from the first loop\nINFO from the second loop\n"
+
+
+async def test_the_direct_access_line_is_the_line_logging_writes(root_json) -> None:  # type: ignore[no-untyped-def]
+    """``served`` writes its access line without a ``LogRecord`` when nothing could tell the
+    difference (``write_direct``): the same JSON, field for field, as through ``logging``; with a
+    filter on the way it goes through ``logging`` (and the filter applies); below the level, no line."""
+    import asyncio
+
+    from proxy.metrics import Metrics, access_log, served
+
+    stream = root_json("info")
+    metrics = Metrics()
+
+    def lines() -> list[dict]:
+        return [json.loads(x) for x in stream.getvalue().splitlines()]
+
+    class Tagging(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            record.tagged = True
+            return "/drop" not in record.getMessage()
+
+    with request_context():
+        bind(request_id="req_d", session_id="sess_d", model="m")
+        served(metrics, "POST", "/v1/chat/completions", "m", 200, time.perf_counter())  # direct
+        access_log.addFilter(tagging := Tagging())
+        try:
+            served(metrics, "POST", "/v1/chat/completions", "m", 200, time.perf_counter())  # through logging
+            served(metrics, "POST", "/drop", "m", 200, time.perf_counter())  # filtered out
+        finally:
+            access_log.removeFilter(tagging)
+        served(metrics, "GET", "/healthz", "", 200, time.perf_counter())  # a quiet route: DEBUG
+    await asyncio.sleep(0)
+    direct, logged = lines()
+    assert "tagged" not in direct and logged.pop("tagged") is True
+    assert direct.pop("ts")[:19] == logged.pop("ts")[:19]
+    assert direct.pop("duration_ms") >= 0 and logged.pop("duration_ms") >= 0
+    assert direct == logged == {"level": "info", "logger": "context_proxy.access", "msg": "POST /v1/chat/completions 200",
+                                "request_id": "req_d", "session_id": "sess_d", "route": "/v1/chat/completions", "status": 200}
+    stream = root_json("debug")
+    served(metrics, "GET", "/healthz", "", 200, time.perf_counter())
+    probe = logging.getLogger("context_proxy.test.direct")
+    assert write_direct(probe, logging.INFO, "probe", {"k": 1})  # written without logging
+    probe.addFilter(tagging)
+    try:
+        assert not write_direct(probe, logging.INFO, "probe", {"k": 2})  # a filter: left to logging
+    finally:
+        probe.removeFilter(tagging)
+    await asyncio.sleep(0)
+    assert [(x["level"], x["msg"], x.get("k")) for x in lines()] == [("debug", "GET /healthz 200", None), ("info", "probe", 1)]

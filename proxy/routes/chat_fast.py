@@ -19,7 +19,6 @@ import asyncio
 import logging
 import time
 
-from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.errors import ProxyError, StorageUnavailableError
@@ -79,13 +78,14 @@ async def serve_chat(scope: Scope, receive: Receive, send: Send) -> None:
     put in ``scope[STATUS_KEY]`` as its response starts (``serve_chat_counted`` counts it)."""
     app_state = scope["app"].state
     state = app_state.proxy
-    headers = Headers(scope=scope)
+    items = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
+    headers = dict(reversed(items))  # the first of repeated names, as Starlette's ``Headers.get``
     try:
         tenant = state.auth.chat_tenant(headers)
         raw = await read_asgi_body(receive, headers, state.settings.max_body_bytes)
         if raw is None:
             return  # the client left while sending its body: nobody to answer
-        outcome = await state.pipeline.handle(raw, headers, headers.items(), tenant)
+        outcome = await state.pipeline.handle(raw, headers, items, tenant)
     except Exception as exc:  # noqa: BLE001  (every failure answers in OpenAI's error envelope)
         error = error_of(exc, app_state.metrics)
         scope[STATUS_KEY] = error.status

@@ -369,6 +369,30 @@ async def test_end_of_request_writes_are_read_back_at_once_and_fail_alone(store:
     assert summary.request_count == 2
 
 
+async def test_end_of_request_writes_queued_together_each_count_their_own(store: Store) -> None:
+    """Several end-of-request writes queued at once (SQLite commits them in one batch, with one
+    bump per session): each returns its own new messages, every request row is stored, and each
+    session's ``updated_at`` is the latest of its writes, never an earlier one."""
+    a = await store.get_or_create_session("t", "batch-a", T0)
+    b = await store.get_or_create_session("t", "batch-b", T0)
+    log_a, log_b = chain(conversation(4, "a")), chain(conversation(4, "b"))
+    writes = [  # (session, messages, when): out of time order within session a
+        (a, log_a[:2], T0 + timedelta(minutes=3)),
+        (b, log_b[:3], T0 + timedelta(minutes=1)),
+        (a, log_a, T0 + timedelta(minutes=2)),
+        (b, [], T0 + timedelta(minutes=9)),  # no messages: no bump
+        (a, log_a[:1], T0 + timedelta(minutes=1)),  # all known already
+    ]
+    added = await asyncio.gather(*(store.append_and_record(s.pk, m, _record(f"req_batch_{i}", s.pk), when)
+                                   for i, (s, m, when) in enumerate(writes)))
+    assert added == [2, 3, 2, 0, 0]
+    for session, requests, updated in ((a, 3, T0 + timedelta(minutes=3)), (b, 2, T0 + timedelta(minutes=1))):
+        summary = await store.session_summary(session)
+        assert summary.request_count == requests
+        found = await store.find_session(session.session_id, "t")
+        assert found is not None and found.updated_at == updated
+
+
 async def test_deferred_writes_commit_without_another_operation(tmp_path: Any) -> None:
     """Nothing else touching the store: the queued end-of-request write is committed within
     milliseconds all the same (seen by another connection)."""
