@@ -201,8 +201,10 @@ def write_direct(logger: logging.Logger, level: int, msg: str, extra: dict[str, 
     """Write ``logger.log(level, msg, extra=extra)``'s line without making a ``LogRecord``, when
     that writes the same line: ``logger`` is enabled for ``level``, and on the way up to the root
     no logger has a filter or a handler of its own, and the root has one ``LoopBatchingHandler``
-    (no filter, level at most ``level``) with a ``JsonFormatter``. ``msg`` has no ``%`` arguments.
-    Returns ``False``, writing nothing, in any other case (the caller then logs as usual).
+    (no filter, level at most ``level``) with a ``JsonFormatter``. ``msg`` has no ``%`` arguments;
+    ``extra`` must not use ``LogRecord`` attribute names (``logging`` refuses them; this does not
+    check). Returns ``False``, writing nothing, in any other case (the caller then logs as usual).
+    A line that fails to format or write is reported as ``logging`` reports it, never raised.
 
     For the access line, written once per request: through ``logging`` it took 12 us of CPU,
     written directly 3.5 us (timeit, 50,000 lines; in the proxy under load a line costs several
@@ -223,17 +225,18 @@ def write_direct(logger: logging.Logger, level: int, msg: str, extra: dict[str, 
     formatter = handler.formatter
     if type(handler) is not LoopBatchingHandler or handler.filters or level < handler.level or type(formatter) is not JsonFormatter:
         return False
-    line = formatter.line(time.time(), logging.getLevelName(level), logger.name, msg, extra)
-    handler.acquire()
     try:
-        handler._keep(line, level)
+        line = formatter.line(time.time(), logging.getLevelName(level), logger.name, msg, extra)
+        handler.acquire()
+        try:
+            handler._keep(line, level)
+        finally:
+            handler.release()
     except RecursionError:
         raise
     except Exception:  # noqa: BLE001  (as ``Handler.handleError``: a failing line must not fail the caller)
         if logging.raiseExceptions and sys.stderr:
             traceback.print_exc(file=sys.stderr)
-    finally:
-        handler.release()
     return True
 
 

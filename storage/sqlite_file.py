@@ -169,10 +169,11 @@ class SqliteFile:
         at most the last ``DEFER_WRITE_S`` of replies, which the client resends with its next
         request anyway.
 
-        ``batch`` and ``item``: writes queued one after the other with the same ``batch`` run as
-        one call, ``batch(conn, [item, ...])``, which does what their ``fn``s would (fewer
-        statements: at concurrency 16 a flush commits about 8 requests). ``fn`` alone is what
-        runs when the transaction is retried write by write."""
+        ``batch`` and ``item``: writes queued one after the other with the same ``batch`` (the
+        same object: ``is``, so pass a bound method made once) run as one call, ``batch(conn,
+        [item, ...])``, which does what their ``fn``s would with fewer statements (at concurrency
+        16 a flush commits about 8 requests: counted in the proxy under ``tests/benchmarks``'
+        overhead load). ``fn`` alone is what runs when the transaction is retried write by write."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._deferred.append((operation, fn, future, batch, item))

@@ -8,6 +8,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -237,23 +238,38 @@ async def test_the_direct_access_line_is_the_line_logging_writes(root_json) -> N
             record.tagged = True
             return "/drop" not in record.getMessage()
 
-    with request_context():
-        bind(request_id="req_d", session_id="sess_d", model="m")
-        served(metrics, "POST", "/v1/chat/completions", "m", 200, time.perf_counter())  # direct
-        access_log.addFilter(tagging := Tagging())
-        try:
-            served(metrics, "POST", "/v1/chat/completions", "m", 200, time.perf_counter())  # through logging
-            served(metrics, "POST", "/drop", "m", 200, time.perf_counter())  # filtered out
-        finally:
-            access_log.removeFilter(tagging)
-        served(metrics, "GET", "/healthz", "", 200, time.perf_counter())  # a quiet route: DEBUG
+    records: list[str] = []
+    make_record = access_log.makeRecord
+
+    def recording(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = make_record(*args, **kwargs)
+        records.append(record.getMessage())
+        return record
+
+    access_log.makeRecord = recording  # type: ignore[method-assign]
+    try:
+        with request_context():
+            bind(request_id="req_d", session_id="sess_d", model="m")
+            served(metrics, "POST", "/v1/chat/completions", "m", 200, time.perf_counter())  # direct
+            assert records == []  # no LogRecord made
+            access_log.addFilter(tagging := Tagging())
+            try:
+                served(metrics, "POST", "/v1/chat/completions", "m", 200, time.perf_counter())  # through logging
+                served(metrics, "POST", "/drop", "m", 200, time.perf_counter())  # filtered out
+            finally:
+                access_log.removeFilter(tagging)
+            assert records == ["POST /v1/chat/completions 200", "POST /drop 200"]
+            served(metrics, "GET", "/healthz", "", 200, time.perf_counter())  # a quiet route: DEBUG
+    finally:
+        del access_log.makeRecord
     await asyncio.sleep(0)
     direct, logged = lines()
     assert "tagged" not in direct and logged.pop("tagged") is True
-    assert direct.pop("ts")[:19] == logged.pop("ts")[:19]
+    assert direct.pop("ts").endswith("Z") and logged.pop("ts").endswith("Z")
     assert direct.pop("duration_ms") >= 0 and logged.pop("duration_ms") >= 0
-    assert direct == logged == {"level": "info", "logger": "context_proxy.access", "msg": "POST /v1/chat/completions 200",
-                                "request_id": "req_d", "session_id": "sess_d", "route": "/v1/chat/completions", "status": 200}
+    assert list(direct.items()) == list(logged.items()) == [  # the same fields in the same order
+        ("level", "info"), ("logger", "context_proxy.access"), ("msg", "POST /v1/chat/completions 200"),
+        ("request_id", "req_d"), ("session_id", "sess_d"), ("route", "/v1/chat/completions"), ("status", 200)]
     stream = root_json("debug")
     served(metrics, "GET", "/healthz", "", 200, time.perf_counter())
     probe = logging.getLogger("context_proxy.test.direct")
@@ -263,5 +279,16 @@ async def test_the_direct_access_line_is_the_line_logging_writes(root_json) -> N
         assert not write_direct(probe, logging.INFO, "probe", {"k": 2})  # a filter: left to logging
     finally:
         probe.removeFilter(tagging)
+    for off in ("disabled", "propagate"):  # a disabled logger writes nothing; one not propagating: left to logging
+        setattr(probe, off, off == "disabled")
+        try:
+            assert write_direct(probe, logging.INFO, "probe", {"k": 3}) is (off == "disabled")
+        finally:
+            setattr(probe, off, off != "disabled")
+    logging.disable(logging.INFO)
+    try:
+        assert write_direct(probe, logging.INFO, "probe", {"k": 4})  # dropped, as logging drops it
+    finally:
+        logging.disable(logging.NOTSET)
     await asyncio.sleep(0)
     assert [(x["level"], x["msg"], x.get("k")) for x in lines()] == [("debug", "GET /healthz 200", None), ("info", "probe", 1)]

@@ -369,23 +369,34 @@ async def test_end_of_request_writes_are_read_back_at_once_and_fail_alone(store:
     assert summary.request_count == 2
 
 
-async def test_end_of_request_writes_queued_together_each_count_their_own(store: Store) -> None:
-    """Several end-of-request writes queued at once (SQLite commits them in one batch, with one
-    bump per session): each returns its own new messages, every request row is stored, and each
-    session's ``updated_at`` is the latest of its writes, never an earlier one."""
+async def test_end_of_request_writes_queued_together_each_count_their_own(store: Store, database_url: str) -> None:
+    """Several end-of-request writes queued at once (SQLite commits them in one batch call, with
+    one bump per session): each returns its own new messages, every request row is stored, and
+    each session's ``updated_at`` is the latest of its writes, wherever that write is queued."""
     a = await store.get_or_create_session("t", "batch-a", T0)
     b = await store.get_or_create_session("t", "batch-b", T0)
     log_a, log_b = chain(conversation(4, "a")), chain(conversation(4, "b"))
-    writes = [  # (session, messages, when): out of time order within session a
-        (a, log_a[:2], T0 + timedelta(minutes=3)),
+    assert await store.append_messages(a.pk, log_a[:1], T0) == 1
+    writes = [  # (session, messages, when); disjoint messages: the counts hold in any order (PostgreSQL)
+        (a, log_a[1:3], T0 + timedelta(minutes=2)),
         (b, log_b[:3], T0 + timedelta(minutes=1)),
-        (a, log_a, T0 + timedelta(minutes=2)),
+        (a, log_a[3:], T0 + timedelta(minutes=3)),  # session a's latest, in the middle
         (b, [], T0 + timedelta(minutes=9)),  # no messages: no bump
-        (a, log_a[:1], T0 + timedelta(minutes=1)),  # all known already
+        (a, log_a[:1], T0 + timedelta(minutes=1)),  # stored already
     ]
+    batches: list[int] = []
+    if store._driver is not None:  # SQLite: count the batch calls
+        batch = store._records_batch
+
+        def counting(conn: Any, items: list[Any]) -> list[int]:
+            batches.append(len(items))
+            return batch(conn, items)
+
+        store._records_batch = counting  # type: ignore[method-assign]
     added = await asyncio.gather(*(store.append_and_record(s.pk, m, _record(f"req_batch_{i}", s.pk), when)
                                    for i, (s, m, when) in enumerate(writes)))
-    assert added == [2, 3, 2, 0, 0]
+    assert added == [2, 3, 1, 0, 0]
+    assert batches == ([5] if store._driver is not None else [])
     for session, requests, updated in ((a, 3, T0 + timedelta(minutes=3)), (b, 2, T0 + timedelta(minutes=1))):
         summary = await store.session_summary(session)
         assert summary.request_count == requests
