@@ -13,6 +13,7 @@ session's or tenant's data by guessing ids) and, for artifacts, belongs to the t
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,8 +32,10 @@ DEFAULT_LIMIT_LINES = 200
 MAX_LIMIT_LINES = 2000
 
 
+@functools.lru_cache(maxsize=8)
 def read_tool_schema(name: str) -> dict[str, Any]:
-    """The read tool, in OpenAI's function-tool shape."""
+    """The read tool, in OpenAI's function-tool shape. One object per name, shared by every
+    request that offers the tool (callers copy before changing it; none does)."""
     return {
         "type": "function",
         "function": {
@@ -57,8 +60,9 @@ def read_tool_schema(name: str) -> dict[str, Any]:
     }
 
 
+@functools.lru_cache(maxsize=8)
 def compact_tool_schema(name: str) -> dict[str, Any]:
-    """The opt-in manual compaction tool."""
+    """The opt-in manual compaction tool (one shared object per name, as ``read_tool_schema``)."""
     return {
         "type": "function",
         "function": {
