@@ -402,6 +402,10 @@ async def test_end_of_request_writes_queued_together_each_count_their_own(store:
         assert summary.request_count == requests
         found = await store.find_session(session.session_id, "t")
         assert found is not None and found.updated_at == updated
+    if store._driver is not None:  # one batch whose writes share messages: each counts what it added, in order
+        added = await asyncio.gather(store.append_and_record(b.pk, log_b, _record("req_batch_5", b.pk), T0),
+                                     store.append_and_record(b.pk, log_b, _record("req_batch_6", b.pk), T0))
+        assert added == [1, 0] and batches == [5, 2]
 
 
 async def test_deferred_writes_commit_without_another_operation(tmp_path: Any) -> None:
