@@ -88,10 +88,14 @@ class HexHash(TypeDecorator[str]):
         return None if value is None else bytes(value).hex()
 
 
-PACK_MIN_BYTES = 64
-"""Values shorter than this (bytes of UTF-8) are never compressed: zlib's 6-byte wrapper and
-block header leave little to gain (measured on the shared traces' 1,267 messages: the one under
-64 bytes did not shrink, 149 of the 151 of 64-128 bytes did, and every longer one)."""
+PACK_MIN_BYTES = 256
+"""Values shorter than this (bytes of UTF-8) are never compressed: each ``zlib.compress`` call
+sets up its whole state first, about 12 us of CPU however short the value (timeit, level 1, the
+traces' messages under 1 KiB), and a short value gains little. On the shared traces' 1,267
+messages (1.36 MB as JSON) the 435 under 256 bytes would save 12.9 kB together (1% of the bytes,
+about 30 bytes each, against a message row's ~160 bytes of overhead). In the proxy under
+``tests/benchmarks``' overhead load (concurrency 16, a 215-byte reply logged per request), the
+reply's row took 17 us of CPU to build with the threshold at 64 bytes and 9 us at 256."""
 
 PACK_LEVEL = 1
 """zlib level: the fastest. On the traces' messages level 1 keeps 0.45 of the bytes for 0.024 ms

@@ -17,7 +17,7 @@ from storage.migrate import alembic_config, upgrade
 from storage.records import ArtifactRecord, EventRecord, NewMessage
 from storage.retention import RetentionPolicy, run_retention
 from storage.store import Store
-from storage.tables import JsonText, UtcDateTime
+from storage.tables import PACK_MIN_BYTES, JsonText, UtcDateTime
 
 T0 = datetime(2025, 3, 1, 8, 30, 15, 123456, tzinfo=UTC)
 
@@ -81,9 +81,10 @@ async def test_values_are_compressed_on_sqlite_only_when_smaller_and_read_back_i
         assert [orjson.loads(v) for (v,) in stored] == msgs  # plain text, TOAST compresses it
     else:
         stored = await raw(database_url, "SELECT typeof(message), length(CAST(message AS BLOB)) FROM messages ORDER BY seq")
-        assert [kind for kind, _ in stored] == ["blob", "text", "blob", "text"]  # 'hi' and 'ok' are under 64 bytes
-        assert stored[0][1] < json_bytes[0] / 4 and stored[2][1] < json_bytes[2]
-        assert [n for kind, n in stored if kind == "text"] == [json_bytes[1], json_bytes[3]]
+        assert [kind for kind, _ in stored] == ["blob", "text", "text", "text"]  # all but the first under PACK_MIN_BYTES
+        assert json_bytes[2] < PACK_MIN_BYTES <= json_bytes[0]
+        assert stored[0][1] < json_bytes[0] / 4
+        assert [n for kind, n in stored if kind == "text"] == json_bytes[1:]
         assert await raw(database_url, "SELECT typeof(payload) FROM events") == [("blob",)]
         assert await raw(database_url, "SELECT id, typeof(content) FROM artifacts ORDER BY id") == [("art_big", "blob"), ("art_small", "text")]
     listed, _ = await store.list_branch_messages(session.pk, digests_and_chain(msgs)[1][-1], None, 10)
