@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from proxy.read_tool import compact_tool_schema, read_tool_schema
 from tests.e2e.conftest import Upstream, wait_logged
 from tests.fakes.responders import Prompt, Reply
 from tests.strict import validate_chat_messages
@@ -130,6 +131,7 @@ def test_mixed_proxy_and_client_calls_return_only_the_clients(
         calls = reply.choices[0].message.tool_calls
         assert [c.function.name for c in calls] == ["fetch_log"] and calls[0].id == "c_client"
     assert len(upstream.state.chat_requests) == 1  # the proxy's call was dropped, not served
+    assert read_tool_schema(READ) == read_tool_schema.__wrapped__(READ)  # the shared schema, unchanged
 
 
 def test_another_tenants_artifact_reads_nothing(proxy_factory: Any, upstream: Upstream, models_file: str) -> None:
@@ -221,6 +223,7 @@ def test_manual_compaction_tool_is_opt_in_and_needs_half_the_trigger(proxy_facto
     with proxy.http() as http:
         events = http.get("/sessions/manual/events").json()["data"]
     assert [e["kind"] for e in events] == ["summary"]
+    assert compact_tool_schema("context_proxy_compact") == compact_tool_schema.__wrapped__("context_proxy_compact")  # unchanged
 
 
 def test_a_single_huge_line_is_read_in_parts(proxy_factory: Any, upstream: Upstream, models_file: str) -> None:
