@@ -173,9 +173,8 @@ class SqliteFile:
         at most the last ``DEFER_WRITE_S`` of replies, which the client resends with its next
         request anyway.
 
-        ``batch`` and ``item``: writes queued one after the other with the same ``batch`` (the
-        same object: ``is``, so pass a bound method made once) run as one call, ``batch(conn,
-        [item, ...])``, which does what their ``fn``s would with fewer statements (at concurrency
+        ``batch`` and ``item``: writes queued one after the other with an equal ``batch`` (a
+        bound method of one object, say) run as one call, ``batch(conn, [item, ...])``, which does what their ``fn``s would with fewer statements (at concurrency
         16 a flush commits about 10 requests: see ``DEFER_WRITE_S``). ``fn`` alone is what runs
         when the transaction is retried write by write."""
         loop = asyncio.get_running_loop()
@@ -203,9 +202,9 @@ class SqliteFile:
             task.add_done_callback(self._retrying.discard)
             return
         self._wrote_inline()
-        for job, result in zip(jobs, results, strict=True):
-            if not job[2].done():
-                job[2].set_result(result)
+        for (_, _, future, _, _), result in zip(jobs, results, strict=True):
+            if not future.done():
+                future.set_result(result)
 
     async def _one_by_one(self, jobs: list[Job]) -> None:
         for operation, fn, future, _, _ in jobs:
@@ -255,7 +254,7 @@ def _run_jobs(conn: sa.Connection, jobs: list[Job]) -> list[Any]:
             i += 1
             continue
         j = i + 1
-        while j < len(jobs) and jobs[j][3] is batch:
+        while j < len(jobs) and jobs[j][3] == batch:  # (a bound method is made anew at each access)
             j += 1
         out = batch(conn, [job[4] for job in jobs[i:j]])
         if len(out) != j - i:

@@ -90,8 +90,6 @@ class Store:
         self._insert_request = sa.insert(requests)
         self._driver: tuple[DriverStatement, DriverStatement, DriverStatement] | None = None
         """On a SQLite file: the end-of-request statements run on the driver (``DriverStatement``)."""
-        self._records_batch = self._records_on_driver
-        """The bound method, made once: ``run_deferred`` groups the writes of one batch by identity."""
         if sqlite_file is not None:
             d = sqlite_file.dialect
             self._driver = (
@@ -307,7 +305,7 @@ class Store:
             item = (session_pk, rows, values, now)
             assert self._sqlite is not None
             return await self._sqlite.run_deferred("append_and_record", lambda conn: self._records_on_driver(conn, [item])[0],
-                                                   batch=self._records_batch, item=item)
+                                                   batch=self._records_on_driver, item=item)
         return await self._transact("append_and_record", run, small=False)
 
     def _records_on_driver(self, conn: sa.Connection, items: list[tuple[int, list[dict[str, Any]], dict[str, Any], datetime]]) -> list[int]:

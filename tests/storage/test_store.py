@@ -369,7 +369,8 @@ async def test_end_of_request_writes_are_read_back_at_once_and_fail_alone(store:
     assert summary.request_count == 2
 
 
-async def test_end_of_request_writes_queued_together_each_count_their_own(store: Store, database_url: str) -> None:
+async def test_end_of_request_writes_queued_together_each_count_their_own(store: Store, database_url: str,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Several end-of-request writes queued at once (SQLite commits them in one batch call, with
     one bump per session): each returns its own new messages, every request row is stored, and
     each session's ``updated_at`` is the latest of its writes, wherever that write is queued."""
@@ -386,13 +387,13 @@ async def test_end_of_request_writes_queued_together_each_count_their_own(store:
     ]
     batches: list[int] = []
     if store._driver is not None:  # SQLite: count the batch calls
-        batch = store._records_batch
+        batch = Store._records_on_driver
 
-        def counting(conn: Any, items: list[Any]) -> list[int]:
+        def counting(self: Store, conn: Any, items: list[Any]) -> list[int]:
             batches.append(len(items))
-            return batch(conn, items)
+            return batch(self, conn, items)
 
-        store._records_batch = counting  # type: ignore[method-assign]
+        monkeypatch.setattr(Store, "_records_on_driver", counting)  # a bound method anew at each access, as unpatched
     added = await asyncio.gather(*(store.append_and_record(s.pk, m, _record(f"req_batch_{i}", s.pk), when)
                                    for i, (s, m, when) in enumerate(writes)))
     assert added == [2, 3, 1, 0, 0]
