@@ -109,6 +109,8 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
         if not _frozen:  # once per process (each app a test creates would stay in memory)
             gc.freeze()
             _frozen.append(True)
+        if settings.gc_young_threshold:
+            gc.set_threshold(settings.gc_young_threshold, *gc.get_threshold()[1:])
         try:
             yield
         finally:

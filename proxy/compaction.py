@@ -54,5 +54,8 @@ class Compactor:
     def can_retry(self, ctx: ChatContext, overflow: Overflow) -> bool:
         return False
 
+    def truncation_suspected(self, ctx: ChatContext, usage: dict[str, Any] | None) -> bool:
+        return False
+
     async def observe_reply(self, ctx: ChatContext, usage: dict[str, Any] | None) -> None:
         return None

@@ -409,8 +409,10 @@ class ProjectingCompactor(Compactor):
     def can_retry(self, ctx: ChatContext, overflow: Overflow) -> bool:
         return True
 
-    async def observe_reply(self, ctx: ChatContext, usage: dict[str, Any] | None) -> None:
-        """Detect silent front truncation (Ollama, case 017): the provider counted far fewer tokens.
+    def truncation_suspected(self, ctx: ChatContext, usage: dict[str, Any] | None) -> bool:
+        """Whether the reply's ``usage`` shows silent front truncation (Ollama, case 017): the
+        provider counted far fewer prompt tokens than we estimated (``observe_reply`` then learns
+        the window). Cheap on every reply; no I/O.
 
         Learned only from text-only requests: image, audio and file costs are estimates that a
         provider may legitimately count far lower, while tokenizers differ by far less than the
@@ -418,14 +420,21 @@ class ProjectingCompactor(Compactor):
         serving 2,048 tokens of a 40k model.)
         """
         if not usage or ctx.prepared is None or not ctx.prepared.tokens_forwarded:
-            return
+            return False
         prompt = usage.get("prompt_tokens")
         estimate = ctx.prepared.tokens_forwarded - _reserved(ctx.body)  # the estimate counts reserved output
         if not (isinstance(prompt, int) and prompt > 256 and estimate > prompt * TRUNCATION_SUSPECT_RATIO):
-            return
+            return False
         # only now: searching a long body for these costs ~1.6 ms per MB on every request
-        if any(marker in ctx.raw for marker in NON_TEXT_MARKERS):
+        return not any(marker in ctx.raw for marker in NON_TEXT_MARKERS)
+
+    async def observe_reply(self, ctx: ChatContext, usage: dict[str, Any] | None) -> None:
+        """Learn the window from a silently truncated prompt (``truncation_suspected``)."""
+        if not self.truncation_suspected(ctx, usage):
             return
+        assert usage is not None and ctx.prepared is not None and ctx.prepared.tokens_forwarded
+        prompt = usage["prompt_tokens"]
+        estimate = ctx.prepared.tokens_forwarded - _reserved(ctx.body)
         log.warning(
             "suspected silent truncation: provider counted %d prompt tokens, proxy estimated %d; using %d as the window",
             prompt, estimate, prompt, extra={"session_id": ctx.session.session_id},

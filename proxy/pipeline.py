@@ -39,6 +39,8 @@ from storage.records import RequestRecord, SessionRecord
 log = logging.getLogger("context_proxy.pipeline")
 
 CHAT_PATH = "/chat/completions"
+DRAIN_POLL_S = 0.005
+"""How often ``drain`` looks again at writes queued without a task."""
 DEGRADED_WARNING = "database unavailable: this request was forwarded without logging or compaction"
 
 
@@ -123,6 +125,8 @@ class ChatPipeline:
         self.rounds = ToolRounds(settings, session_log.store, upstream, compactor)
         self.health = DatabaseHealth(session_log.store)
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._pending_writes = 0
+        """Log writes queued by ``_finish_nowait`` and not yet ended."""
         self._room = asyncio.Event()
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
@@ -134,24 +138,38 @@ class ChatPipeline:
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
-        if len(self._tasks) < self.settings.max_pending_log_writes:
+        self._write_ended()
+
+    def _write_ended(self) -> None:
+        if self._pending() < self.settings.max_pending_log_writes:
             self._room.set()
+
+    def _pending(self) -> int:
+        """Log writes not ended: tasks, and writes queued without one (``_finish_nowait``)."""
+        return len(self._tasks) + self._pending_writes
 
     async def _wait_for_room(self) -> None:
         """Backpressure: wait while ``max_pending_log_writes`` log writes are pending (the
         database is slower than the traffic), so the backlog, and memory, stay bounded."""
-        while len(self._tasks) >= self.settings.max_pending_log_writes:
+        while self._pending() >= self.settings.max_pending_log_writes:
             self._room.clear()
             self.metrics.database_error("backpressure")
             await self._room.wait()
 
     async def drain(self, timeout_s: float = 10.0) -> None:
-        """Wait for pending log writes (graceful shutdown)."""
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=timeout_s)
+        """Wait for pending log writes (graceful shutdown): tasks, and writes queued without one
+        (committed within ``storage.sqlite_file.DEFER_WRITE_S``, or retried one by one), for at
+        most ``timeout_s`` in all."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self._pending() and loop.time() < deadline:
+            if self._tasks:
+                await asyncio.wait(list(self._tasks), timeout=deadline - loop.time())
+            else:
+                await asyncio.sleep(DRAIN_POLL_S)
 
     async def handle(self, raw: bytes, headers: Mapping[str, str], header_items: list[tuple[str, str]], tenant: str) -> Buffered | Streamed:
-        if len(self._tasks) >= self.settings.max_pending_log_writes:
+        if self._pending() >= self.settings.max_pending_log_writes:
             await self._wait_for_room()
         body = parse_chat_request(raw)
         messages: list[dict[str, Any]] = body["messages"]
@@ -357,8 +375,34 @@ class ChatPipeline:
 
     def _spawn_finish(self, ctx: ChatContext, status: int, reply: dict[str, Any] | None, usage: dict[str, Any] | None,
                       **kwargs: Any) -> None:
+        """Log the reply and the request record (``_finish``): queued at once when that needs no
+        wait (``SessionLog.finish_nowait``: the usual case on SQLite), else in a task of its own."""
         ctx.finished = True
+        if ctx.append_task is None and not ctx.internal and self._finish_nowait(ctx, status, reply, usage, **kwargs):
+            return
         self.spawn(self._finish(ctx, status, reply, usage, **kwargs))
+
+    def _finish_nowait(self, ctx: ChatContext, status: int, reply: dict[str, Any] | None, usage: dict[str, Any] | None,
+                       *, error: str | None = None, partial: bool = False, finish_reason: str | None = None) -> bool:
+        """``_finish`` without a task when the write can be queued (``SessionLog.finish_nowait``);
+        ``False``, having done nothing, when it cannot. Its pending writes count towards
+        ``max_pending_log_writes`` until they end."""
+        record = self._record(ctx, self._latency_ms(ctx), status, usage, None, error, finish_reason)
+        keep = _kept_reply(reply, status, partial, error)
+
+        def done(exc: BaseException | None) -> None:
+            self._pending_writes -= 1
+            self._write_ended()
+            if exc is not None:
+                self._log_failed(ctx, exc)
+            elif self.compactor.truncation_suspected(ctx, usage):
+                self.spawn(self.compactor.observe_reply(ctx, usage))
+
+        if not self.log.finish_nowait(ctx.session, ctx.messages, ctx.chain, keep, record, done):
+            return False
+        self._pending_writes += 1
+        self._count_finished(ctx, status)
+        return True
 
     async def _finish(
         self,
@@ -372,11 +416,8 @@ class ChatPipeline:
         finish_reason: str | None = None,
     ) -> None:
         """Log the reply and the request record; runs as its own task, never raises."""
-        latency_ms = (time.perf_counter() - ctx.started) * 1000
-        if ctx.prepared is not None:
-            self.metrics.chat_forwarded(ctx.model, ctx.prepared.tokens_client, ctx.prepared.tokens_forwarded, ctx.prepared.applied)
-        if ctx.retries and status < 400:
-            self.metrics.overflow("recovered")
+        latency_ms = self._latency_ms(ctx)
+        self._count_finished(ctx, status)
         logged: LoggedRequest | None = None  # None: the client's messages go in the final transaction
         if ctx.append_task is not None:
             try:
@@ -390,33 +431,58 @@ class ChatPipeline:
                 self.metrics.database_error("log")
                 self._storage_failed(exc)
         try:
-            if reply is not None and partial:
-                reply = reply | {"x_context_proxy": {"partial": True, "reason": error}}
-            p = ctx.prepared
-            record = RequestRecord(
-                id=ctx.request_id,
-                session_pk=ctx.session.pk,
-                model=ctx.model,
-                status=status,
-                latency_ms=latency_ms,
-                stream=ctx.stream,
-                usage=usage,
-                added_messages=logged.added if logged else 0,
-                first_added_seq=logged.first_added_seq if logged else None,
-                tokens_client=p.tokens_client if p else None,
-                tokens_forwarded=p.tokens_forwarded if p else None,
-                defenses=list(p.applied) if p else [],
-                event_ids=list(p.event_ids) if p else [],
-                error=error.replace("\x00", "") if error else error,
-                finish_reason=finish_reason,
-            )
-            keep = reply if status < 400 else None
+            record = self._record(ctx, latency_ms, status, usage, logged, error, finish_reason)
+            keep = _kept_reply(reply, status, partial, error)
             await self.log.finish(ctx.session, ctx.messages, ctx.chain, ctx.internal, keep, record, with_request=logged is None)
             await self.compactor.observe_reply(ctx, usage)
         except Exception as exc:
-            log.exception("logging the reply failed", extra={"session_id": ctx.session.session_id})
-            self.metrics.database_error("log")
-            self._storage_failed(exc)
+            self._log_failed(ctx, exc)
+
+    def _count_finished(self, ctx: ChatContext, status: int) -> None:
+        if ctx.prepared is not None:
+            self.metrics.chat_forwarded(ctx.model, ctx.prepared.tokens_client, ctx.prepared.tokens_forwarded, ctx.prepared.applied)
+        if ctx.retries and status < 400:
+            self.metrics.overflow("recovered")
+
+    @staticmethod
+    def _latency_ms(ctx: ChatContext) -> float:
+        return (time.perf_counter() - ctx.started) * 1000
+
+    @staticmethod
+    def _record(ctx: ChatContext, latency_ms: float, status: int, usage: dict[str, Any] | None,
+                logged: LoggedRequest | None, error: str | None, finish_reason: str | None) -> RequestRecord:
+        """The request's record (``logged``: its messages' earlier write, if any)."""
+        p = ctx.prepared
+        return RequestRecord(
+            id=ctx.request_id,
+            session_pk=ctx.session.pk,
+            model=ctx.model,
+            status=status,
+            latency_ms=latency_ms,
+            stream=ctx.stream,
+            usage=usage,
+            added_messages=logged.added if logged else 0,
+            first_added_seq=logged.first_added_seq if logged else None,
+            tokens_client=p.tokens_client if p else None,
+            tokens_forwarded=p.tokens_forwarded if p else None,
+            defenses=list(p.applied) if p else [],
+            event_ids=list(p.event_ids) if p else [],
+            error=error.replace("\x00", "") if error else error,
+            finish_reason=finish_reason,
+        )
+
+    def _log_failed(self, ctx: ChatContext, exc: BaseException) -> None:
+        log.error("logging the reply failed", exc_info=exc,
+                  extra={"session_id": ctx.session.session_id, "request_id": ctx.request_id})
+        self.metrics.database_error("log")
+        self._storage_failed(exc)
+
+
+def _kept_reply(reply: dict[str, Any] | None, status: int, partial: bool, error: str | None) -> dict[str, Any] | None:
+    """The reply as logged: none for an error status; a partial one marked with why it stopped."""
+    if reply is None or status >= 400:
+        return None
+    return reply | {"x_context_proxy": {"partial": True, "reason": error}} if partial else reply
 
 
 async def _read(resp: Any) -> bytes:

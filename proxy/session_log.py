@@ -19,6 +19,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from collections.abc import Callable
 from typing import Any
 
 from proxy.cache import BoundedCache
@@ -32,6 +33,31 @@ CACHE_TTL_S = 30.0
 CACHED_SESSIONS = 10_000
 KNOWN_HASHES_PER_SESSION = 64
 """The newest chain hashes remembered per session: enough for the tail a client resends."""
+
+
+def _new_rows(
+    messages: list[dict[str, Any]], chain: list[str], internal: list[dict[str, Any]], reply: dict[str, Any] | None,
+    stored: int | None,
+) -> tuple[list[NewMessage], tuple[int, int | None] | None]:
+    """The rows ``finish`` writes and the record's ``(added_messages, first_added_seq)``: the
+    client's messages after the first ``stored`` (``None``: none of theirs, and the record's own
+    counts), then ``internal`` and ``reply``, chained on."""
+    new: list[NewMessage] = []
+    added = None
+    if stored is not None:
+        new = [
+            NewMessage(chain_hash=chain[i], parent_hash=chain[i - 1] if i else None, seq=i,
+                       role=str(messages[i].get("role")), message=messages[i])
+            for i in range(stored, len(messages))
+        ]
+        added = (len(new), stored if new else None)
+    parent, seq = chain[-1], len(messages)
+    for message in [*internal, *([reply] if reply is not None else [])]:
+        h = chain_hash(parent, message_digest(message))
+        new.append(NewMessage(chain_hash=h, parent_hash=parent, seq=seq, role=str(message.get("role", "assistant")),
+                              message=message, internal=message is not reply))
+        parent, seq = h, seq + 1
+    return new, added
 
 
 def derive_session_id(tenant: str, messages: list[dict[str, Any]], chain_hashes: list[str]) -> str:
@@ -143,28 +169,41 @@ class SessionLog:
         """Store (``with_request``: the client's new messages,) the proxy's internal rounds, the reply
         after them, and the request record, in one transaction: a plain request costs one write.
         Internal messages are marked ``internal``; the chain runs through them."""
-        new: list[NewMessage] = []
-        added = None  # the record's own counts
+        stored = None
         if with_request:
             stored = self._known_prefix(session.pk, chain)
             if stored is None:
                 stored = await self.store.stored_prefix_len(session.pk, chain)
-            new = [
-                NewMessage(chain_hash=chain[i], parent_hash=chain[i - 1] if i else None, seq=i,
-                           role=str(messages[i].get("role")), message=messages[i])
-                for i in range(stored, len(messages))
-            ]
-            added = (len(new), stored if new else None)
-        parent, seq = chain[-1], len(messages)
-        for message in [*internal, *([reply] if reply is not None else [])]:
-            h = chain_hash(parent, message_digest(message))
-            is_internal = message is not reply
-            new.append(NewMessage(chain_hash=h, parent_hash=parent, seq=seq, role=str(message.get("role", "assistant")), message=message, internal=is_internal))
-            parent, seq = h, seq + 1
+        new, added = _new_rows(messages, chain, internal, reply, stored)
         await self.store.append_and_record(session.pk, new, record, now(), added=added)
         self._remember(session.pk, [m.chain_hash for m in new])
         if internal:
             self._internal.pop(session.pk, None)
+
+    def finish_nowait(
+        self,
+        session: SessionRecord,
+        messages: list[dict[str, Any]],
+        chain: list[str],
+        reply: dict[str, Any] | None,
+        record: RequestRecord,
+        done: Callable[[BaseException | None], None],
+    ) -> bool:
+        """``finish`` (``with_request``, no internal rounds) queued without waiting, when that needs
+        no read (the client's messages are known stored or new to this process's cache) and the
+        store can defer it (``Store.append_and_record_nowait``). Then ``done(None)`` once it is
+        committed, or ``done(error)``. ``False``, with nothing queued, otherwise: await ``finish``."""
+        stored = self._known_prefix(session.pk, chain)
+        if stored is None:
+            return False
+        new, added = _new_rows(messages, chain, [], reply, stored)
+
+        def written(_: Any, error: BaseException | None) -> None:
+            if error is None:
+                self._remember(session.pk, [m.chain_hash for m in new])
+            done(error)
+
+        return self.store.append_and_record_nowait(session.pk, new, record, now(), written, added=added)
 
     async def _internal_messages(self, session_pk: int) -> list[MessageRecord]:
         records = self._internal.fresh(session_pk)

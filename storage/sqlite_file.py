@@ -14,6 +14,7 @@ on the writer thread (the inline connection never checkpoints itself).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import operator
 import time
@@ -64,8 +65,12 @@ command): writers queue behind it meanwhile, so it gives up soon and is tried ag
 Batch = Callable[[sa.Connection, list[Any]], list[Any]]
 """Runs several deferred writes of one kind at once: ``batch(conn, items)`` returns a result per item."""
 
-Job = tuple[str, Callable[[sa.Connection], Any], "asyncio.Future[Any]", Batch | None, Any]
-"""``(operation, fn, future, batch, item)``: ``fn(conn)`` alone, or ``item`` among others in ``batch``."""
+Done = Callable[[Any, BaseException | None], None]
+"""Told how a deferred write ended: ``done(result, None)`` once committed, ``done(None, error)`` if
+it failed (a ``StorageError``). Called on the event loop's thread; must not raise."""
+
+Job = tuple[str, Callable[[sa.Connection], Any], Done, Batch | None, Any]
+"""``(operation, fn, done, batch, item)``: ``fn(conn)`` alone, or ``item`` among others in ``batch``."""
 
 
 def small_rows(new_messages: Sequence[NewMessage]) -> bool:
@@ -163,26 +168,32 @@ class SqliteFile:
 
     async def run_deferred(self, operation: str, fn: Callable[[sa.Connection], T], *,
                            batch: Batch | None = None, item: Any = None) -> T:
-        """``run(operation, fn)`` for a small write that nothing waits on but its caller (the end
-        of a request: reply and request record). It is queued for up to ``DEFER_WRITE_S`` and
-        committed with the others queued meanwhile in one transaction, or sooner: before any other
-        operation of the store (``flush``). The point is when it runs: at one request a time, a
-        client's next request arrives right after the reply, and the previous request's write
-        would delay it; deferred, the write runs while the proxy waits for the upstream
-        (``tests/benchmarks``, overhead at concurrency 1). Resolves when committed; a crash loses
-        at most the last ``DEFER_WRITE_S`` of replies, which the client resends with its next
-        request anyway.
+        """``defer`` awaited: the write's result once committed; raises its ``StorageError``."""
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self.defer(operation, fn, functools.partial(_settle, future), batch=batch, item=item)
+        return await future
+
+    def defer(self, operation: str, fn: Callable[[sa.Connection], Any], done: Done, *,
+              batch: Batch | None = None, item: Any = None) -> None:
+        """Queue a small write that nothing waits on but ``done`` (the end of a request: reply and
+        request record). It is committed with the others queued meanwhile in one transaction,
+        ``DEFER_WRITE_S`` later at most, or sooner: before any other operation of the store
+        (``flush``). The point is when it runs: at one request a time, a client's next request
+        arrives right after the reply, and the previous request's write would delay it; deferred,
+        the write runs while the proxy waits for the upstream (``tests/benchmarks``, overhead at
+        concurrency 1). A crash loses at most the last ``DEFER_WRITE_S`` of replies, which the
+        client resends with its next request anyway. Must be called on the event loop's thread.
 
         ``batch`` and ``item``: writes queued one after the other with an equal ``batch`` (a
-        bound method of one object, say) run as one call, ``batch(conn, [item, ...])``, which does what their ``fn``s would with fewer statements (at concurrency
-        16 a flush commits about 10 requests: see ``DEFER_WRITE_S``). ``fn`` alone is what runs
-        when the transaction is retried write by write."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-        self._deferred.append((operation, fn, future, batch, item))
+        bound method of one object, say) run as one call, ``batch(conn, [item, ...])``, which
+        does what their ``fn``s would with fewer statements (at concurrency 16 a flush commits
+        about 10 requests: see ``DEFER_WRITE_S``). ``fn`` alone is what runs when the
+        transaction is retried write by write. ``done``: see ``Done``; a callback instead of a
+        future, so that a request whose write nothing awaits needs no task to wait on it (a task
+        and a future a request were measurable, ``Store.append_and_record_nowait``)."""
+        self._deferred.append((operation, fn, done, batch, item))
         if self._flush_timer is None:
-            self._flush_timer = loop.call_later(DEFER_WRITE_S, self.flush)
-        return await future
+            self._flush_timer = asyncio.get_running_loop().call_later(DEFER_WRITE_S, self.flush)
 
     def flush(self) -> None:
         """Commit the queued writes in one inline transaction. If that fails (the database is
@@ -202,20 +213,17 @@ class SqliteFile:
             task.add_done_callback(self._retrying.discard)
             return
         self._wrote_inline()
-        for (_, _, future, _, _), result in zip(jobs, results, strict=True):
-            if not future.done():
-                future.set_result(result)
+        for (_, _, done, _, _), result in zip(jobs, results, strict=True):
+            _tell(done, result, None)
 
     async def _one_by_one(self, jobs: list[Job]) -> None:
-        for operation, fn, future, _, _ in jobs:
+        for operation, fn, done, _, _ in jobs:
             try:
                 result = await self.run(operation, fn, write=True, small=True)
-            except Exception as exc:  # noqa: BLE001  (handed to the waiting caller)
-                if not future.done():
-                    future.set_exception(exc)
+            except Exception as exc:  # noqa: BLE001  (handed to the caller's ``done``)
+                _tell(done, None, exc)
             else:
-                if not future.done():
-                    future.set_result(result)
+                _tell(done, result, None)
 
     def _wrote_inline(self) -> None:
         self._inline_writes += 1
@@ -241,6 +249,24 @@ class SqliteFile:
 
         future = asyncio.get_running_loop().run_in_executor(self._writer, _transaction, self._threaded, "checkpoint", run, False)
         future.add_done_callback(_log_checkpoint_failure)
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    """``run_deferred``'s ``done``: the future gets the result or the error (unless cancelled)."""
+    if not future.done():
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+
+def _tell(done: Done, result: Any, error: BaseException | None) -> None:
+    """``done(result, error)``; a callback that raises is logged, never let through (the other
+    writes of the flush still get theirs)."""
+    try:
+        done(result, error)
+    except Exception:  # noqa: BLE001
+        log.exception("a deferred write's callback failed")
 
 
 def _run_jobs(conn: sa.Connection, jobs: list[Job]) -> list[Any]:

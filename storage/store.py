@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -36,7 +37,7 @@ from storage.records import (
     SessionRecord,
     SessionSummary,
 )
-from storage.sqlite_file import DriverStatement, SqliteFile, small_rows
+from storage.sqlite_file import Done, DriverStatement, SqliteFile, small_rows
 from storage.tables import (
     artifacts,
     events,
@@ -60,6 +61,9 @@ def _later(column: sa.ColumnElement[Any], now: datetime | sa.ColumnElement[Any])
 
 
 T = TypeVar("T")
+
+RecordItem = tuple[int, list[dict[str, Any]], dict[str, Any], datetime]
+"""A deferred end-of-request write: ``(session_pk, message rows, request row values, now)``."""
 
 COMPACTION_LOCK_SPACE = 0x4350 << 40
 """High bits of the advisory-lock key of a session's compaction (``'CP'``), above any session pk."""
@@ -289,26 +293,56 @@ class Store:
         self, session_pk: int, new_messages: Sequence[NewMessage], record: RequestRecord, now: datetime,
         *, added: tuple[int, int | None] | None = None,
     ) -> int:
-        """``append_messages`` and ``add_request`` in one short transaction (the end of a request).
-        ``added``: ``(added_messages, first_added_seq)`` to store instead of the record's."""
-        rows = _message_rows(session_pk, new_messages, now)
-        values = {name: getattr(record, name) for name in REQUEST_ROW_KEYS}
-        values["created_at"] = record.created_at or now
-        if added is not None:
-            values["added_messages"], values["first_added_seq"] = added
+        """``append_messages`` and ``add_request`` in one short transaction (the end of a request);
+        how many messages were new. ``added``: ``(added_messages, first_added_seq)`` to store
+        instead of the record's. On a SQLite file, a small one is deferred (``SqliteFile.defer``)."""
+        item = self._record_item(session_pk, new_messages, record, now, added)
+        if self._driver is not None and small_rows(new_messages):  # (set exactly on a SQLite file)
+            assert self._sqlite is not None
+            return await self._sqlite.run_deferred("append_and_record", functools.partial(self._record_alone, item),
+                                                   batch=self._records_on_driver, item=item)
+
         def run(conn: sa.Connection) -> int:
+            rows, values = item[1], item[2]
             added = self._append(conn, session_pk, rows, now) if rows else 0
             conn.execute(self._insert_request, values)
             return added
 
-        if self._driver is not None and small_rows(new_messages):  # (set exactly on a SQLite file)
-            item = (session_pk, rows, values, now)
-            assert self._sqlite is not None
-            return await self._sqlite.run_deferred("append_and_record", lambda conn: self._records_on_driver(conn, [item])[0],
-                                                   batch=self._records_on_driver, item=item)
         return await self._transact("append_and_record", run, small=False)
 
-    def _records_on_driver(self, conn: sa.Connection, items: list[tuple[int, list[dict[str, Any]], dict[str, Any], datetime]]) -> list[int]:
+    def append_and_record_nowait(
+        self, session_pk: int, new_messages: Sequence[NewMessage], record: RequestRecord, now: datetime,
+        done: Done, *, added: tuple[int, int | None] | None = None,
+    ) -> bool:
+        """``append_and_record`` without waiting for it, when it can be deferred (a SQLite file and
+        a small write): queued, and ``done(new message count, None)`` or ``done(None,
+        StorageError)`` once it ended (``storage.sqlite_file.Done``). ``False``, with nothing
+        queued, otherwise (PostgreSQL, SQLite in memory, many or large messages): the caller then
+        awaits ``append_and_record``. Must be called on the event loop's thread.
+
+        For the end of a chat request: awaited, its write cost the request a task and a future
+        on top of the write (``tests/benchmarks``, callgrind's instruction counts per request)."""
+        if self._driver is None or not small_rows(new_messages):
+            return False
+        assert self._sqlite is not None
+        item = self._record_item(session_pk, new_messages, record, now, added)
+        self._sqlite.defer("append_and_record", functools.partial(self._record_alone, item), done,
+                           batch=self._records_on_driver, item=item)
+        return True
+
+    @staticmethod
+    def _record_item(session_pk: int, new_messages: Sequence[NewMessage], record: RequestRecord, now: datetime,
+                     added: tuple[int, int | None] | None) -> RecordItem:
+        values = {name: getattr(record, name) for name in REQUEST_ROW_KEYS}
+        values["created_at"] = record.created_at or now
+        if added is not None:
+            values["added_messages"], values["first_added_seq"] = added
+        return session_pk, _message_rows(session_pk, new_messages, now), values, now
+
+    def _record_alone(self, item: RecordItem, conn: sa.Connection) -> int:
+        return self._records_on_driver(conn, [item])[0]
+
+    def _records_on_driver(self, conn: sa.Connection, items: list[RecordItem]) -> list[int]:
         """The deferred ``append_and_record``s ``(session_pk, message rows, request values, now)``
         on the driver, as each would run alone (bump, messages, request), with a bump per session
         (to the latest ``now``: the bump keeps the later time anyway) and the request rows in one

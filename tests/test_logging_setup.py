@@ -92,6 +92,21 @@ def test_never_keys_and_no_content_unless_asked() -> None:
     assert shown["content"] == "the user's secret plans"
 
 
+@pytest.mark.parametrize("text", [
+    "POST /v1/chat/completions 200", "", "Bearer abcdefgh12345", "BEARER\tabcdefgh12345", "token sk-abcdefgh12",
+    "SK-ABCDEFGH12 and bearer", "xsk-abcdefgh12", "bearer short", "sk-short",
+    "\u017fk-abcdefgh12",  # long s: IGNORECASE matches it as 's'
+    "s\u212a-abcdefgh12",  # Kelvin sign: matches 'k'
+    "caf\u00e9 Bearer abcdefgh12345", "caf\u00e9 au lait",
+])
+def test_masking_matches_the_pattern_with_or_without_its_shortcut(text: str) -> None:
+    """``mask_secrets`` skips the pattern for ASCII text that cannot match; it masks exactly what
+    the pattern masks, non-ASCII look-alikes of the letters included."""
+    from proxy.logging_setup import _SECRET_PATTERN, mask_secrets
+
+    assert mask_secrets(text) == _SECRET_PATTERN.sub(lambda m: (m.group(1) or "") + "***", text)
+
+
 @pytest.fixture
 def root_json() -> Iterator[Callable[[str], io.StringIO]]:
     """``configure_logging`` into a ``StringIO`` (call with the level); the root logger restored after."""

@@ -192,3 +192,53 @@ async def test_a_stream_that_fails_after_its_start_is_counted_with_the_status_it
     samples = _samples(metrics.render()[0].decode())
     assert _value(samples, "context_proxy_requests_total", route="/v1/chat/completions", model="", status="200") == 1
     assert _value(samples, "context_proxy_requests_total", route="/v1/chat/completions", model="", status="500") == 0
+
+
+def test_request_path_metrics_are_exposed_as_prometheus_client_exposes_its_own() -> None:
+    """``LoopCounter`` and ``LoopHistogram`` keep plain numbers; their exposition is line for line
+    prometheus_client's ``Counter`` and ``Histogram`` given the same calls (creation times aside),
+    bucket bounds included (a value equal to a bound counts in that bucket)."""
+    import re
+
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+    from proxy.metrics import LATENCY_BUCKETS_S
+
+    ours = Metrics()
+    reference = CollectorRegistry()
+    requests = Counter("context_proxy_requests", "HTTP requests by route, model and status.",
+                       ("route", "model", "status"), registry=reference)
+    duration = Histogram("context_proxy_request_duration_seconds",
+                         "Time to serve a request, until its last byte (streams included).", ("route",),
+                         buckets=LATENCY_BUCKETS_S, registry=reference)
+    upstream = Histogram("context_proxy_upstream_latency_seconds",
+                         "Time from sending a chat request upstream to its response headers.", ("model",),
+                         buckets=LATENCY_BUCKETS_S, registry=reference)
+    tokens_client = Counter("context_proxy_tokens_client", "Prompt tokens the clients sent (estimate).", ("model",),
+                            registry=reference)
+    tokens_forwarded = Counter("context_proxy_tokens_forwarded", "Prompt tokens forwarded upstream (estimate).",
+                               ("model",), registry=reference)
+    defenses = Counter("context_proxy_defenses_applied", "Forwarded requests changed by each defense.", ("defense",),
+                       registry=reference)
+    calls = [("/v1/chat/completions", "gpt-4o", 200, 0.0123), ("/v1/chat/completions", "gpt-4o", 200, 0.05),
+             ("/v1/chat/completions", "gpt-4o", 502, 700.0), ("/healthz", "", 200, 0.001),
+             ("/v1/chat/completions", "o3 \"quoted\"\n", 200, 2.5)]
+    for route, model, status, seconds in calls:
+        ours.request_served(route, model, status, seconds)
+        requests.labels(route, model, str(status)).inc()
+        duration.labels(route).observe(seconds)
+        ours.upstream_answered(model, seconds / 2)
+        upstream.labels(model).observe(seconds / 2)
+        ours.chat_forwarded(model, 1200, 800, ("summary", "offload"))
+        tokens_client.labels(model).inc(1200)
+        tokens_forwarded.labels(model).inc(800)
+        for defense in ("summary", "offload"):
+            defenses.labels(defense).inc()
+
+    def text(exposition: bytes) -> list[str]:
+        lines = exposition.decode().splitlines()
+        return [re.sub(r"(_created\{.*\}) \S+$", r"\1 T", line) for line in lines if "context_proxy_" in line]
+
+    others = ("compactions", "overflows", "artifacts_stored", "database_errors", "tokenizer_exact")  # not these kinds
+    mine = [line for line in text(ours.render()[0]) if not any(f"context_proxy_{name}" in line for name in others)]
+    assert mine == text(generate_latest(reference))

@@ -19,7 +19,7 @@ from proxy.defenses.offload import artifact_id
 from proxy.defenses.plans import MediaPlan, SummaryPlan, TruncatePlan
 from proxy.defenses.summarize import build_summary_request_messages, render_transcript, summary_chunks
 from proxy.defenses.truncate_args import MARKER
-from tests.defenses.helpers import fabricate_event, load_case, project_once, run_plans
+from tests.defenses.helpers import T0, fabricate_event, load_case, project_once, run_plans
 from tests.strict import validate_chat_messages
 
 
@@ -396,3 +396,42 @@ def test_memoized_projection_equals_a_cold_one_turn_after_turn(counter):
             assert (p.tokens_forwarded, p.tokens_client, p.applied, p.artifacts) == (
                 cold.tokens_forwarded, cold.tokens_client, cold.applied, cold.artifacts)
         assert "offload" in first.applied and first.artifacts
+
+
+def test_shortcut_for_untouched_requests_agrees_with_the_full_projection(counter, shared_dir, monkeypatch):
+    """``project`` answers a request with no event, nothing to offload and no compaction due
+    without its working state. On every request of every shared trace, at several windows and
+    thresholds, that answer equals the full projection's: the same request with an event of
+    another branch (it never applies, but it takes the full path) projects identically."""
+    import proxy.projection as projection_module
+    from proxy.replay import load_trace, request_indices
+    from storage.records import EventRecord
+
+    full_runs = []
+    real = projection_module._Projector.__init__
+
+    def counting(self, *args, **kwargs):
+        full_runs.append(1)
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(projection_module._Projector, "__init__", counting)
+    foreign = EventRecord("evt_elsewhere", 1, "summary", "f" * 64, {"summary": "S", "first_hash": "e" * 64},
+                          10, 5, T0)
+    configs = [DefenseConfig(context_window_tokens=None), DefenseConfig(context_window_tokens=16_384),
+               DefenseConfig(context_window_tokens=131_072, offload_tool_tokens=2_000),
+               DefenseConfig(context_window_tokens=32_768, patch_dangling_tool_calls="never")]
+    shortcuts = compared = 0
+    for path in sorted((shared_dir / "traces").glob("*.jsonl")):
+        messages = load_trace(path)
+        for cfg in configs:
+            for i in request_indices(messages)[::3]:
+                sent = messages[:i]
+                before = len(full_runs)
+                quick = project_once(sent, cfg, counter, reserved_output_tokens=256)
+                shortcuts += len(full_runs) == before
+                full = project_once(sent, cfg, counter, [foreign], reserved_output_tokens=256)
+                assert len(full_runs) > before, "the event of another branch must take the full path"
+                assert quick == full, (path.name, cfg.context_window_tokens, i)
+                compared += 1
+    assert shortcuts >= compared // 4, (shortcuts, compared)  # the shortcut is exercised...
+    assert shortcuts < compared, (shortcuts, compared)  # ...and so is the full path's doing something

@@ -252,3 +252,38 @@ def test_a_slow_database_holds_new_requests_back_instead_of_growing_a_backlog(
     assert not third.is_alive()
     for s in sessions:
         assert wait_logged(proxy, s, 2)["request_count"] == 2
+
+
+def test_a_refused_reply_write_is_counted_and_logged_and_the_next_one_lands(
+    proxy_factory: Callable[..., Any], upstream: Upstream, sqlite_database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The end of a request is queued without a task on SQLite (``_finish_nowait``). When that write
+    is refused, the client has its answer all the same; the failure is logged with the request's
+    ids and counted (``database_errors_total{where="log"}``), and the next request is logged."""
+    import logging
+    import sqlite3
+
+    from tests.e2e.conftest import wait_logged
+
+    proxy = proxy_factory(database_url=sqlite_database_url)
+    body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hello"}]}
+    path = sqlite_database_url.removeprefix("sqlite:///")
+    with proxy.http() as http:
+        assert http.post("/v1/chat/completions", headers={"x-session-id": "refused"}, json=body).status_code == 200
+        wait_logged(proxy, "refused", 1)  # the session's messages are known: the next end is queued
+        db = sqlite3.connect(path, isolation_level=None)
+        db.execute("CREATE TRIGGER refuse BEFORE INSERT ON requests BEGIN SELECT RAISE(ABORT, 'refused'); END")
+        try:
+            with caplog.at_level(logging.ERROR, logger="context_proxy.pipeline"):
+                r = http.post("/v1/chat/completions", headers={"x-session-id": "refused"}, json=body)
+                assert r.status_code == 200
+                wait_until(lambda: any(rec.getMessage() == "logging the reply failed" for rec in caplog.records), 10,
+                           "the failure logged")
+            failed = next(rec for rec in caplog.records if rec.getMessage() == "logging the reply failed")
+            assert failed.request_id == r.headers["x-context-proxy-request-id"] and failed.exc_info is not None
+            assert 'context_proxy_database_errors_total{where="log"} 1.0' in http.get("/metrics").text
+        finally:
+            db.execute("DROP TRIGGER refuse")
+            db.close()
+        assert http.post("/v1/chat/completions", headers={"x-session-id": "refused"}, json=body).status_code == 200
+        wait_logged(proxy, "refused", 2)
