@@ -26,11 +26,23 @@ def client_key(headers: Mapping[str, str]) -> str | None:
     return headers.get("api-key") or headers.get("x-api-key") or None
 
 
-def tenant_of(key: str | None, salt: str) -> str:
-    """``t_`` + 32 hex of HMAC-SHA256(salt, key): a stable, non-reversible tenant id."""
+def tenant_of(key: str | None, salt: str | hmac.HMAC) -> str:
+    """``t_`` + 32 hex of HMAC-SHA256(salt, key): a stable, non-reversible tenant id. ``salt``: the
+    salt, or ``keyed(salt)`` (the same id, computed without keying HMAC again)."""
     if not key:
         return ANONYMOUS
-    return "t_" + hmac.new(salt.encode(), key.encode(), hashlib.sha256).hexdigest()[:32]
+    if isinstance(salt, str):
+        return "t_" + hmac.new(salt.encode(), key.encode(), hashlib.sha256).hexdigest()[:32]
+    mac = salt.copy()
+    mac.update(key.encode())
+    return "t_" + mac.hexdigest()[:32]
+
+
+def keyed(salt: str) -> hmac.HMAC:
+    """HMAC-SHA256 keyed with ``salt`` and nothing hashed yet, for ``tenant_of`` to copy: keying it
+    (OpenSSL's digest lookup included) was two thirds of the 26,000 instructions a tenant id took
+    (callgrind; 1.5 us against 1.05 us copied, timeit). It holds the salt, never a client's key."""
+    return hmac.new(salt.encode(), digestmod=hashlib.sha256)
 
 
 def _split(keys: str) -> list[str]:
@@ -41,7 +53,7 @@ class Authenticator:
     """Decides who a request is. Keeps only hashes of the configured keys in memory."""
 
     def __init__(self, settings: Settings) -> None:
-        self._salt = settings.tenant_salt
+        self._salt = keyed(settings.tenant_salt)
         self._holds_upstream_key = settings.upstream_api_key is not None
         self._clients = {tenant_of(k, self._salt) for k in _split(settings.client_api_keys)}
         self._admins = {tenant_of(k, self._salt) for k in _split(settings.admin_api_keys)}

@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import metrics as prometheus_metrics
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 from starlette.requests import Request
@@ -75,7 +76,8 @@ class LoopCounter:
         for labels, (value, created) in list(self.series.items()):
             named = dict(zip(self.labelnames, labels, strict=True))
             family.add_sample(self.name + "_total", named, value)
-            family.add_sample(self.name + "_created", named, created)
+            if _created_series():
+                family.add_sample(self.name + "_created", named, created)
         return family
 
 
@@ -96,7 +98,8 @@ class LoopHistogram:
         entry = self.series.get(labels)
         if entry is None:
             entry = self.series[labels] = [0.0] * (len(self.bounds) + 1) + [0.0, time.time()]
-        entry[bisect.bisect_left(self.bounds, value)] += 1
+        if value == value:  # NaN: in no bucket (every ``<=`` is false), as prometheus_client
+            entry[bisect.bisect_left(self.bounds, value)] += 1
         entry[-2] += value
 
     def collect(self) -> Metric:
@@ -110,8 +113,15 @@ class LoopHistogram:
                 family.add_sample(self.name + "_bucket", {**named, "le": le}, acc)
             family.add_sample(self.name + "_count", named, acc)
             family.add_sample(self.name + "_sum", named, entry[-2])
-            family.add_sample(self.name + "_created", named, entry[-1])
+            if _created_series():
+                family.add_sample(self.name + "_created", named, entry[-1])
         return family
+
+
+def _created_series() -> bool:
+    """Whether prometheus_client writes ``_created`` samples (off after ``disable_created_metrics()``
+    or with ``PROMETHEUS_DISABLE_CREATED_SERIES=true``): ours follow its switch."""
+    return bool(getattr(prometheus_metrics, "_use_created", True))
 
 
 class _LoopCollector:

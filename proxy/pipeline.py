@@ -5,13 +5,15 @@ project (stored events + defenses; a new compaction first writes the client's me
 planned, executed and stored) -> forward -> on an overflow: compact even below the trigger and
 retry (bounded) -> relay the reply while reassembling it (a stream writes the client's messages
 once its first byte is out) -> log the reply and a request record (with the client's messages
-not yet written) in one transaction, in a task of its own, so a client that disconnects cannot
-skip it.
+not yet written) in one transaction: queued for the store's next batched commit where it defers
+small writes (SQLite), else in a task of its own; either way started before the response is
+handed back, so a client that disconnects cannot skip it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -385,24 +387,40 @@ class ChatPipeline:
     def _finish_nowait(self, ctx: ChatContext, status: int, reply: dict[str, Any] | None, usage: dict[str, Any] | None,
                        *, error: str | None = None, partial: bool = False, finish_reason: str | None = None) -> bool:
         """``_finish`` without a task when the write can be queued (``SessionLog.finish_nowait``);
-        ``False``, having done nothing, when it cannot. Its pending writes count towards
-        ``max_pending_log_writes`` until they end."""
-        record = self._record(ctx, self._latency_ms(ctx), status, usage, None, error, finish_reason)
-        keep = _kept_reply(reply, status, partial, error)
-
-        def done(exc: BaseException | None) -> None:
-            self._pending_writes -= 1
-            self._write_ended()
-            if exc is not None:
-                self._log_failed(ctx, exc)
-            elif self.compactor.truncation_suspected(ctx, usage):
-                self.spawn(self.compactor.observe_reply(ctx, usage))
-
-        if not self.log.finish_nowait(ctx.session, ctx.messages, ctx.chain, keep, record, done):
+        ``False``, having done nothing, when it cannot. Never raises (as ``_finish``): a reply
+        that cannot be logged is logged as such. Its pending writes count towards
+        ``max_pending_log_writes`` until they end; what ``done`` logs or starts runs in this
+        request's context (its ids), not in that of the flush that calls it."""
+        if not self.log.defers_writes:
             return False
+        try:
+            record = self._record(ctx, self._latency_ms(ctx), status, usage, None, error, finish_reason)
+            keep = _kept_reply(reply, status, partial, error)
+            context = contextvars.copy_context()
+
+            def done(exc: BaseException | None) -> None:
+                self._pending_writes -= 1
+                self._write_ended()
+                if exc is not None:
+                    context.run(self._log_failed, ctx, exc)
+                elif self.compactor.truncation_suspected(ctx, usage):
+                    context.run(self.spawn, self._observe_reply(ctx, usage))
+
+            if not self.log.finish_nowait(ctx.session, ctx.messages, ctx.chain, keep, record, done):
+                return False
+        except Exception as exc:  # noqa: BLE001  (e.g. a reply orjson cannot hash: answered all the same)
+            self._count_finished(ctx, status)
+            self._log_failed(ctx, exc)
+            return True
         self._pending_writes += 1
         self._count_finished(ctx, status)
         return True
+
+    async def _observe_reply(self, ctx: ChatContext, usage: dict[str, Any] | None) -> None:
+        try:
+            await self.compactor.observe_reply(ctx, usage)
+        except Exception as exc:  # noqa: BLE001  (as in ``_finish``)
+            self._log_failed(ctx, exc)
 
     async def _finish(
         self,
@@ -415,7 +433,8 @@ class ChatPipeline:
         partial: bool = False,
         finish_reason: str | None = None,
     ) -> None:
-        """Log the reply and the request record; runs as its own task, never raises."""
+        """Log the reply and the request record, in a task of its own (when ``_finish_nowait``
+        cannot queue it); never raises."""
         latency_ms = self._latency_ms(ctx)
         self._count_finished(ctx, status)
         logged: LoggedRequest | None = None  # None: the client's messages go in the final transaction

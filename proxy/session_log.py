@@ -65,9 +65,27 @@ def derive_session_id(tenant: str, messages: list[dict[str, Any]], chain_hashes:
 
     Without a user message, the first message anchors the session.
     """
-    first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), 0)
+    first_user = 0
+    for i, m in enumerate(messages):
+        if m.get("role") == "user":
+            first_user = i
+            break
     anchor = chain_hashes[first_user] if chain_hashes else ""
-    return "sess_" + hashlib.sha256(f"{tenant}:{anchor}".encode()).hexdigest()[:24]
+    key = (tenant, anchor)
+    session_id = _derived.get(key)
+    if session_id is None:
+        if len(_derived) >= DERIVED_IDS_KEPT:
+            _derived.clear()
+        session_id = _derived[key] = "sess_" + hashlib.sha256(f"{tenant}:{anchor}".encode()).hexdigest()[:24]
+    return session_id
+
+
+DERIVED_IDS_KEPT = 10_000
+"""Session ids ``derive_session_id`` remembers (by tenant and anchor: a conversation's every request
+names the same one; SHA-256 through OpenSSL was about 1% of a small request's instructions,
+callgrind). Emptied whole when full: the ids of active conversations come back at once."""
+
+_derived: dict[tuple[str, str], str] = {}
 
 
 def new_id(prefix: str) -> str:
@@ -180,6 +198,11 @@ class SessionLog:
         if internal:
             self._internal.pop(session.pk, None)
 
+    @property
+    def defers_writes(self) -> bool:
+        """Whether ``finish_nowait`` can queue a write at all (the store defers small writes)."""
+        return self.store.defers_writes
+
     def finish_nowait(
         self,
         session: SessionRecord,
@@ -190,18 +213,22 @@ class SessionLog:
         done: Callable[[BaseException | None], None],
     ) -> bool:
         """``finish`` (``with_request``, no internal rounds) queued without waiting, when that needs
-        no read (the client's messages are known stored or new to this process's cache) and the
-        store can defer it (``Store.append_and_record_nowait``). Then ``done(None)`` once it is
-        committed, or ``done(error)``. ``False``, with nothing queued, otherwise: await ``finish``."""
+        no read (this process knows how much of the client's history is stored: not so for a
+        session's first request here) and the store can defer it
+        (``Store.append_and_record_nowait``). Then ``done(None)`` once it is committed, or
+        ``done(error)``, exactly once. ``False``, with nothing queued, otherwise: await ``finish``.
+        Raises what building the rows raises (a reply orjson cannot serialize)."""
         stored = self._known_prefix(session.pk, chain)
         if stored is None:
             return False
         new, added = _new_rows(messages, chain, [], reply, stored)
 
         def written(_: Any, error: BaseException | None) -> None:
-            if error is None:
-                self._remember(session.pk, [m.chain_hash for m in new])
-            done(error)
+            try:
+                if error is None:
+                    self._remember(session.pk, [m.chain_hash for m in new])
+            finally:
+                done(error)
 
         return self.store.append_and_record_nowait(session.pk, new, record, now(), written, added=added)
 

@@ -41,9 +41,10 @@ class Settings(BaseSettings):
     gc_young_threshold: int = Field(
         10_000,
         ge=0,
-        description="Allocations between two collections of Python's youngest garbage-collector generation "
-        "(Python's own default: 700; 0 leaves it). At 700 a collection ran every few requests and walked the "
-        "objects of every request in flight: about 4% of a small chat request's CPU (tests/benchmarks).",
+        description="Net allocations of container objects between two collections of Python's youngest "
+        "garbage-collector generation, set for the whole process at start (Python's own default: 700; 0 leaves "
+        "it). At 700 a collection ran every few requests and walked the objects of every request in flight: "
+        "about 4% of a small chat request's instructions (callgrind, tests/benchmarks).",
     )
     max_pending_log_writes: int = Field(
         256,

@@ -7,7 +7,7 @@ through ``aiosqlite`` (py-spy under ``tests/benchmarks``). The inline connection
 lock: if another connection holds it, the transaction goes to the store threads like a large one
 (writes on a single writer thread, in arrival order; reads on their own threads).
 
-Also here: the end-of-request write deferred and batched (``run_deferred``), and WAL checkpoints
+Also here: the end-of-request write deferred and batched (``defer``), and WAL checkpoints
 on the writer thread (the inline connection never checkpoints itself).
 """
 
@@ -27,7 +27,7 @@ from sqlalchemy import Engine
 from sqlalchemy import exc as sa_exc
 
 from storage.engine import SQLITE_BUSY_TIMEOUT_MS, create_sqlite_file_engine
-from storage.errors import FOREIGN_ERRORS, translate_error
+from storage.errors import FOREIGN_ERRORS, StorageError, translate_error
 from storage.records import NewMessage
 
 log = logging.getLogger("context_proxy.storage")
@@ -46,7 +46,7 @@ READ_THREADS = 2
 """Threads for reads that do not run inline (WAL: reads run beside the writer)."""
 
 DEFER_WRITE_S = 0.005
-"""How long the end-of-request write may wait to be committed with others (``run_deferred``).
+"""How long the end-of-request write may wait to be committed with others (``defer``).
 A commit costs about 0.15 ms of CPU however few its rows (the write lock, then the WAL frames of
 the pages changed); in the proxy under ``tests/benchmarks``' overhead load (concurrency 16) a
 flush committed 7 requests with 2 ms and 10 with 5 ms, and the write cost 54-56 us of CPU a
@@ -66,8 +66,10 @@ Batch = Callable[[sa.Connection, list[Any]], list[Any]]
 """Runs several deferred writes of one kind at once: ``batch(conn, items)`` returns a result per item."""
 
 Done = Callable[[Any, BaseException | None], None]
-"""Told how a deferred write ended: ``done(result, None)`` once committed, ``done(None, error)`` if
-it failed (a ``StorageError``). Called on the event loop's thread; must not raise."""
+"""Told how a deferred write ended, exactly once: ``done(result, None)`` once committed,
+``done(None, error)`` if it failed (a ``StorageError``, or what the write itself raised). Called on
+the event loop's thread, in the context of whatever ran the flush (not the caller's); what it
+raises is logged and dropped."""
 
 Job = tuple[str, Callable[[sa.Connection], Any], Done, Batch | None, Any]
 """``(operation, fn, done, batch, item)``: ``fn(conn)`` alone, or ``item`` among others in ``batch``."""
@@ -177,8 +179,8 @@ class SqliteFile:
               batch: Batch | None = None, item: Any = None) -> None:
         """Queue a small write that nothing waits on but ``done`` (the end of a request: reply and
         request record). It is committed with the others queued meanwhile in one transaction,
-        ``DEFER_WRITE_S`` later at most, or sooner: before any other operation of the store
-        (``flush``). The point is when it runs: at one request a time, a client's next request
+        ``DEFER_WRITE_S`` later, or sooner: before any other operation of the store (``flush``).
+        If that transaction fails, each write is retried alone on the writer thread (later). The point is when it runs: at one request a time, a client's next request
         arrives right after the reply, and the previous request's write would delay it; deferred,
         the write runs while the proxy waits for the upstream (``tests/benchmarks``, overhead at
         concurrency 1). A crash loses at most the last ``DEFER_WRITE_S`` of replies, which the
@@ -212,14 +214,18 @@ class SqliteFile:
             self._retrying.add(task)
             task.add_done_callback(self._retrying.discard)
             return
-        self._wrote_inline()
         for (_, _, done, _, _), result in zip(jobs, results, strict=True):
             _tell(done, result, None)
+        self._wrote_inline()
 
     async def _one_by_one(self, jobs: list[Job]) -> None:
-        for operation, fn, done, _, _ in jobs:
+        for i, (operation, fn, done, _, _) in enumerate(jobs):
             try:
                 result = await self.run(operation, fn, write=True, small=True)
+            except asyncio.CancelledError:  # shutdown: the writes not retried are told so, then it stops
+                for _, _, rest, _, _ in jobs[i:]:
+                    _tell(rest, None, StorageError("the write was cancelled before it was retried"))
+                raise
             except Exception as exc:  # noqa: BLE001  (handed to the caller's ``done``)
                 _tell(done, None, exc)
             else:
@@ -341,7 +347,8 @@ class DriverStatement:
         procs = [getattr(compiled.binds[name].type, "sqlite_bind", None) or processors.get(name) for name in names]
         self._processed = [(i, proc) for i, proc in enumerate(procs) if proc is not None]
 
-    def _row(self, values: dict[str, Any]) -> list[Any]:
+    def row(self, values: dict[str, Any]) -> list[Any]:
+        """The driver's parameters for ``values`` (by bind name), converted by the column types."""
         row = list(self._get(values))
         row.pop()
         for i, proc in self._processed:
@@ -349,10 +356,14 @@ class DriverStatement:
         return row
 
     def execute(self, conn: sa.Connection, values: dict[str, Any]) -> int:
-        return self._run(conn, False, [self._row(values)])
+        return self._run(conn, False, [self.row(values)])
 
     def executemany(self, conn: sa.Connection, rows: Sequence[dict[str, Any]]) -> int:
-        return self._run(conn, True, [self._row(r) for r in rows])
+        return self._run(conn, True, [self.row(r) for r in rows])
+
+    def executemany_rows(self, conn: sa.Connection, rows: list[list[Any]]) -> int:
+        """``executemany`` of rows already converted by ``row``."""
+        return self._run(conn, True, rows)
 
     def _run(self, conn: sa.Connection, many: bool, params: list[list[Any]]) -> int:
         driver = conn.connection.driver_connection

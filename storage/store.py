@@ -310,13 +310,19 @@ class Store:
 
         return await self._transact("append_and_record", run, small=False)
 
+    @property
+    def defers_writes(self) -> bool:
+        """Whether small writes are deferred and batched (a SQLite file): ``append_and_record_nowait``
+        can queue them; elsewhere it always answers ``False``."""
+        return self._driver is not None
+
     def append_and_record_nowait(
         self, session_pk: int, new_messages: Sequence[NewMessage], record: RequestRecord, now: datetime,
         done: Done, *, added: tuple[int, int | None] | None = None,
     ) -> bool:
         """``append_and_record`` without waiting for it, when it can be deferred (a SQLite file and
-        a small write): queued, and ``done(new message count, None)`` or ``done(None,
-        StorageError)`` once it ended (``storage.sqlite_file.Done``). ``False``, with nothing
+        a small write): queued, and ``done(new message count, None)`` or ``done(None, error)``
+        once it ended (``storage.sqlite_file.Done``). ``False``, with nothing
         queued, otherwise (PostgreSQL, SQLite in memory, many or large messages): the caller then
         awaits ``append_and_record``. Must be called on the event loop's thread.
 
@@ -356,8 +362,12 @@ class Store:
                 latest[session_pk] = now
         if latest:
             bump.executemany(conn, [{"b_pk": pk, "b_now": now} for pk, now in latest.items()])
-        added = [insert_messages.executemany(conn, rows) if rows else 0 for _, rows, _, _ in items]
-        insert_request.executemany(conn, [values for _, _, values, _ in items])
+        added: list[int] = []
+        request_rows: list[list[Any]] = []
+        for _, rows, values, _ in items:
+            added.append(insert_messages.executemany(conn, rows) if rows else 0)
+            request_rows.append(insert_request.row(values))  # now: its time converts once (the memo)
+        insert_request.executemany_rows(conn, request_rows)
         return added
 
     # --- events, artifacts, requests, learned limits ---------------------------------------

@@ -105,6 +105,8 @@ def test_masking_matches_the_pattern_with_or_without_its_shortcut(text: str) -> 
     from proxy.logging_setup import _SECRET_PATTERN, mask_secrets
 
     assert mask_secrets(text) == _SECRET_PATTERN.sub(lambda m: (m.group(1) or "") + "***", text)
+    # the shortcut names the pattern's literals ("bearer", "sk-"): a new form of key needs both changed
+    assert _SECRET_PATTERN.pattern == r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}|\bsk-[A-Za-z0-9_-]{8,}"
 
 
 @pytest.fixture

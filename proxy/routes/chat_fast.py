@@ -22,7 +22,7 @@ import time
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.errors import ProxyError, StorageUnavailableError
-from proxy.logging_setup import request_context
+from proxy.logging_setup import close_request_context, open_request_context
 from proxy.metrics import Metrics, served
 from proxy.pipeline import Buffered, Streamed
 from proxy.routes.body import read_asgi_body
@@ -104,12 +104,15 @@ async def serve_chat_counted(scope: Scope, receive: Receive, send: Send) -> None
     status counted is the one whose response started (500 if none did, as the middleware)."""
     scope["route"] = _ChatRoute
     started = time.perf_counter()
-    with request_context() as fields:
+    fields, token = open_request_context()
+    try:
+        await serve_chat(scope, receive, send)
+    finally:
         try:
-            await serve_chat(scope, receive, send)
-        finally:
             served(scope["app"].state.metrics, "POST", CHAT_PATH, fields.get("model", ""),
                    scope.get(STATUS_KEY, 500), started)
+        finally:
+            close_request_context(token)
 
 
 def _encode(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:

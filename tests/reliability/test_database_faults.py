@@ -20,7 +20,7 @@ import pytest
 from proxy.app import create_app
 from proxy.settings import Settings
 from tests.conftest import SHARED_DIR
-from tests.e2e.conftest import CLIENT_KEY, Upstream
+from tests.e2e.conftest import CLIENT_KEY, Proxy, Upstream
 from tests.fakes.server import UvicornServer
 from tests.reliability.probes import (
     TALLY,
@@ -255,7 +255,8 @@ def test_a_slow_database_holds_new_requests_back_instead_of_growing_a_backlog(
 
 
 def test_a_refused_reply_write_is_counted_and_logged_and_the_next_one_lands(
-    proxy_factory: Callable[..., Any], upstream: Upstream, sqlite_database_url: str, caplog: pytest.LogCaptureFixture
+    proxy_factory: Callable[..., Any], upstream: Upstream, sqlite_database_url: str, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The end of a request is queued without a task on SQLite (``_finish_nowait``). When that write
     is refused, the client has its answer all the same; the failure is logged with the request's
@@ -271,6 +272,10 @@ def test_a_refused_reply_write_is_counted_and_logged_and_the_next_one_lands(
     with proxy.http() as http:
         assert http.post("/v1/chat/completions", headers={"x-session-id": "refused"}, json=body).status_code == 200
         wait_logged(proxy, "refused", 1)  # the session's messages are known: the next end is queued
+        pipeline = proxy.server.config.app.state.proxy.pipeline
+        tasks: list[int] = []
+        real_finish = pipeline._finish
+        monkeypatch.setattr(pipeline, "_finish", lambda *a, **k: tasks.append(1) or real_finish(*a, **k))
         db = sqlite3.connect(path, isolation_level=None)
         db.execute("CREATE TRIGGER refuse BEFORE INSERT ON requests BEGIN SELECT RAISE(ABORT, 'refused'); END")
         try:
@@ -282,8 +287,107 @@ def test_a_refused_reply_write_is_counted_and_logged_and_the_next_one_lands(
             failed = next(rec for rec in caplog.records if rec.getMessage() == "logging the reply failed")
             assert failed.request_id == r.headers["x-context-proxy-request-id"] and failed.exc_info is not None
             assert 'context_proxy_database_errors_total{where="log"} 1.0' in http.get("/metrics").text
+            assert tasks == []  # queued, not in a task
         finally:
             db.execute("DROP TRIGGER refuse")
             db.close()
         assert http.post("/v1/chat/completions", headers={"x-session-id": "refused"}, json=body).status_code == 200
         wait_logged(proxy, "refused", 2)
+
+
+def test_a_reply_the_log_cannot_hash_is_answered_and_reported(sqlite_database_url: str,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """An upstream reply nested deeper than orjson writes (254 levels; it reads 1,024) cannot be
+    hashed for the log. The client gets it all the same, and the failure is logged with the
+    request's id: on the task path (a session's first request) as on the queued one (the next
+    ones, once the session's messages are known stored)."""
+    import logging
+
+    deep = '{"x":' * 300 + "1" + "}" * 300
+    reply = ('{"id":"c","object":"chat.completion","created":1,"model":"gpt-4o","choices":[{"index":0,'
+             '"finish_reason":"stop","message":{"role":"assistant","content":"hi","extra":' + deep + '}}],'
+             '"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}').encode()
+
+    async def deep_upstream(scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+        if scope["type"] == "lifespan":
+            while (message := await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        while (await receive()).get("more_body"):
+            pass
+        calls.append(1)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": plain if len(calls) == 2 else reply})
+
+    calls: list[int] = []
+    plain = reply.replace(deep.encode(), b"1")
+
+    with UvicornServer(deep_upstream) as upstream_server:
+        proxy = UvicornServer(create_app(Settings(upstream_url=upstream_server.url + "/v1", database_url=sqlite_database_url,
+                                                  tiktoken_cache_dir=str(SHARED_DIR / "tiktoken")))).start()
+        try:
+            with httpx.Client(base_url=proxy.url, headers=AUTH, timeout=30) as http, \
+                    caplog.at_level(logging.ERROR, logger="context_proxy.pipeline"):
+                body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hello"}]}
+                ids = []
+                for turn in range(4):  # deep, plain (logged: the session is known from then on), deep, deep
+                    r = http.post("/v1/chat/completions", headers={"x-session-id": "deep"}, json=body)
+                    assert r.status_code == 200 and r.content == (plain if turn == 1 else reply)
+                    if turn == 1:
+                        from tests.e2e.conftest import wait_logged
+                        wait_logged(Proxy(proxy, Settings()), "deep", 1)
+                        continue
+                    ids.append(r.headers["x-context-proxy-request-id"])
+                    wait_until(lambda: sum(rec.getMessage() == "logging the reply failed" for rec in caplog.records)
+                               >= len(ids), 10, "the failure logged")
+                failed = [rec for rec in caplog.records if rec.getMessage() == "logging the reply failed"]
+                assert [rec.request_id for rec in failed] == ids
+        finally:
+            proxy.stop()
+
+
+def test_a_queued_write_that_fails_logs_in_its_own_requests_context(
+    proxy_factory: Callable[..., Any], upstream: Upstream, sqlite_database_url: str
+) -> None:
+    """Queued writes end in a flush that another request's timer or store call runs; the failure
+    of each is still logged in its own request's context (the ids a text-format line shows)."""
+    import logging
+    import sqlite3
+    from concurrent.futures import ThreadPoolExecutor
+
+    from proxy.logging_setup import current_context
+    from tests.e2e.conftest import wait_logged
+
+    seen: list[tuple[str, dict[str, str]]] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append((record.getMessage(), current_context()))
+
+    proxy = proxy_factory(database_url=sqlite_database_url)
+    capture = Capture(level=logging.ERROR)
+    logging.getLogger("context_proxy.pipeline").addHandler(capture)
+    db = sqlite3.connect(sqlite_database_url.removeprefix("sqlite:///"), isolation_level=None)
+    try:
+        with proxy.http() as http:
+            def ask(session: str) -> str:
+                r = http.post("/v1/chat/completions", headers={"x-session-id": session},
+                              json={"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]})
+                assert r.status_code == 200
+                return r.headers["x-context-proxy-request-id"]
+
+            for s in ("ctx-a", "ctx-b"):
+                ask(s)
+                wait_logged(proxy, s, 1)
+            db.execute("CREATE TRIGGER refuse BEFORE INSERT ON requests BEGIN SELECT RAISE(ABORT, 'refused'); END")
+            with ThreadPoolExecutor(2) as pool:
+                ids = set(pool.map(ask, ["ctx-a", "ctx-b", "ctx-a", "ctx-b"]))
+            wait_until(lambda: sum(m == "logging the reply failed" for m, _ in seen) >= 4, 10, "the failures logged")
+        failed = [context for message, context in seen if message == "logging the reply failed"]
+        assert {c.get("request_id") for c in failed} == ids
+        assert all(c.get("session_id") in ("ctx-a", "ctx-b") for c in failed)
+    finally:
+        logging.getLogger("context_proxy.pipeline").removeHandler(capture)
+        db.execute("DROP TRIGGER IF EXISTS refuse")
+        db.close()
