@@ -45,12 +45,16 @@ writing one 16 MB message took 321 ms of the loop's time, measured)."""
 READ_THREADS = 2
 """Threads for reads that do not run inline (WAL: reads run beside the writer)."""
 
-DEFER_WRITE_S = 0.005
+DEFER_WRITE_S = 0.02
 """How long the end-of-request write may wait to be committed with others (``defer``).
-A commit costs about 0.15 ms of CPU however few its rows (the write lock, then the WAL frames of
-the pages changed); in the proxy under ``tests/benchmarks``' overhead load (concurrency 16) a
-flush committed 7 requests with 2 ms and 10 with 5 ms, and the write cost 54-56 us of CPU a
-request with 2 ms, 47-53 us with 5 ms (thread CPU time of ``flush``, one run each way)."""
+A commit costs about 0.15 ms of CPU however few its rows (the write lock, the session's bump, then
+the WAL frames of the pages changed), so it is shared by the requests of this window: in the proxy
+under ``tests/benchmarks``' overhead load (concurrency 16) a flush commits about 10 requests with
+5 ms (7 with 2 ms), and with 20 ms the proxy's CPU per request was 0.93x that with 5 ms (median of
+5 paired runs, both proxies on one core at once). The window is what a hard crash (kill -9, power
+loss) can lose of request records; the replies come back with the client's next request, and a
+graceful shutdown commits everything (PostgreSQL's ``synchronous_commit = off`` risks up to
+three ``wal_writer_delay``s, 600 ms by default, for the same kind of saving)."""
 
 CHECKPOINT_EVERY_WRITES = 200
 """Inline writes between two WAL checkpoints (SQLite's own default is every 1,000 pages)."""
