@@ -98,6 +98,22 @@ def _masked(match: re.Match[str]) -> str:
     return (match.group(1) or "") + "***"
 
 
+_LEVELS = {name: name.lower() for name in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")}
+_PLAIN, _SKIP, _CONTENT = "plain", "skip", "content"
+_FIELD_KINDS: dict[str, str] = {}
+"""Extra field name -> how a line writes it (names are the code's own, few: bounded by a clear)."""
+
+
+def _field_kind(field: str) -> str:
+    """``_SKIP`` (private, or a credential), ``_CONTENT`` (message content) or ``_PLAIN``; remembered."""
+    low = field.lower()
+    kind = _SKIP if field.startswith("_") or low in SECRET_FIELDS else _CONTENT if low in CONTENT_FIELDS else _PLAIN
+    if len(_FIELD_KINDS) >= 1024:
+        _FIELD_KINDS.clear()
+    _FIELD_KINDS[field] = kind
+    return kind
+
+
 class JsonFormatter(logging.Formatter):
     """Formats a record as one JSON line (see the module docstring for the fields and rules)."""
 
@@ -128,7 +144,7 @@ class JsonFormatter(logging.Formatter):
         call's extra fields, in order). ``format`` and ``write_direct`` both write through it."""
         out: dict[str, Any] = {
             "ts": self._timestamp(created),
-            "level": levelname.lower(),
+            "level": _LEVELS.get(levelname) or levelname.lower(),
             "logger": name,
             "msg": mask_secrets(msg),
         }
@@ -138,11 +154,14 @@ class JsonFormatter(logging.Formatter):
             if value:
                 out[field] = str(value)
         for field, value in extra.items():
-            if field in out or field.startswith("_"):
+            if field in out:
                 continue
-            if field.lower() in SECRET_FIELDS:
+            kind = _FIELD_KINDS.get(field)
+            if kind is None:
+                kind = _field_kind(field)
+            if kind is _SKIP:
                 continue
-            if field.lower() in CONTENT_FIELDS and not self.log_message_content:
+            if kind is _CONTENT and not self.log_message_content:
                 out[field + "_chars"] = len(value) if isinstance(value, (str, list, bytes)) else None
                 continue
             out[field] = mask_secrets(value) if isinstance(value, str) else value
