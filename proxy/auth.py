@@ -39,9 +39,10 @@ def tenant_of(key: str | None, salt: str | hmac.HMAC) -> str:
 
 
 def keyed(salt: str) -> hmac.HMAC:
-    """HMAC-SHA256 keyed with ``salt`` and nothing hashed yet, for ``tenant_of`` to copy: keying it
-    (OpenSSL's digest lookup included) was two thirds of the 26,000 instructions a tenant id took
-    (callgrind; 1.5 us against 1.05 us copied, timeit). It holds the salt, never a client's key."""
+    """HMAC-SHA256 keyed with ``salt`` and nothing hashed yet, for ``tenant_of`` to copy instead of
+    keying HMAC (OpenSSL's digest lookup included) for each request: 18,600 instructions a tenant
+    id against 25,800 (callgrind), 1.05 us against 1.5 us (timeit). It holds the salt, never a
+    client's key."""
     return hmac.new(salt.encode(), digestmod=hashlib.sha256)
 
 

@@ -116,12 +116,13 @@ class ProjectingCompactor(Compactor):
     def _names_stored_content(self, ctx: ChatContext, proj: Projection) -> bool:
         """Do the forwarded messages name an artifact or archive? (cheap checks first)
 
-        True when a stub defense applied; else when the body names a read URL or archive URL (or
-        carries the proxy's internal rounds) and ``references_in(proj.messages)`` finds one. When
-        the client's messages are forwarded as sent, ``references_in`` is answered by
-        ``ReferenceMemo`` (only messages new since the last request are read): it is False on
-        almost every request, and then the body is not searched at all (that search cost 3.4 ms
-        at 5,000 messages, 5.3 MB, on every request: ``tests/benchmarks``, pipeline section).
+        True when a stub defense applied. Else False when the body names no read URL or archive
+        URL (and carries no internal rounds): a body up to ``SUBSTRING_FIRST_BYTES`` is searched
+        for them first; a longer one asks ``ReferenceMemo`` first (only messages new since the last
+        request are read), which answers False on almost every request, so that the body is not
+        searched at all (that search cost 3.4 ms at 5,000 messages, 5.3 MB, on every request:
+        ``tests/benchmarks``, pipeline section). Else ``references_in(proj.messages)`` (or the
+        memo's answer, when the messages are the client's) decides.
         """
         if STUB_DEFENSES.intersection(proj.applied):
             return True

@@ -52,7 +52,8 @@ QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
 class LoopCounter:
     """A labelled counter updated on the event loop's thread only, as plain floats; exposed exactly
     as ``prometheus_client.Counter`` exposes one (``_total`` and ``_created`` per label set) through
-    a custom collector (``collect``, prometheus_client's documented extension point).
+    a custom collector (``collect``, prometheus_client's documented extension point); ``_created``
+    only when prometheus_client writes those (``_created_series``).
 
     For the counters a chat request moves: ``Counter.inc`` validates and takes a lock at each call,
     and the request-path metrics took about 3% of a small chat request's instructions that way
@@ -84,7 +85,7 @@ class LoopCounter:
 class LoopHistogram:
     """A labelled histogram updated on the event loop's thread only (see ``LoopCounter``); exposed as
     ``prometheus_client.Histogram`` exposes one: cumulative ``_bucket``s with ``le`` (``+Inf``
-    last), ``_count``, ``_sum``, ``_created``. ``observe(labels, value)``: a value counts in the
+    last), ``_count``, ``_sum``, and ``_created`` when prometheus_client writes those. ``observe(labels, value)``: a value counts in the
     first bucket whose bound is at least it."""
 
     __slots__ = ("bounds", "documentation", "labelnames", "name", "series")

@@ -401,10 +401,7 @@ class ChatPipeline:
             def done(exc: BaseException | None) -> None:
                 self._pending_writes -= 1
                 self._write_ended()
-                if exc is not None:
-                    context.run(self._log_failed, ctx, exc)
-                elif self.compactor.truncation_suspected(ctx, usage):
-                    context.run(self.spawn, self._observe_reply(ctx, usage))
+                context.run(self._write_done, ctx, usage, exc)
 
             if not self.log.finish_nowait(ctx.session, ctx.messages, ctx.chain, keep, record, done):
                 return False
@@ -415,6 +412,16 @@ class ChatPipeline:
         self._pending_writes += 1
         self._count_finished(ctx, status)
         return True
+
+    def _write_done(self, ctx: ChatContext, usage: dict[str, Any] | None, exc: BaseException | None) -> None:
+        """After a queued write: its failure logged, or the reply observed (``_finish`` does both)."""
+        try:
+            if exc is None and self.compactor.truncation_suspected(ctx, usage):
+                self.spawn(self._observe_reply(ctx, usage))
+        except Exception as error:  # noqa: BLE001  (an odd ``usage``, say)
+            exc = error
+        if exc is not None:
+            self._log_failed(ctx, exc)
 
     async def _observe_reply(self, ctx: ChatContext, usage: dict[str, Any] | None) -> None:
         try:

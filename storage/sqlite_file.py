@@ -51,10 +51,12 @@ A commit costs about 0.15 ms of CPU however few its rows (the write lock, the se
 the WAL frames of the pages changed), so it is shared by the requests of this window: in the proxy
 under ``tests/benchmarks``' overhead load (concurrency 16) a flush commits about 10 requests with
 5 ms (7 with 2 ms), and with 20 ms the proxy's CPU per request was 0.93x that with 5 ms (median of
-5 paired runs, both proxies on one core at once). The window is what a hard crash (kill -9, power
-loss) can lose of request records; the replies come back with the client's next request, and a
+5 paired runs, both proxies on one core at once). The window is what a killed process (kill -9)
+can lose of request records; the replies come back with the client's next request, and a
 graceful shutdown commits everything (PostgreSQL's ``synchronous_commit = off`` risks up to
-three ``wal_writer_delay``s, 600 ms by default, for the same kind of saving)."""
+three ``wal_writer_delay``s, 600 ms by default, for the same kind of saving). A power loss or OS
+crash can lose more: with ``synchronous = NORMAL`` in WAL mode the WAL is synced at checkpoints
+(``CHECKPOINT_EVERY_WRITES``), not at each commit."""
 
 CHECKPOINT_EVERY_WRITES = 200
 """Inline writes between two WAL checkpoints (SQLite's own default is every 1,000 pages)."""
@@ -184,7 +186,8 @@ class SqliteFile:
         """Queue a small write that nothing waits on but ``done`` (the end of a request: reply and
         request record). It is committed with the others queued meanwhile in one transaction,
         ``DEFER_WRITE_S`` later, or sooner: before any other operation of the store (``flush``).
-        If that transaction fails, each write is retried alone on the writer thread (later). The point is when it runs: at one request a time, a client's next request
+        If that transaction fails, each write is retried alone (``run``: inline, or on the writer
+        thread when the database is locked), later. The point is when it runs: at one request a time, a client's next request
         arrives right after the reply, and the previous request's write would delay it; deferred,
         the write runs while the proxy waits for the upstream (``tests/benchmarks``, overhead at
         concurrency 1). A crash loses at most the last ``DEFER_WRITE_S`` of replies, which the
@@ -214,25 +217,29 @@ class SqliteFile:
         try:
             results = _transaction(self._inline, "deferred writes", lambda conn: _run_jobs(conn, jobs), True, inline=True)
         except Exception:  # noqa: BLE001  (locked, a refused write, anything: retried one by one)
-            task = asyncio.get_running_loop().create_task(self._one_by_one(jobs))
+            remaining = list(jobs)
+            task = asyncio.get_running_loop().create_task(self._one_by_one(remaining))
             self._retrying.add(task)
             task.add_done_callback(self._retrying.discard)
+            task.add_done_callback(functools.partial(_tell_cancelled, remaining))
             return
         for (_, _, done, _, _), result in zip(jobs, results, strict=True):
             _tell(done, result, None)
         self._wrote_inline()
 
-    async def _one_by_one(self, jobs: list[Job]) -> None:
-        for i, (operation, fn, done, _, _) in enumerate(jobs):
+    async def _one_by_one(self, remaining: list[Job]) -> None:
+        """Retry each write alone (``run``: inline, or on the writer thread when the database is
+        locked), telling each how it ended; a write is taken off ``remaining`` once told (if the
+        task is cancelled, ``_tell_cancelled`` tells the rest)."""
+        while remaining:
+            operation, fn, done, _, _ = remaining[0]
             try:
                 result = await self.run(operation, fn, write=True, small=True)
-            except asyncio.CancelledError:  # shutdown: the writes not retried are told so, then it stops
-                for _, _, rest, _, _ in jobs[i:]:
-                    _tell(rest, None, StorageError("the write was cancelled before it was retried"))
-                raise
             except Exception as exc:  # noqa: BLE001  (handed to the caller's ``done``)
+                remaining.pop(0)
                 _tell(done, None, exc)
             else:
+                remaining.pop(0)
                 _tell(done, result, None)
 
     def _wrote_inline(self) -> None:
@@ -268,6 +275,16 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
             future.set_result(result)
         else:
             future.set_exception(error)
+
+
+def _tell_cancelled(remaining: list[Job], task: asyncio.Task[None]) -> None:
+    """The retries were cancelled (the loop is stopping): the writes not told yet are told so. The
+    one being retried may still commit (``run`` shields it), hence "may"."""
+    if task.cancelled():
+        error = StorageError("the proxy stopped before this write was retried (it may have been committed)")
+        for job in remaining:
+            _tell(job[2], None, error)
+        remaining.clear()
 
 
 def _tell(done: Done, result: Any, error: BaseException | None) -> None:

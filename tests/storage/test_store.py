@@ -430,6 +430,44 @@ async def test_deferred_writes_commit_without_another_operation(tmp_path: Any) -
         await store.close()
 
 
+async def test_queued_writes_are_told_exactly_once_even_when_their_retries_are_cancelled(tmp_path: Any) -> None:
+    """``append_and_record_nowait``: a batch that finds the database locked is retried write by
+    write; if the proxy stops first (the retry task cancelled before it ran), each write is told
+    it failed, once; with the lock gone, queued writes are told their counts, once."""
+    import sqlite3
+
+    from storage.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path}/told.db"
+    await upgrade(url)
+    store = await Store.open(url)
+    told: list[tuple[str, Any]] = []
+    try:
+        session = await store.get_or_create_session("t", "s", T0)
+        log = chain(conversation(2))
+        lock = sqlite3.connect(tmp_path / "told.db", isolation_level=None)
+        lock.execute("BEGIN IMMEDIATE")
+        for name in ("req_a", "req_b"):
+            assert store.append_and_record_nowait(session.pk, log, _record(name, session.pk), T0,
+                                                  lambda result, error, name=name: told.append((name, error)))
+        assert store._sqlite is not None
+        store._sqlite.flush()  # locked: the batch goes to a retry task
+        (retry,) = store._sqlite._retrying
+        retry.cancel()
+        await asyncio.sleep(0.05)
+        lock.execute("ROLLBACK")
+        lock.close()
+        assert [name for name, _ in told] == ["req_a", "req_b"]
+        assert all(isinstance(error, StorageError) and "stopped" in str(error) for _, error in told)
+        told.clear()
+        assert store.append_and_record_nowait(session.pk, log, _record("req_c", session.pk), T0,
+                                              lambda result, error: told.append((result, error)))
+        await asyncio.sleep(0.1)  # committed within DEFER_WRITE_S
+        assert told == [(len(log), None)]
+    finally:
+        await store.close()
+
+
 async def test_compaction_locks_leave_connections_for_requests(database_url: str) -> None:
     """Many sessions compacting at once (each lock holds a connection for a summary's seconds)
     never take the whole pool: a request's read still gets a connection at once."""
