@@ -187,11 +187,12 @@ class SqliteFile:
         request record). It is committed with the others queued meanwhile in one transaction,
         ``DEFER_WRITE_S`` later, or sooner: before any other operation of the store (``flush``).
         If that transaction fails, each write is retried alone (``run``: inline, or on the writer
-        thread when the database is locked), later. The point is when it runs: at one request a time, a client's next request
-        arrives right after the reply, and the previous request's write would delay it; deferred,
-        the write runs while the proxy waits for the upstream (``tests/benchmarks``, overhead at
-        concurrency 1). A crash loses at most the last ``DEFER_WRITE_S`` of replies, which the
-        client resends with its next request anyway. Must be called on the event loop's thread.
+        thread when the database is locked), later. The point is when it runs: at one request a
+        time, a client's next request arrives right after the reply, and the previous request's
+        write would delay it; deferred, the write runs while the proxy waits for the upstream
+        (``tests/benchmarks``, overhead at concurrency 1). A killed process loses at most the
+        last ``DEFER_WRITE_S`` of replies, which the client resends with its next request anyway
+        (a power loss can lose more: see ``DEFER_WRITE_S``). Must be called on the event loop's thread.
 
         ``batch`` and ``item``: writes queued one after the other with an equal ``batch`` (a
         bound method of one object, say) run as one call, ``batch(conn, [item, ...])``, which
