@@ -31,9 +31,7 @@ def tenant_of(key: str | None, salt: str | hmac.HMAC) -> str:
     salt, or ``keyed(salt)`` (the same id, computed without keying HMAC again)."""
     if not key:
         return ANONYMOUS
-    if isinstance(salt, str):
-        return "t_" + hmac.new(salt.encode(), key.encode(), hashlib.sha256).hexdigest()[:32]
-    mac = salt.copy()
+    mac = keyed(salt) if isinstance(salt, str) else salt.copy()
     mac.update(key.encode())
     return "t_" + mac.hexdigest()[:32]
 

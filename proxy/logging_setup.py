@@ -47,12 +47,11 @@ _context: ContextVar[dict[str, str] | None] = ContextVar("context_proxy_request"
 @contextmanager
 def request_context() -> Iterator[dict[str, str]]:
     """Open a fresh request context (a dict shared with the tasks the request spawns)."""
-    fields: dict[str, str] = {}
-    token = _context.set(fields)
+    fields, token = open_request_context()
     try:
         yield fields
     finally:
-        _context.reset(token)
+        close_request_context(token)
 
 
 def open_request_context() -> tuple[dict[str, str], Token[dict[str, str] | None]]:

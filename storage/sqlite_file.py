@@ -174,13 +174,6 @@ class SqliteFile:
             asyncio.get_running_loop().run_in_executor(pool, _transaction, self._threaded, operation, fn, write)
         )
 
-    async def run_deferred(self, operation: str, fn: Callable[[sa.Connection], T], *,
-                           batch: Batch | None = None, item: Any = None) -> T:
-        """``defer`` awaited: the write's result once committed; raises its ``StorageError``."""
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self.defer(operation, fn, functools.partial(_settle, future), batch=batch, item=item)
-        return await future
-
     def defer(self, operation: str, fn: Callable[[sa.Connection], Any], done: Done, *,
               batch: Batch | None = None, item: Any = None) -> None:
         """Queue a small write that nothing waits on but ``done`` (the end of a request: reply and
@@ -269,8 +262,9 @@ class SqliteFile:
         future.add_done_callback(_log_checkpoint_failure)
 
 
-def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    """``run_deferred``'s ``done``: the future gets the result or the error (unless cancelled)."""
+def settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    """A ``Done`` for a caller that awaits ``future``: it gets the result or the error (unless
+    cancelled). ``functools.partial(settle, future)``."""
     if not future.done():
         if error is None:
             future.set_result(result)
@@ -293,7 +287,7 @@ def _tell(done: Done, result: Any, error: BaseException | None) -> None:
     writes of the flush still get theirs)."""
     try:
         done(result, error)
-    except Exception:  # noqa: BLE001
+    except Exception:
         log.exception("a deferred write's callback failed")
 
 

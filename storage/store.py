@@ -37,7 +37,7 @@ from storage.records import (
     SessionRecord,
     SessionSummary,
 )
-from storage.sqlite_file import Done, DriverStatement, SqliteFile, small_rows
+from storage.sqlite_file import Done, DriverStatement, SqliteFile, settle, small_rows
 from storage.tables import (
     artifacts,
     events,
@@ -296,14 +296,13 @@ class Store:
         """``append_messages`` and ``add_request`` in one short transaction (the end of a request);
         how many messages were new. ``added``: ``(added_messages, first_added_seq)`` to store
         instead of the record's. On a SQLite file, a small one is deferred (``SqliteFile.defer``)."""
-        item = self._record_item(session_pk, new_messages, record, now, added)
-        if self._driver is not None and small_rows(new_messages):  # (set exactly on a SQLite file)
-            assert self._sqlite is not None
-            return await self._sqlite.run_deferred("append_and_record", functools.partial(self._record_alone, item),
-                                                   batch=self._records_on_driver, item=item)
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        if self.append_and_record_nowait(session_pk, new_messages, record, now, functools.partial(settle, future),
+                                         added=added):
+            return await future
+        _, rows, values, _ = self._record_item(session_pk, new_messages, record, now, added)
 
         def run(conn: sa.Connection) -> int:
-            rows, values = item[1], item[2]
             added = self._append(conn, session_pk, rows, now) if rows else 0
             conn.execute(self._insert_request, values)
             return added
