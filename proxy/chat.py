@@ -56,7 +56,17 @@ class ChatRequest(TypedDict, total=False):
 
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
-"""Roles a chat-completions message may carry (OpenAI's API reference)."""
+"""Roles the proxy understands (OpenAI's API reference). They are not a whitelist: a message with
+any other role (Llama's ``ipython``, a vendor's own) is forwarded, logged and counted as it came,
+and which roles are valid is the provider's decision (issue 15). The defenses treat such a message
+as opaque: never rewritten, never separated from the message before it (``is_known_role``)."""
+
+
+def is_known_role(message: dict[str, Any]) -> bool:
+    """True when ``message``'s ``role`` is one of ``ROLES`` (a non-string role is unknown)."""
+    role = message.get("role")
+    return role.__class__ is str and role in ROLES
+
 
 _EMPTY_DROPPED = frozenset({"tool_calls", "annotations", "audio", "refusal", "function_call", "reasoning_content"})
 

@@ -2,7 +2,9 @@
 
 Rules (OpenAI's and DeepSeek's documented 400s, Anthropic's pairing, cases 001, 002, 004, 022,
 023, 026):
-- roles: ``system``, ``user``, ``assistant``, ``tool`` (``developer`` only when allowed);
+- roles: ``system``, ``user``, ``assistant``, ``tool`` (``developer`` only when allowed, and the
+  ``extra_roles`` a provider's chat template knows, e.g. Llama's ``ipython``: ordinary messages
+  here, so one inside a block of tool answers leaves the calls unanswered, as OpenAI would say);
 - ``name`` only on ``user`` messages (xAI);
 - ``content`` is ``None`` only on an assistant message with ``tool_calls``;
 - every ``tool`` message answers a not-yet-answered id declared by the nearest preceding assistant
@@ -27,10 +29,12 @@ def _blocks(message: dict[str, Any], kind: str, key: str) -> list[Any]:
     return [p.get(key) for p in content if isinstance(p, dict) and p.get("type") == kind]
 
 
-def validate_chat_messages(messages: list[dict[str, Any]], allow_developer: bool = False) -> list[str]:
+def validate_chat_messages(
+    messages: list[dict[str, Any]], allow_developer: bool = False, extra_roles: tuple[str, ...] = ()
+) -> list[str]:
     """Problems a strict provider would reject ``messages`` for; ``[]`` when it would accept them."""
     problems: list[str] = []
-    roles = ROLES + (("developer",) if allow_developer else ())
+    roles = ROLES + (("developer",) if allow_developer else ()) + extra_roles
     if not messages:
         return ["messages is empty"]
     declared_ever: set[str] = set()

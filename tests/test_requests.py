@@ -15,15 +15,14 @@ from proxy.requests import parse_chat_request
     (orjson.dumps({"messages": [{"role": "user", "content": "x"}]}), "model"),
     (orjson.dumps({"model": "\u0000", "messages": [{"role": "system"}]}), "model"),  # found by hypothesis on PostgreSQL
     (orjson.dumps({"model": "m", "messages": []}), "messages"),
-    (orjson.dumps({"model": "m", "messages": [{"role": ["user"]}]}), "messages[0].role"),
-    (orjson.dumps({"model": "m", "messages": [{"role": "wizard"}]}), "messages[0].role"),
+    (orjson.dumps({"model": "m", "messages": [{"role": "us\u0000er"}]}), "messages[0].role"),  # the log cannot store it
     (orjson.dumps({"model": "m", "messages": [{"role": "user"}], "stream": "yes"}), "stream"),
     (b"\xff\xfe", None),
     # the first invalid message is named, whichever check fails (the fast checks only gate)
     (orjson.dumps({"model": "m", "messages": [{"role": "user"}, "hi", {"role": "wizard"}]}), "messages[1]"),
-    (orjson.dumps({"model": "m", "messages": [{"role": "user"}, {"role": "user"}, {"role": {"a": 1}}]}), "messages[2].role"),
-    (orjson.dumps({"model": "m", "messages": [{"role": "user"}, {"content": "no role"}]}), "messages[1].role"),
+    (orjson.dumps({"model": "m", "messages": [{"role": 3}, {"role": "user"}, {"role": "\u0000"}]}), "messages[2].role"),
     (orjson.dumps({"model": "m", "messages": [{"role": "user"}, {"role": "assistant", "tool_calls": {}}]}), "messages[1].tool_calls"),
+    (orjson.dumps({"model": "m", "messages": [{"role": "wizard", "tool_calls": "x"}]}), "messages[0].tool_calls"),
     (orjson.dumps({"model": "m", "messages": [{"role": "assistant", "tool_calls": "x"}, {"role": 3}]}), "messages[0].tool_calls"),
     (orjson.dumps({"model": "m", "messages": [{"role": "user"}, [{"role": "user"}]]}), "messages[1]"),
 ])
@@ -44,3 +43,15 @@ def test_every_role_and_tool_calls_shape_the_api_allows_passes() -> None:
     messages += [{"role": "assistant", "tool_calls": None}, {"role": "assistant", "tool_calls": []}]
     body = parse_chat_request(orjson.dumps({"model": "m", "messages": messages}))
     assert body["messages"] == messages
+
+
+@pytest.mark.parametrize("role", ["ipython", "wizard", "", "USER", "x" * 1000, "\u00e9l\u00e8ve", None, 3, True, ["user"], {"a": "\u0000"}])
+def test_a_role_the_proxy_does_not_know_is_forwarded_as_it_came(role: object) -> None:
+    """Which roles are valid is the provider's decision (issue 15): any role that the log can store
+    passes, the message untouched (unknown fields and key order too); the provider answers it."""
+    odd = {"x_first": 1, "role": role, "content": [{"type": "text", "text": "x", "x_part": [1]}], "x_last": {"k": None}}
+    messages = [{"role": "user", "content": "hi"}, odd, {"content": "no role at all"}]
+    raw = orjson.dumps({"x_body": 1, "model": "m", "messages": messages, "x_tail": True})
+    body = parse_chat_request(raw)
+    assert orjson.dumps(body) == raw
+    assert list(body["messages"][1]) == ["x_first", "role", "content", "x_last"]

@@ -253,3 +253,16 @@ def test_copied_cache_dir_loads_exactly(tmp_path: Path, monkeypatch: pytest.Monk
     shutil.copy(src, cache_file_for("o200k_base", str(tmp_path)))
     c = load_counter(str(tmp_path))
     assert c.exact and c.count_text("hello world") == 2
+
+
+@pytest.mark.parametrize("role", ["ipython", "wizard", "x" * 50])
+def test_a_role_the_proxy_does_not_know_is_counted_as_text(counter: TokenCounter, role: str) -> None:
+    """Issue 15: an unknown-role message costs what a known one with the same fields does, its
+    role's text instead of the known role's; unknown fields of it count as their text/JSON."""
+    content = [{"type": "text", "text": "The answer is 42.", "x_part": "p"}]
+    known = {"role": "user", "content": content, "x_vendor": {"k": "v"}}
+    odd = {"role": role, "content": content, "x_vendor": {"k": "v"}}
+    assert counter.count_message(odd) - counter.count_message(known) == counter.count_text(role) - counter.count_text("user")
+    plain = {"role": role, "content": "The answer is 42."}
+    assert counter.count_message(odd) == counter.count_message(plain) + counter.count_text('{"k":"v"}')
+    assert counter.count_message({"role": ["odd"], "content": "x"}) == 3 + counter.count_text('["odd"]') + counter.count_text("x")

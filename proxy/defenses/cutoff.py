@@ -4,12 +4,16 @@ DESIGN.md section 2: keep the most recent 10% of the window (``keep_tokens``; un
 last 6 messages); the cutoff moves *earlier* so it never separates an assistant ``tool_calls``
 message from its ``tool`` answers (parallel calls included, case 001) nor a ``tool_use`` block
 from its ``tool_result`` block (case 002). The last message is always kept.
+
+A message with a role the proxy does not know stays with the message before it (issue 15): the
+kept tail never starts at one, and one right after the leading system messages stays with them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from proxy.chat import is_known_role
 from proxy.defenses.pairs import is_user_turn, safe_start
 
 
@@ -56,8 +60,9 @@ def last_user_turn(messages: list[dict[str, Any]]) -> int | None:
 
 
 def leading_system_count(messages: list[dict[str, Any]]) -> int:
-    """Number of leading ``system``/``developer`` messages (they stay first in every projection)."""
-    i = 0
-    while i < len(messages) and messages[i].get("role") in ("system", "developer"):
+    """Number of leading ``system``/``developer`` messages (they stay first in every projection),
+    with the messages of unknown roles among and right after them (bound to the message before)."""
+    i, n = 0, len(messages)
+    while i < n and (messages[i].get("role") in ("system", "developer") or (i and not is_known_role(messages[i]))):
         i += 1
     return i

@@ -5,11 +5,19 @@ message does not answer a call of the nearest preceding assistant ``tool_calls``
 a call is not answered before the next non-tool message. Anthropic-style content blocks pair the
 same way: a ``tool_use`` block in an assistant content list is answered by a ``tool_result`` block
 in the next message (cases 001, 002, 004, 022).
+
+A message whose role the proxy does not know (``proxy.chat.is_known_role``: Llama's ``ipython``,
+which answers a tool call; a vendor's own role) is opaque (issue 15): it may be an answer, a note
+bound to the message before it, anything. So it is never separated from the message before it (a
+kept tail never starts at it), and the calls of an assistant message it follows are never patched
+(a synthetic "cancelled" answer could contradict the answer it carries; the provider judges them).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from proxy.chat import is_known_role
 
 CANCELLED_TEXT = "[context-proxy] This tool call was cancelled or its result is unavailable."
 """Content of the synthetic ``tool`` message that answers a dangling call (DESIGN.md section 2)."""
@@ -25,9 +33,20 @@ def has_tool_result_blocks(message: dict[str, Any]) -> bool:
     return any(isinstance(p, dict) and p.get("type") == "tool_result" for p in content)
 
 
+def _is_answer_role(message: dict[str, Any]) -> bool:
+    role = message.get("role")
+    return role.__class__ is str and role in _ANSWER_ROLES
+
+
 def is_tool_answer(message: dict[str, Any]) -> bool:
     """True if ``message`` answers the calls of the message before it (``tool`` role or ``tool_result`` blocks)."""
-    return message.get("role") in _ANSWER_ROLES or has_tool_result_blocks(message)
+    return _is_answer_role(message) or has_tool_result_blocks(message)
+
+
+def binds_to_previous(message: dict[str, Any]) -> bool:
+    """True if ``message`` may not be separated from the message before it: a tool answer, or a
+    message with a role the proxy does not know (opaque: it may be an answer)."""
+    return not is_known_role(message) or is_tool_answer(message)
 
 
 def is_user_turn(message: dict[str, Any]) -> bool:
@@ -38,10 +57,11 @@ def is_user_turn(message: dict[str, Any]) -> bool:
 def safe_start(messages: list[dict[str, Any]], start: int) -> int:
     """The largest index ``<= start`` where a kept tail may begin without splitting a tool-call pair.
 
-    A tail may not begin on a tool answer: its call (parallel calls included) would be cut off.
-    Returns 0 when no such index exists before ``start``.
+    A tail may not begin on a tool answer (its call, parallel calls included, would be cut off) nor
+    on a message with a role the proxy does not know (``binds_to_previous``). Returns 0 when no
+    such index exists before ``start``.
     """
-    while start > 0 and is_tool_answer(messages[start]):
+    while start > 0 and binds_to_previous(messages[start]):
         start -= 1
     return start
 
@@ -58,7 +78,10 @@ def dangling_calls(messages: list[dict[str, Any]]) -> list[tuple[int, list[str]]
 
     ``insert_at`` is the index of the first message after the block of ``tool`` messages that
     follows the calling assistant message (where the synthetic answers go). Anthropic ``tool_use``
-    blocks are not patched here: their answer lives inside the next user message.
+    blocks are not patched here: their answer lives inside the next user message. Nor are the
+    calls of a block that holds a message with a role the proxy does not know (Llama's
+    ``ipython`` answers calls without a ``tool_call_id``): whether they are answered is the
+    provider's to judge, and the block is forwarded as sent.
     """
     out: list[tuple[int, list[str]]] = []
     i, n = 0, len(messages)
@@ -68,12 +91,16 @@ def dangling_calls(messages: list[dict[str, Any]]) -> list[tuple[int, list[str]]
         if not ids:
             continue
         pending = list(ids)
-        while i < n and messages[i].get("role") in _ANSWER_ROLES:
-            answered = messages[i].get("tool_call_id")
-            if answered in pending:
-                pending.remove(answered)
+        opaque = False
+        while i < n and (_is_answer_role(messages[i]) or not is_known_role(messages[i])):
+            if _is_answer_role(messages[i]):
+                answered = messages[i].get("tool_call_id")
+                if answered in pending:
+                    pending.remove(answered)
+            else:
+                opaque = True
             i += 1
-        if pending:
+        if pending and not opaque:
             out.append((i, pending))
     return out
 

@@ -51,10 +51,23 @@ def _content_text(content: Any) -> str:
     return json.dumps(content, ensure_ascii=False, sort_keys=True)
 
 
+_RENDERED_FIELDS = frozenset({"role", "name", "tool_call_id", "content", "tool_calls", "function_call"})
+
+
+def _field_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
 def render_message(message: dict[str, Any]) -> str:
-    """One message as transcript text: a ``### role`` header, its text, its tool calls."""
-    role = str(message.get("role", "?"))
-    header = f"### {role}"
+    """One message as transcript text: a ``### role`` header, its text, its tool calls, then every
+    other non-empty field as ``[field] value``.
+
+    A role the proxy does not know is shown by its name like any other (``### ipython``; one that
+    is not a string as its JSON), and so are fields it does not know (a vendor's, DeepSeek's
+    ``reasoning_content``): the summarizer sees what the provider saw, and interprets it.
+    """
+    role = message.get("role", "?")
+    header = f"### {_field_text(role)}"
     if message.get("name"):
         header += f" ({message['name']})"
     if message.get("tool_call_id"):
@@ -66,8 +79,14 @@ def render_message(message: dict[str, Any]) -> str:
     for call in message.get("tool_calls") or []:
         if not isinstance(call, dict):
             continue
-        fn = call.get("function") or {}
+        fn = call.get("function") if isinstance(call.get("function"), dict) else {}
         lines.append(f"-> tool call {fn.get('name')} (id {call.get('id')}): {fn.get('arguments')}")
+    legacy = message.get("function_call")
+    if isinstance(legacy, dict):
+        lines.append(f"-> function call {legacy.get('name')}: {legacy.get('arguments')}")
+    for key, value in message.items():
+        if key not in _RENDERED_FIELDS and value is not None and value != "" and value != [] and value != {}:
+            lines.append(f"[{key}] {_field_text(value)}")
     return "\n".join(lines)
 
 
@@ -77,12 +96,14 @@ def render_transcript(messages: list[dict[str, Any]]) -> str:
 
 
 def _cut_to_fit(message: dict[str, Any], budget_tokens: int, counter: Any) -> dict[str, Any]:
-    """A stand-in for an oversized message: its rendered text cut (with a marker) to ``budget_tokens``."""
-    text = render_message(message)
+    """A stand-in for an oversized message: its rendered text cut (with a marker) to ``budget_tokens``,
+    under the same header (role, name and answered call kept; the rest of the text is the content)."""
+    text = render_message(message).partition("\n")[2]
+    header = {k: message[k] for k in ("role", "name", "tool_call_id") if k in message}
     keep = max(1, budget_tokens * 3)  # >= 3 chars/token for prose and code with o200k_base
     while True:
         cut = text[:keep] + _CUT_MARKER.format(n=len(text) - keep)
-        candidate = {"role": message.get("role", "user"), "content": cut}
+        candidate = {**header, "content": cut}
         if counter.count_text(render_message(candidate)) <= budget_tokens or keep <= 1:
             return candidate
         keep //= 2

@@ -51,3 +51,34 @@ def test_last_user_turn_skips_tool_result_carriers():
 def test_leading_system_count():
     assert leading_system_count([SYS, {"role": "developer", "content": "d"}, USER, SYS]) == 2
     assert leading_system_count([USER]) == 0
+
+
+IPYTHON = {"role": "ipython", "content": "42"}
+CODE = {"role": "assistant", "content": "<|python_tag|>print(6*7)"}  # Llama's built-in code tool
+
+
+@pytest.mark.parametrize(
+    ("messages", "counts", "keep_tokens", "expected"),
+    [
+        # the budget holds the ipython answer only: the tail starts at the call that it answers
+        ([SYS, USER, CODE, IPYTHON], [5, 5, 5, 5], 6, 2),
+        ([SYS, USER, asst("a"), IPYTHON, USER], [5, 5, 5, 5, 5], 10, 4),  # the pair does not fit: not half of it
+        # forced minimal tail ending in an unknown role: kept with its neighbour
+        ([SYS, USER, CODE, IPYTHON], [5, 5, 5, 5], 0, 2),
+    ],
+)
+def test_tail_never_starts_at_an_unknown_role(messages, counts, keep_tokens, expected):
+    assert tail_start(messages, counts, 1, keep_tokens, None) == expected
+
+
+def test_tail_by_messages_never_starts_at_an_unknown_role():
+    messages = [SYS, USER, CODE, IPYTHON, USER, CODE, IPYTHON, CODE, IPYTHON]
+    for keep in range(1, len(messages)):
+        s = tail_start(messages, [1] * len(messages), 1, None, keep)
+        assert messages[s]["role"] != "ipython", keep
+
+
+def test_an_unknown_role_after_the_system_messages_stays_with_them():
+    assert leading_system_count([SYS, {"role": "wizard", "content": "w"}, USER]) == 2
+    assert leading_system_count([SYS, {"role": ["x"]}, {"role": "developer", "content": "d"}, IPYTHON, USER]) == 4
+    assert leading_system_count([IPYTHON, SYS, USER]) == 0  # nothing before it to stay with

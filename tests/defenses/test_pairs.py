@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 
@@ -94,3 +95,62 @@ def test_patch_dangling_makes_a_strictly_valid_request_without_mutating_input(me
 
 def test_patch_dangling_returns_none_when_every_call_is_answered():
     assert patch_dangling(PARALLEL) is None
+
+
+# --- roles the proxy does not know (issue 15): opaque, bound to the message before ----------------
+
+IPYTHON = {"role": "ipython", "content": "42"}  # Llama's answer to a tool call (no tool_call_id)
+WIZARD = {"role": "wizard", "content": "w", "x_vendor": {"k": 1}}
+LISTED = {"role": ["tool"], "content": "a role that is not a string (unhashable)"}
+
+
+@pytest.mark.parametrize(
+    ("messages", "start", "expected"),
+    [
+        ([SYS, USER, asst("a"), IPYTHON, USER], 3, 2),  # an ipython answer stays with its call
+        ([SYS, USER, {"role": "assistant", "content": "<|python_tag|>print(6*7)"}, IPYTHON], 3, 2),
+        ([SYS, USER, asst("a", "b"), tool("a"), WIZARD, tool("b")], 5, 2),  # through a mixed block
+        ([SYS, USER, WIZARD, WIZARD], 3, 1),  # a run of them stays with the message before the run
+        ([USER, LISTED], 1, 0),
+        ([WIZARD, USER], 0, 0),
+        ([SYS, USER, IPYTHON, USER], 3, 3),  # a known message after one is a fine start
+    ],
+)
+def test_safe_start_never_starts_at_an_unknown_role(messages, start, expected):
+    assert safe_start(messages, start) == expected
+
+
+@pytest.mark.parametrize(
+    ("messages", "expected"),
+    [
+        ([USER, asst("a"), IPYTHON, USER], []),  # ipython may be the answer: the provider judges
+        ([USER, asst("a", "b"), tool("a"), WIZARD, USER], []),
+        ([USER, asst("a"), WIZARD], []),
+        ([USER, asst("a"), LISTED, USER], []),
+        ([USER, asst("a"), USER, WIZARD], [(2, ["a"])]),  # not in the block: patched as before, before the user
+        ([USER, asst("a"), tool("a"), WIZARD, asst("b"), USER], [(5, ["b"])]),
+    ],
+)
+def test_dangling_calls_leave_a_block_with_an_unknown_role_alone(messages, expected):
+    assert dangling_calls(messages) == expected
+
+
+ALPHABET = [USER, asst("a"), asst("b"), tool("a"), tool("b"), IPYTHON, WIZARD, LISTED]
+
+
+def test_no_rewrite_separates_an_unknown_role_from_the_message_before_it():
+    """Every history of a system message and up to 4 of these: a kept tail never starts at an
+    unknown role, and patching (which only inserts) never inserts right before one."""
+    checked = 0
+    for n in range(1, 5):
+        for combo in itertools.product(ALPHABET, repeat=n):
+            messages = [SYS, *combo]
+            for start in range(len(messages)):
+                s = safe_start(messages, start)
+                assert s == 0 or messages[s]["role"] in ("system", "user", "assistant"), (messages, start)
+            patched = patch_dangling(messages) or messages
+            for before, m in itertools.pairwise(patched):
+                if m["role"] not in ("system", "user", "assistant", "tool"):
+                    assert before.get("content") != CANCELLED_TEXT, (messages, patched)
+            checked += 1
+    assert checked == sum(len(ALPHABET) ** n for n in range(1, 5))

@@ -86,3 +86,29 @@ def test_chunk_budget_tokens(window, reply, previous, expected):
     from proxy.defenses.summarize import chunk_budget_tokens
 
     assert chunk_budget_tokens(window, reply, previous) == expected
+
+
+def test_the_transcript_shows_unknown_roles_and_fields_by_name():
+    text = render_transcript([
+        {"role": "assistant", "content": "<|python_tag|>print(6*7)"},
+        {"role": "ipython", "content": "42"},
+        {"role": "wizard", "content": "FACT: spell=lumos", "x_vendor": {"b": 2, "a": 1}, "reasoning_content": "thought",
+         "refusal": None, "annotations": []},
+        {"role": ["odd"], "content": "a role that is not a string"},
+        {"role": "assistant", "content": None, "function_call": {"name": "lookup", "arguments": '{"q": 1}'}},
+    ])
+    assert text == (
+        "### assistant\n<|python_tag|>print(6*7)\n\n"
+        "### ipython\n42\n\n"
+        '### wizard\nFACT: spell=lumos\n[x_vendor] {"a": 1, "b": 2}\n[reasoning_content] thought\n\n'
+        '### ["odd"]\na role that is not a string\n\n'
+        '### assistant\n-> function call lookup: {"q": 1}'
+    )
+
+
+def test_a_cut_stand_in_keeps_the_header_once(counter):
+    big = {"role": "ipython", "name": "py", "content": "line of output\n" * 400, "x_exec_ms": 3}
+    (chunk,) = summary_chunks([big], 60, counter)
+    text = render_transcript(chunk)
+    assert text.startswith("### ipython (py)\nline of output\n") and text.count("### ") == 1
+    assert "message cut to fit the summary request" in text

@@ -47,8 +47,9 @@ class ReceivedRequest:
 
 
 Fault = tuple[Any, ...]
-"""``("status", code, body[, headers])`` | ``("cut_stream", after_n_chunks)`` |
-``("stall", seconds)`` (headers sent, then silence) | ``("delay", seconds)`` (before answering)."""
+"""``("status", code, body[, headers])`` | ``("sse", parts)`` (HTTP 200, an event stream of exactly
+``parts``) | ``("cut_stream", after_n_chunks)`` | ``("stall", seconds)`` (headers sent, then
+silence) | ``("delay", seconds)`` (before answering)."""
 
 
 @dataclass
@@ -77,8 +78,13 @@ class FakeState:
     hidden_windows: set[str] = field(default_factory=set)
     default_window_tokens: int = DEFAULT_WINDOW_TOKENS
     output_caps: dict[str, int] = field(default_factory=dict)
+    count_factors: dict[str, float] = field(default_factory=dict)
+    """Per model: the provider counts ``ceil(factor x`` the tiktoken count``)`` (a Claude-like
+    tokenizer, case 043), in its usage, its overflow errors and against its window."""
     default_output_cap_tokens: int | None = 16_384
     allow_developer: bool = False
+    extra_roles: tuple[str, ...] = ()
+    """Roles accepted besides system/user/assistant/tool (e.g. ``("ipython",)``, issue 15)."""
     reject_max_completion_tokens: bool = False
     reject_max_tokens: bool = False
     tpm_limit: int | None = None
@@ -137,6 +143,7 @@ class FakeState:
     def policy_for(self, model: str) -> ValidationPolicy:
         return ValidationPolicy(
             allow_developer=self.allow_developer,
+            extra_roles=self.extra_roles,
             reject_max_completion_tokens=self.reject_max_completion_tokens,
             reject_max_tokens=self.reject_max_tokens,
             output_cap_tokens=self.output_caps.get(model, self.default_output_cap_tokens),

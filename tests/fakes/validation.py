@@ -6,13 +6,20 @@
 - parameters: ``stream_options`` without ``stream: true`` (case 029, OpenAI);
   ``max_completion_tokens`` / ``max_tokens`` refused by policy (case 028, Azure and reasoning
   models); output above the model's cap (case 031, ``invalid_value``);
-- roles: system, user, assistant, tool (+ developer when allowed) else case 026 wording;
+- roles: system, user, assistant, tool (+ developer when allowed, + ``extra_roles``: e.g.
+  ``ipython`` for vLLM serving a Llama 3.x template). ``developer`` otherwise gets case 026's
+  wording, every role under style ``deepseek`` too; any other role OpenAI's published 400
+  (``Invalid value: 'wizard'. Supported values are: ...``, ``param`` ``messages[1].role``, ``code``
+  ``invalid_value``; as OpenAI answered in public reports and as independent OpenAI-compatible
+  servers reproduce it);
   ``name`` on a non-user message under style ``xai`` (case 023);
 - content parts: OpenAI part types; Anthropic ``tool_use``/``tool_result`` blocks only under
   style ``anthropic`` (case 002), paired message to message as Anthropic requires (case 022);
 - tool pairing: each ``tool`` message answers an id of the nearest preceding assistant
   ``tool_calls`` (OpenAI wording), each call answered before the next non-tool message and
-  before the end (DeepSeek wording, case 004), no id declared or answered twice.
+  before the end, no id declared or answered twice. An unanswered call is refused in OpenAI's
+  wording, which lists the unanswered ``tool_call_id``s verbatim (so a provider error can echo a
+  client's string), or in DeepSeek's, which lists none (case 004), under style ``deepseek``.
   ``content`` null and ``""`` are both fine on tool-call messages (case 025).
 
 Error envelopes follow the style: Anthropic's under ``anthropic``, xAI's under ``xai``, else
@@ -44,6 +51,8 @@ class ValidationPolicy:
     reject_max_completion_tokens: bool = False
     reject_max_tokens: bool = False
     output_cap_tokens: int | None = None
+    extra_roles: tuple[str, ...] = ()
+    """Roles accepted besides the standard ones (a provider whose chat template knows them)."""
 
 
 class _Invalid(Exception):
@@ -66,7 +75,7 @@ def validate_chat_request(body: Any, style: str, policy: ValidationPolicy) -> Re
         _check_params(body, policy)
         messages = body["messages"]
         _check_roles_and_parts(messages, style, policy)
-        _check_tool_pairing(messages)
+        _check_tool_pairing(messages, style)
         if style == "anthropic":
             _check_anthropic_blocks(messages)
     except _Invalid as exc:
@@ -110,15 +119,13 @@ def _check_params(body: Any, policy: ValidationPolicy) -> None:
 
 
 def _check_roles_and_parts(messages: list[Any], style: str, policy: ValidationPolicy) -> None:
-    allowed = ["system", "user", "assistant", "tool"] + (["developer"] if policy.allow_developer else [])
+    allowed = ["system", "user", "assistant", "tool"] + (["developer"] if policy.allow_developer else []) + list(policy.extra_roles)
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise _Invalid(f"Invalid type for 'messages[{i}]': expected an object.", param=f"messages[{i}]", code="invalid_type")
         role = message.get("role")
         if role not in allowed:
-            raise _Invalid(
-                f"messages[{i}].role: unknown variant `{role}`, expected one of `system`, `user`, `assistant`, `tool`",
-            )
+            raise _role_refused(message, i, style)
         if style == "xai" and "name" in message and role != "user":
             raise _Invalid("Only messages of role 'user' can have a name.")
         if role == "tool" and not isinstance(message.get("tool_call_id"), str):
@@ -140,7 +147,23 @@ def _check_roles_and_parts(messages: list[Any], style: str, policy: ValidationPo
                     )
 
 
-def _check_tool_pairing(messages: list[dict[str, Any]]) -> None:
+def _role_refused(message: dict[str, Any], i: int, style: str) -> _Invalid:
+    role = message.get("role")
+    if role == "developer" or style == "deepseek":  # case 026 (DeepSeek's serde wording)
+        return _Invalid(f"messages[{i}].role: unknown variant `{role}`, expected one of `system`, `user`, `assistant`, `tool`")
+    if "role" not in message:
+        return _Invalid(f"Missing required parameter: 'messages[{i}].role'.", param=f"messages[{i}].role", code="missing_required_parameter")
+    if not isinstance(role, str):  # OpenAI's pattern for a wrong type (its exact words for a role: not published)
+        kind = {bool: "a boolean", int: "an integer", float: "a decimal", list: "an array", dict: "an object"}.get(type(role), "null")
+        return _Invalid(f"Invalid type for 'messages[{i}].role': expected a string, but got {kind} instead.",
+                        param=f"messages[{i}].role", code="invalid_type")
+    return _Invalid(
+        f"Invalid value: '{role}'. Supported values are: 'system', 'assistant', 'user', 'function', 'tool', and 'developer'.",
+        param=f"messages[{i}].role", code="invalid_value",
+    )
+
+
+def _check_tool_pairing(messages: list[dict[str, Any]], style: str) -> None:
     seen_ids: set[str] = set()
     pending: list[str] = []  # ids of the open tool_calls block not yet answered
     declared: set[str] = set()  # ids of the open block
@@ -160,7 +183,7 @@ def _check_tool_pairing(messages: list[dict[str, Any]]) -> None:
             pending.remove(call_id)
             continue
         if pending:
-            raise _dangling()
+            raise _dangling(style, pending, i)
         block_open = False
         tool_calls = message.get("tool_calls") if role == "assistant" else None
         if tool_calls:
@@ -173,13 +196,18 @@ def _check_tool_pairing(messages: list[dict[str, Any]]) -> None:
                 seen_ids.add(call_id)
             pending, declared, block_open = list(ids), set(ids), True
     if pending:
-        raise _dangling()
+        raise _dangling(style, pending, len(messages))
 
 
-def _dangling() -> _Invalid:
+def _dangling(style: str, unanswered: list[str], index: int) -> _Invalid:
+    """The refusal of unanswered tool calls; ``index``: the message found where a ``tool`` message
+    was due (``len(messages)`` at the end, a guess: OpenAI's param for that case is not published)."""
+    prefix = "An assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'."
+    if style == "deepseek":
+        return _Invalid(prefix + " (insufficient tool messages following tool_calls message)")
     return _Invalid(
-        "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
-        "'tool_call_id'. (insufficient tool messages following tool_calls message)",
+        f"{prefix} The following tool_call_ids did not have response messages: {', '.join(unanswered)}",
+        param=f"messages.[{index}].role", code=None,
     )
 
 
