@@ -23,7 +23,7 @@ from proxy.compaction import Compactor
 from proxy.errors import BadRequest, NotFound, ProxyError
 from proxy.metrics import Metrics, MetricsMiddleware
 from proxy.pipeline import ChatPipeline
-from proxy.routes import chat, health, passthrough, read
+from proxy.routes import chat, health, limits, passthrough, read
 from proxy.routes.chat_fast import CHAT_PATH, ChatFastPath, error_of, serve_chat_counted
 from proxy.session_log import SessionLog
 from proxy.settings import Settings
@@ -126,7 +126,7 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
         description="OpenAI-compatible proxy that keeps agents inside their context window. Read API for sessions.",
         lifespan=lifespan,
     )
-    for router in (health.router, read.router, chat.router, passthrough.router):
+    for router in (health.router, read.router, limits.router, chat.router, passthrough.router):
         app.include_router(router)
     app.state.metrics = metrics
     app.add_route("/metrics", metrics.endpoint, methods=["GET"], include_in_schema=False)

@@ -31,6 +31,8 @@ db_app = typer.Typer(help="Database commands.", no_args_is_help=True)
 sessions_app = typer.Typer(help="Browse the stored sessions (all tenants).", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(sessions_app, name="sessions")
+limits_app = typer.Typer(help="What the proxy learned about models, per tenant: list and reset.", no_args_is_help=True)
+app.add_typer(limits_app, name="limits")
 
 T = TypeVar("T")
 DATABASE_HELP = "sqlite:///PATH or postgresql://… [env CONTEXT_PROXY_DATABASE_URL]."
@@ -162,6 +164,45 @@ def sessions_show(
         return out
 
     typer.echo(orjson.dumps(_with_store(database_url, use), option=orjson.OPT_INDENT_2).decode())
+
+
+@limits_app.command("list")
+def limits_list(
+    tenant: str | None = typer.Option(None, help="Only this tenant (t_…, as the read API shows it)."),
+    model: str | None = typer.Option(None, help="Only this model."),
+    limit: int = typer.Option(100, min=1, max=10_000, help="Rows to show, newest first."),
+    as_json: bool = typer.Option(False, "--json", help="Print the API's list object instead of a table."),
+    database_url: str | None = typer.Option(None, help=DATABASE_HELP),
+) -> None:
+    """Learned limits: the window learned from the provider, the estimate ratio, source, expiry."""
+    from proxy.routes.limits import limit_json
+
+    rows = _with_store(database_url, lambda store: store.list_learned_limits(tenant=tenant, model=model, limit=limit))
+    data = [limit_json(r) for r in rows]
+    if as_json:
+        typer.echo(orjson.dumps({"object": "list", "data": data}, option=orjson.OPT_INDENT_2).decode())
+        return
+    typer.echo(f"{'tenant':<36} {'model':<32} {'window':>9} {'ratio':>6} {'source':<9} expires")
+    for r in rows:
+        window = f"{r.context_window_tokens:,}" if r.context_window_tokens is not None else "-"
+        ratio = f"{r.estimate_ratio:.2f}" if r.estimate_ratio is not None else "-"
+        expires = r.expires_at.isoformat(timespec="seconds") if r.expires_at is not None else "-"
+        typer.echo(f"{r.tenant:<36} {r.model[:32]:<32} {window:>9} {ratio:>6} {r.source or '-':<9} {expires}")
+
+
+@limits_app.command("reset")
+def limits_reset(
+    tenant: str | None = typer.Option(None, help="Only this tenant's."),
+    model: str | None = typer.Option(None, help="Only this model's."),
+    everything: bool = typer.Option(False, "--all", help="Every learned limit (needed when no filter is given)."),
+    database_url: str | None = typer.Option(None, help=DATABASE_HELP),
+) -> None:
+    """Forget learned limits; running proxies re-read theirs within a minute (or DELETE /limits)."""
+    if tenant is None and model is None and not everything:
+        typer.echo("error: give --tenant and/or --model, or --all to forget every learned limit", err=True)
+        raise typer.Exit(2)
+    deleted = _with_store(database_url, lambda store: store.delete_learned_limits(tenant=tenant, model=model))
+    typer.echo(f"forgot {deleted} learned limit{'s' if deleted != 1 else ''}")
 
 
 def _short_payload(payload: dict[str, Any]) -> dict[str, Any]:

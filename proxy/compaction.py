@@ -39,6 +39,10 @@ class Prepared:
 class Compactor:
     """Pass-through: forwards the body as sent and never retries an overflow."""
 
+    retries_overflows = False
+    """Whether an overflow can be compacted and retried at all (a stream's first events are then
+    held until they carry something, so that an error event among them can be retried)."""
+
     async def prepare(self, ctx: ChatContext, *, overflow: Overflow | None) -> Prepared:
         if ctx.expanded:
             forwarded = ctx.body | {"messages": ctx.messages}
@@ -54,8 +58,12 @@ class Compactor:
     def can_retry(self, ctx: ChatContext, overflow: Overflow) -> bool:
         return False
 
-    def truncation_suspected(self, ctx: ChatContext, usage: dict[str, Any] | None) -> bool:
+    def usage_observed(self, ctx: ChatContext, usage: dict[str, Any] | None) -> bool:
         return False
 
-    async def observe_reply(self, ctx: ChatContext, usage: dict[str, Any] | None) -> None:
+    def forget_limits(self, tenant: str | None, model: str | None) -> None:
+        """Drop what this process remembers of learned limits (after a reset); ``None``: all."""
+        return None
+
+    async def persist_observed(self, ctx: ChatContext) -> None:
         return None

@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import re
 from collections.abc import AsyncIterator
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -22,8 +23,14 @@ import orjson
 from proxy.cache import BoundedCache, Memo
 from proxy.compaction import Compactor, Prepared
 from proxy.defenses.plans import SummaryPlan
-from proxy.defenses.summarize import build_summary_request_messages, chunk_budget_tokens, render_transcript, summary_chunks
+from proxy.defenses.summarize import (
+    build_summary_request_messages,
+    chunk_budget_tokens,
+    render_transcript,
+    summary_chunks,
+)
 from proxy.errors import CannotFit, ProxyError
+from proxy.limits import LearnedLimits, Sent, WindowView
 from proxy.metrics import Metrics
 from proxy.models import ModelProfiles
 from proxy.overflow import Overflow, classify_error
@@ -50,9 +57,9 @@ ARCHIVE_URL = re.compile(rb"/sessions/[^/\s]+/archive")
 STUB_DEFENSES = frozenset({"offload", "summary", "clip", "media"})
 MAX_PLAN_ROUNDS = 4
 """Plans executed per request at most (truncate, summarize, clip, media): a bound, not a target."""
-NON_TEXT_MARKERS = (b'"image_url"', b'"input_audio"', b'"file"', b'"image"')
-TRUNCATION_SUSPECT_RATIO = 1.5
-"""A reply whose ``usage.prompt_tokens`` is under our estimate divided by this was silently cut."""
+TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text", "refusal"})
+RETRY_WINDOWS = 10_000
+"""Requests between an overflow and their retry whose retry window is remembered (``learn``)."""
 
 
 class SummaryFailed(Exception):
@@ -62,6 +69,8 @@ class SummaryFailed(Exception):
 class ProjectingCompactor(Compactor):
     """Runs the four defenses for the pipeline. One per app; safe for concurrent requests."""
 
+    retries_overflows = True
+
     def __init__(self, settings: Settings, store: Store, upstream: Upstream, *, metrics: Metrics | None = None) -> None:
         self.metrics = metrics or Metrics()
         self.settings = settings
@@ -70,25 +79,19 @@ class ProjectingCompactor(Compactor):
         self.counter = load_counter(settings.tiktoken_cache_dir)
         self.metrics.tokenizer(self.counter.encoding_name, self.counter.exact)
         self.profiles = ModelProfiles(settings.models_file)
-        self._learned: dict[str, int | None] = {}
+        self.limits = LearnedLimits(store, upstream.base_url, self.profiles, settings.learned_limit_ttl_s, self.metrics,
+                                    self.counter.exact)
+        self._retry_windows = BoundedCache(RETRY_WINDOWS)
         self._events = BoundedCache(10_000, EVENTS_TTL_S)
         self._locks: dict[int, asyncio.Lock] = {}
         self._stored = BoundedCache(100_000, STORED_ARTIFACT_TTL_S)
         self._references = ReferenceMemo()
         self._configs: dict[tuple[int | None, bool], DefenseConfig] = {}
 
-    async def _learned_window(self, model: str) -> int | None:
-        if model not in self._learned:
-            limit = await self.store.get_learned_limit(self.upstream.base_url, model)
-            if len(self._learned) >= LEARNED_MEMO_MODELS:
-                self._learned.clear()  # model names come from clients: bounded (re-read when needed)
-            self._learned[model] = limit
-        return self._learned[model]
-
-    async def window(self, model: str) -> int | None:
-        """The model's context window in tokens: the smaller of its profile and a learned limit."""
-        profile = self.profiles.resolve(model, await self._learned_window(model))
-        return profile.context_window_tokens if profile is not None else None
+    async def window(self, ctx: ChatContext) -> WindowView:
+        """The window ``ctx`` is sized for: its model's profile, lowered by what was learned for
+        this tenant (and session), in the provider's tokens and (``estimate_window``) in ours."""
+        return await self.limits.view(ctx.tenant, ctx.model, ctx.session.pk)
 
     def _offerable(self, ctx: ChatContext) -> tuple[list[str], list[dict[str, Any]]]:
         """Names and schemas of the proxy's tools this request may carry (client names never shadowed)."""
@@ -153,17 +156,28 @@ class ProjectingCompactor(Compactor):
             cfg = DefenseConfig.from_settings(self.settings, window)
             if read_tool:
                 cfg = dataclasses.replace(cfg, read_tool_name=self.settings.read_tool_name)
-            if len(self._configs) >= LEARNED_MEMO_MODELS:
+            if len(self._configs) >= CONFIG_MEMO:
                 self._configs.clear()
             self._configs[key] = cfg
         return cfg
 
     async def prepare(self, ctx: ChatContext, *, overflow: Overflow | None) -> Prepared:
-        window = await self.window(ctx.model)
+        view = await self.window(ctx)
+        window = view.estimate_window(_reserved(ctx.body))
+        if overflow is not None:  # sized for what the provider said (``learn``), whatever was known
+            hit = self._retry_windows.pop(ctx.request_id, None)
+            retry = hit[0] if hit is not None else None
+            if retry is not None:
+                window = retry if window is None else min(window, retry)
         own_names, own_schemas = self._offerable(ctx)
         cfg = self._config(window, self.settings.read_tool_name in own_names)
-        ctx.count_tools = [*(ctx.body.get("tools") or []), *own_schemas] or None
         events = await self._events_of(ctx.session.pk, refresh=False)
+        client_tools = ctx.body.get("tools") or None
+        # counted against the window: the client's tools and the proxy's that will be sent (the
+        # read tool when stored content may be named: a session with events, or a read URL)
+        expected = [schema for name, schema in zip(own_names, own_schemas, strict=True)
+                    if name != self.settings.read_tool_name or events or self._url_in_body(ctx)]
+        ctx.count_tools = [*(client_tools or []), *expected] or None
         unavailable: set[str] = set()
         force = overflow is not None
         force_media = overflow is not None and overflow.kind == "body_size"
@@ -188,7 +202,10 @@ class ProjectingCompactor(Compactor):
             self._events.put(ctx.session.pk, events)
             force = False
             proj = self._project(ctx, cfg, events, force, force_media, unavailable)
-        if proj.reason_unfittable:
+        if proj.reason_unfittable and view.source == "config" and view.ratio <= 1.0 and overflow is None:
+            # only an operator's own limit refuses a request, and only by the estimate at face
+            # value; any other is forwarded, and the provider (whose tokenizer may count fewer)
+            # answers it
             raise CannotFit(proj.reason_unfittable)
         own = self._own_tools(ctx, proj, own_names, own_schemas)
         changed = ctx.expanded or (proj.messages is not ctx.messages and proj.messages != ctx.messages)
@@ -198,11 +215,17 @@ class ProjectingCompactor(Compactor):
             if own:
                 forwarded["tools"] = [*(ctx.body.get("tools") or []), *own]
         body = orjson.dumps(forwarded) if forwarded is not None else ctx.raw
-        names = frozenset((t["function"]["name"] for t in own))
-        return Prepared(body, proj.tokens_client, proj.tokens_forwarded, proj.applied, proj.event_ids, forwarded, names, window)
+        names = frozenset(t["function"]["name"] for t in own)
+        tokens_client, tokens_forwarded = proj.tokens_client, proj.tokens_forwarded
+        if expected or own:  # exact: the client's tools for the client, the tools sent for the forwarded
+            counted = self.counter.count_tools(ctx.count_tools)
+            tokens_client -= counted - self.counter.count_tools(client_tools)
+            tokens_forwarded += self.counter.count_tools([*(client_tools or []), *own] or None) - counted
+        return Prepared(body, tokens_client, tokens_forwarded, proj.applied, proj.event_ids, forwarded, names, window)
 
     def _project(
-        self, ctx: ChatContext, cfg: DefenseConfig, events: list[EventRecord], force: bool, force_media: bool, unavailable: set[str]
+        self, ctx: ChatContext, cfg: DefenseConfig, events: list[EventRecord], force: bool, force_media: bool,
+        unavailable: set[str], *, truncate_first: bool = True,
     ) -> Projection:
         return project(
             ctx.messages,
@@ -217,6 +240,7 @@ class ProjectingCompactor(Compactor):
             force=force,
             force_media=force_media,
             unavailable_artifacts=frozenset(unavailable),
+            truncate_first=truncate_first,
         )
 
     @contextlib.asynccontextmanager
@@ -352,7 +376,7 @@ class ProjectingCompactor(Compactor):
         except Exception as exc:
             raise SummaryFailed(str(translate(exc))) from exc
         if resp.status_code >= 400:
-            overflow = classify_error(resp.status_code, data, resp.headers)
+            overflow = classify_error(resp.status_code, data, resp.headers, sent=body)
             if overflow is not None:
                 raise _SummaryOverflow(overflow.limit_tokens)
             raise SummaryFailed(f"status {resp.status_code}: {data[:200]!r}")
@@ -365,31 +389,29 @@ class ProjectingCompactor(Compactor):
         return text
 
     async def learn(self, ctx: ChatContext, overflow: Overflow) -> None:
-        """Remember a provider's stated window (or, if it states none, 90% of what overflowed)."""
-        if overflow.kind != "context":
+        """Learn from the provider's overflow of ``ctx``'s last attempt (``proxy.limits``), and
+        remember the window its retry (the next ``prepare(ctx, overflow=...)``) is sized for."""
+        sent = self._sent(ctx)
+        if sent is None:
             return
-        limit = overflow.limit_tokens
-        if limit is None and ctx.prepared is not None and ctx.prepared.tokens_forwarded:
-            limit = int(ctx.prepared.tokens_forwarded * 0.9)
-        if limit:
-            await self._set_learned(ctx.model, limit)
+        retry = await self.limits.learn_overflow(overflow, sent)
+        if retry is not None:
+            self._retry_windows.put(ctx.request_id, retry)
 
-    async def _set_learned(self, model: str, limit: int) -> None:
-        current = await self._learned_window(model)
-        if current is None or limit < current:
-            self._learned[model] = limit  # (present: ``_learned_window`` just bounded and filled it)
-            try:
-                await self.store.set_learned_limit(self.upstream.base_url, model, limit, now())
-            except StorageError:
-                log.error("storing the learned window of %s failed", model)
-                self.metrics.database_error("learned_limits")
+    def _sent(self, ctx: ChatContext) -> Sent | None:
+        """What ``ctx``'s last attempt sent, its own tool rounds included (``None`` before a projection)."""
+        p = ctx.prepared
+        if p is None or not p.tokens_forwarded:
+            return None
+        estimate = p.tokens_forwarded + sum(self.counter.count_message(m) for m in ctx.internal)  # the proxy's rounds
+        return Sent(ctx.tenant, ctx.model, ctx.session.pk, estimate, _reserved(ctx.body), lambda: _text_only(ctx))
 
     async def compact_now(self, ctx: ChatContext) -> str:
         """Serve the manual compaction tool: summarize now if the session is past half the trigger.
 
         Never an error for the model: a failed compaction says that nothing was removed.
         """
-        cfg = DefenseConfig.from_settings(self.settings, await self.window(ctx.model))
+        cfg = DefenseConfig.from_settings(self.settings, (await self.window(ctx)).estimate_window(_reserved(ctx.body)))
         events = await self._events_of(ctx.session.pk, refresh=True)
         proj = self._project(ctx, cfg, events, False, False, set())
         if proj.tokens_forwarded < cfg.trigger_tokens // 2:
@@ -397,7 +419,7 @@ class ProjectingCompactor(Compactor):
                 f"[context-proxy] Nothing to compact yet: the conversation uses about {proj.tokens_forwarded} tokens, "
                 f"under half of the automatic trigger ({cfg.trigger_tokens})."
             )
-        forced = self._project(ctx, cfg, events, True, False, set())
+        forced = self._project(ctx, cfg, events, True, False, set(), truncate_first=False)
         try:
             if forced.artifacts and not await self._store_artifacts(ctx, forced, set()):
                 raise SummaryFailed("artifacts could not be stored")
@@ -419,37 +441,21 @@ class ProjectingCompactor(Compactor):
     def can_retry(self, ctx: ChatContext, overflow: Overflow) -> bool:
         return True
 
-    def truncation_suspected(self, ctx: ChatContext, usage: dict[str, Any] | None) -> bool:
-        """Whether the reply's ``usage`` shows silent front truncation (Ollama, case 017): the
-        provider counted far fewer prompt tokens than we estimated (``observe_reply`` then learns
-        the window). Cheap on every reply; no I/O.
+    def usage_observed(self, ctx: ChatContext, usage: dict[str, Any] | None) -> bool:
+        """Take a successful reply's ``usage`` into the learned limits (cheap, no I/O: the
+        estimate ratio, silent truncation, a window proved wrong); ``True`` when
+        ``persist_observed`` has something to store."""
+        sent = self._sent(ctx)
+        return sent is not None and self.limits.observe(sent, usage)
 
-        Learned only from text-only requests: image, audio and file costs are estimates that a
-        provider may legitimately count far lower, while tokenizers differ by far less than the
-        1.5x this needs. (A window far under the model's profile is exactly case 017: Ollama
-        serving 2,048 tokens of a 40k model.)
-        """
-        if not usage or ctx.prepared is None or not ctx.prepared.tokens_forwarded:
-            return False
-        prompt = usage.get("prompt_tokens")
-        estimate = ctx.prepared.tokens_forwarded - _reserved(ctx.body)  # the estimate counts reserved output
-        if not (isinstance(prompt, int) and prompt > 256 and estimate > prompt * TRUNCATION_SUSPECT_RATIO):
-            return False
-        # only now: searching a long body for these costs ~1.6 ms per MB on every request
-        return not any(marker in ctx.raw for marker in NON_TEXT_MARKERS)
+    def forget_limits(self, tenant: str | None, model: str | None) -> None:
+        self.limits.forget(tenant, model)
 
-    async def observe_reply(self, ctx: ChatContext, usage: dict[str, Any] | None) -> None:
-        """Learn the window from a silently truncated prompt (``truncation_suspected``)."""
-        if not self.truncation_suspected(ctx, usage):
-            return
-        assert usage is not None and ctx.prepared is not None and ctx.prepared.tokens_forwarded
-        prompt = usage["prompt_tokens"]
-        estimate = ctx.prepared.tokens_forwarded - _reserved(ctx.body)
-        log.warning(
-            "suspected silent truncation: provider counted %d prompt tokens, proxy estimated %d; using %d as the window",
-            prompt, estimate, prompt, extra={"session_id": ctx.session.session_id},
-        )
-        await self._set_learned(ctx.model, prompt)
+    async def persist_observed(self, ctx: ChatContext) -> None:
+        """Store what ``usage_observed`` changed. Never raises."""
+        sent = self._sent(ctx)
+        if sent is not None:
+            await self.limits.persist(sent)
 
 
 SUBSTRING_FIRST_BYTES = 16 * 1024
@@ -457,8 +463,8 @@ SUBSTRING_FIRST_BYTES = 16 * 1024
 (the search is cheaper than the memo's lookups there: about a fifth of a small request's
 ``prepare``, cProfile); longer ones ask the memo first, which spares the search of most requests."""
 
-LEARNED_MEMO_MODELS = 4096
-"""Model names whose learned window ``Compactor`` keeps in memory (the stored value is the truth)."""
+CONFIG_MEMO = 4096
+"""Defense configs kept (one per window and read-tool flag)."""
 REFERENCE_MEMO_SIZE = 20_000
 """Chain hashes ``ReferenceMemo`` remembers (about 200 bytes each: 10 MB at most; a session needs
 one, plus one per ``REFERENCE_CHECKPOINT`` messages of its history)."""
@@ -521,6 +527,16 @@ class _SummaryOverflow(Exception):
     def __init__(self, limit_tokens: int | None) -> None:
         super().__init__(limit_tokens)
         self.limit_tokens = limit_tokens
+
+
+def _text_only(ctx: ChatContext) -> bool:
+    """No image, audio or file in ``ctx``'s messages: no content is a list of parts (one C-level
+    pass), or every part of those that are is text (their parts read; the body is not searched)."""
+    contents = list(map(dict.get, ctx.messages, repeat("content")))
+    if list not in map(type, contents):
+        return True
+    return all(not isinstance(part, dict) or part.get("type") in TEXT_PART_TYPES
+               for content in contents if type(content) is list for part in content)
 
 
 def _reserved(body: dict[str, Any]) -> int:

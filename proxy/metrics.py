@@ -16,6 +16,8 @@ registry, so several apps in one process, as in the tests, never clash). Metric 
 | ``context_proxy_artifacts_stored_total`` | counter | outcome | compactor: ``stored`` / ``failed`` |
 | ``context_proxy_database_errors_total`` | counter | where | app, pipeline, compactor |
 | ``context_proxy_tokenizer_exact`` | gauge | encoding | compactor: 1 = tiktoken, 0 = byte estimate |
+| ``context_proxy_learned_limits_total`` | counter | source | limits: ``overflow``, ``usage``, ``forgotten`` |
+| ``context_proxy_token_estimate_ratio`` | gauge | model | limits: provider's prompt tokens per estimated token |
 
 Tokens are the proxy's tiktoken estimates (``proxy.tokens``), summed over requests: graph
 ``rate(tokens_client) - rate(tokens_forwarded)`` for tokens saved. ``model`` is the request's
@@ -45,6 +47,8 @@ access_log = logging.getLogger("context_proxy.access")
 
 LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 """Seconds; LLM calls take from tens of milliseconds (errors) to minutes (long generations)."""
+RATIO_MODELS = 256
+RATIO_MODEL_CHARS = 100
 QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
 """Probe and scrape routes: counted, but their access lines are DEBUG, not INFO."""
 
@@ -176,6 +180,12 @@ class Metrics:
         self.tokenizer_exact = Gauge("context_proxy_tokenizer_exact",
                                      "1 if the tiktoken encoding is loaded (exact counts), 0 if counts are estimated.",
                                      ("encoding",), registry=r)
+        self.learned = Counter("context_proxy_learned_limits", "Windows learned (overflow, usage) or forgotten.",
+                               ("source",), registry=r)
+        self.ratio = Gauge("context_proxy_token_estimate_ratio",
+                           "The provider's prompt tokens per estimated token, as last stored for a model (any tenant).",
+                           ("model",), registry=r)
+        self._ratio_models: set[str] = set()
 
     def _child(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)``, remembered: ``labels`` validates and locks on every call
@@ -227,6 +237,20 @@ class Metrics:
     def tokenizer(self, encoding: str, exact: bool) -> None:
         """Whether ``encoding`` is counted exactly (tiktoken loaded) or estimated."""
         self._child(self.tokenizer_exact, encoding).set(1 if exact else 0)
+
+    def limit_learned(self, source: str) -> None:
+        """A window was learned (``overflow``, ``usage``) or ``forgotten`` (a reply proved it wrong)."""
+        self._child(self.learned, source).inc()
+
+    def estimate_ratio(self, model: str, ratio: float) -> None:
+        """The estimate ratio stored for ``model``: at most ``RATIO_MODELS`` model labels, each cut
+        to ``RATIO_MODEL_CHARS`` characters (model names are client-chosen strings)."""
+        label = model[:RATIO_MODEL_CHARS]
+        if label not in self._ratio_models:
+            if len(self._ratio_models) >= RATIO_MODELS:
+                label = "other"
+            self._ratio_models.add(label)
+        self._child(self.ratio, label).set(ratio)
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""

@@ -14,6 +14,12 @@ completion tokens", DashScope "Range of max_tokens"), per-minute quota and rate-
 ``body_size`` overflow (the request's bytes, not its tokens: Anthropic's ``request_too_large``,
 a proxy's "Request Entity Too Large").
 
+Besides the window N, a wording may state the rejected prompt's size X (``Overflow.prompt_tokens``,
+``PROMPT_RULES``; llama.cpp's ``n_prompt_tokens`` field). Both numbers are the provider's words
+only: given the request that was sent (``sent=``), text that quotes a client's own strings (ids,
+names, values a 400 lists back) is masked before the rules read it, and a number whose wording
+occurs inside a client string is not believed (``proxy.limits`` judges the rest).
+
 Bodies are parsed defensively: JSON objects, JSON lists (Gemini), string ``error`` fields
 (LM Studio, xAI, TGI), nested ``error.message``, top-level ``message`` (Fireworks), ``detail``
 (FastAPI-style servers), or plain text. Nothing here raises.
@@ -32,12 +38,16 @@ import orjson
 @dataclass(frozen=True)
 class Overflow:
     """A recognized overflow. ``limit_tokens`` is the stated context window (``None`` if not
-    stated); ``provider_style`` names the rule that matched; ``message`` is the provider's text."""
+    stated); ``provider_style`` names the rule that matched; ``message`` is the provider's text;
+    ``prompt_tokens`` the size of the rejected prompt as the provider states it (``None`` if not
+    stated). Both numbers come from the provider's own wording only, never from text that
+    echoes the client's strings (see ``classify_error``'s ``sent``)."""
 
     kind: Literal["context", "body_size"]
     limit_tokens: int | None
     provider_style: str
     message: str
+    prompt_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +112,36 @@ OVERFLOW_RULES: tuple[OverflowRule, ...] = (
 )
 """Ordered: rules that capture a limit come before the wordings without one."""
 
+PROMPT_RULES: tuple[re.Pattern[str], ...] = tuple(
+    re.compile(r, re.IGNORECASE)
+    for r in (
+        r"prompt is too long: (?P<prompt>\d[\d,]*)",  # Anthropic, Fireworks
+        r"exceed context limit: (?P<prompt>\d+) \+",  # Anthropic, input + max_tokens
+        r"input token count \((?P<prompt>\d+)\)",  # Gemini
+        r"prompt contains (?P<prompt>\d+) tokens",  # Mistral
+        r"request contains (?P<prompt>\d+) tokens",  # xAI
+        r"the input \((?P<prompt>\d+) tokens\)",  # SGLang
+        r"prompt \(length (?P<prompt>\d+)\)",  # vLLM V1
+        r"\((?P<prompt>\d+) in the messages",  # OpenAI: "you requested X tokens (Y in the messages, ...)"
+        r"messages resulted in (?P<prompt>\d+) tokens",  # OpenAI, DeepSeek
+        r"given: (?P<prompt>\d+) `?inputs`? tokens",  # TGI, Together
+        r"n_keep:\s*(?P<prompt>\d+)\s*>=?\s*n_ctx",  # LM Studio
+    )
+)
+"""Wordings that state the rejected prompt's size X (read only once a rule has matched)."""
+
+MIN_ECHO_CHARS = 8
+"""Client strings at least this long are masked out of an error's text before it is read: a
+provider that quotes a client's id, name or value (OpenAI lists unanswered ``tool_call_id``s)
+must not make that text read as an overflow or a stated window. Shorter strings are left (they
+would mask the provider's own words), and no rule's wording fits in pieces shorter than this."""
+MAX_ECHO_STRINGS = 100_000
+"""Client strings looked at, at most (a body is walked only when an error's text matched a rule)."""
+MAX_MASK_CHARS = 8_000_000
+"""Characters of error text searched, over all client strings, before masking gives up (and no
+stated number is believed): strings that share their first characters with the text are each
+searched for, so without a bound a crafted body costs strings x text."""
+
 _STRONG_CODES = {
     "context_length_exceeded": "openai",
     "exceed_context_size_error": "llamacpp",
@@ -124,6 +164,7 @@ class _Parsed:
     texts: list[str]
     codes: set[str]
     n_ctx: int | None
+    n_prompt: int | None = None
 
 
 def _collect(node: Any, out: _Parsed, depth: int = 0) -> None:
@@ -143,6 +184,9 @@ def _collect(node: Any, out: _Parsed, depth: int = 0) -> None:
         n_ctx = node.get("n_ctx")
         if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) and n_ctx > 0:
             out.n_ctx = n_ctx
+        n_prompt = node.get("n_prompt_tokens")
+        if isinstance(n_prompt, int) and not isinstance(n_prompt, bool) and n_prompt > 0:
+            out.n_prompt = n_prompt
         for key in ("error", "message", "detail", "msg", "errors", "details"):
             if key in node:
                 _collect(node[key], out, depth + 1)
@@ -167,45 +211,164 @@ def _limit(match: re.Match[str]) -> int | None:
     return value if value > 0 else None
 
 
-def _classify(status: int, parsed: _Parsed) -> Overflow | None:
-    text = "\n".join(t for t in parsed.texts if t)[: _MESSAGE_CHARS * 4]
-    message = text[:_MESSAGE_CHARS]
+WIRE_KEYS = frozenset({
+    "messages", "content", "tool_calls", "tool_call_id", "function", "function_call", "functions", "arguments",
+    "parameters", "properties", "description", "required", "additionalProperties", "max_tokens",
+    "max_completion_tokens", "stream_options", "include_usage", "response_format", "temperature", "tool_choice",
+    "image_url", "input_audio", "reasoning_effort", "parallel_tool_calls", "presence_penalty", "frequency_penalty",
+    "logit_bias", "top_logprobs", "annotations", "reasoning_content", "json_schema", "prediction", "modalities",
+    "metadata", "service_tier", "cache_control", "prompt_cache_key", "safety_identifier", "web_search_options",
+})
+"""Keys of OpenAI's chat request schema: a body's keys are masked like its values (an unknown
+field's name may be quoted back), except these, which are the provider's words as much as ours."""
+
+
+def _fold(text: str) -> str:
+    """``text`` lower-cased character for character (same length, so offsets agree): the few
+    characters whose lower case is longer (``İ``) become ``\x01``."""
+    low = text.lower()
+    if len(low) == len(text):  # lower() never shortens: equal lengths mean one to one
+        return low
+    return "".join(c if len(c) == 1 else "\x01" for c in map(str.lower, text))
+
+
+class _Echoes:
+    """The client's strings in the request body ``sent`` (values, and keys but ``WIRE_KEYS``), at
+    least ``MIN_ECHO_CHARS`` long; at most ``MAX_ECHO_STRINGS`` of them (``complete`` says
+    whether that was all, and whether ``mask`` searched for all of them). Read only when an
+    error's text matched an overflow rule."""
+
+    def __init__(self, sent: Any) -> None:
+        self.strings: list[str] = []
+        stack = [sent]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, str):
+                if len(node) >= MIN_ECHO_CHARS:
+                    if len(self.strings) >= MAX_ECHO_STRINGS:
+                        break
+                    self.strings.append(node)
+            elif isinstance(node, dict):
+                stack.extend(k for k in node if k not in WIRE_KEYS)
+                stack.extend(node.values())
+            elif isinstance(node, list):
+                stack.extend(node)
+        self.complete = not stack
+        self._haystack: str | None = None
+
+    def mask(self, text: str) -> str:
+        """``text`` with each verbatim quote of a client string (case-insensitive) replaced by NUL
+        characters of the same length (no rule matches across a NUL). Linear in the strings and
+        in ``text``: a string is searched for only when its first ``MIN_ECHO_CHARS`` characters
+        occur in ``text``, and a search goes on after each occurrence."""
+        folded = _fold(text)
+        n, k = len(folded), MIN_ECHO_CHARS
+        if n < k:
+            return text
+        shingles = {folded[i:i + k] for i in range(n - k + 1)}
+        covered = bytearray(n)
+        budget = MAX_MASK_CHARS
+        for string in self.strings:
+            if len(string) > n or _fold(string[:k]) not in shingles:
+                continue
+            budget -= n
+            if budget < 0:  # many strings alike: stop, and believe no stated number (``quote``)
+                self.complete = False
+                break
+            needle = _fold(string)
+            start = folded.find(needle)
+            while start != -1:
+                covered[start:start + len(needle)] = b"\x01" * len(needle)
+                start = folded.find(needle, start + len(needle))
+        if not any(covered):
+            return text
+        return "".join("\x00" if c else ch for ch, c in zip(text, covered, strict=True))
+
+    def quote(self, fragment: str) -> bool:
+        """Does ``fragment`` occur (case-insensitive) inside some client string, or might it (not
+        every string was read)? A provider that quotes a client's string in part (vLLM cuts
+        ``input_value`` at 25 characters) is quoting it, not stating numbers of its own."""
+        if not self.complete:
+            return True
+        if self._haystack is None:
+            self._haystack = "\x00".join(map(_fold, self.strings))
+        return _fold(fragment) in self._haystack
+
+
+def mask_echoes(text: str, sent: Any) -> str:
+    """``text`` with every verbatim quote of a client string of ``sent`` (the request body as
+    forwarded; ``None``: nothing) replaced by NUL characters, as ``classify_error`` reads it."""
+    return text if sent is None or not text else _Echoes(sent).mask(text)
+
+
+def _rule_match(text: str, status: int) -> tuple[OverflowRule, re.Match[str]] | None:
+    for rule in OVERFLOW_RULES:
+        match = rule.pattern.search(text)
+        if match and (status != 413 or _limit(match)):
+            return rule, match
+    return None
+
+
+def _prompt(text: str, echoes: _Echoes | None) -> int | None:
+    for pattern in PROMPT_RULES:
+        match = pattern.search(text)
+        if match:
+            if echoes is not None and echoes.quote(match.group(0)):
+                return None
+            value = int(match.group("prompt").replace(",", ""))
+            return value if value > 0 else None
+    return None
+
+
+def _classify(status: int, parsed: _Parsed, sent: Any) -> Overflow | None:
+    """The rules in order: quota and status first (no text read), then the wording on the raw text
+    (most errors stop here), and only when a rule matched, the same on the text with the client's
+    quoted strings masked; numbers are believed only when their wording quotes no client string."""
     if status == 429 or parsed.codes & _QUOTA_CODES:
         return None
     strong = next((_STRONG_CODES[c] for c in parsed.codes if c in _STRONG_CODES), None)
     if strong is None and (status >= 500 or status < 400):
         return None
-    if strong is None and _NOT_OVERFLOW.search(text) and not _CONTEXT_WORDS.search(text):
+    raw = "\n".join(t for t in parsed.texts if t)[: _MESSAGE_CHARS * 4]
+    message = raw[:_MESSAGE_CHARS]
+    if strong is None and _NOT_OVERFLOW.search(raw) and not _CONTEXT_WORDS.search(raw):
         return None
-    for rule in OVERFLOW_RULES:
-        match = rule.pattern.search(text)
-        if match and (status != 413 or _limit(match)):
-            limit = parsed.n_ctx or _limit(match)
-            return Overflow("context", limit, strong or rule.provider_style, message)
-    if strong:
-        return Overflow("context", parsed.n_ctx, strong, message)
-    if status == 413:
-        return Overflow("body_size", None, "http-413", message)
-    return None
+    found = _rule_match(raw, status)
+    echoes, text = None, raw
+    if found is not None and sent is not None:
+        echoes = _Echoes(sent)
+        text = echoes.mask(raw)
+        found = _rule_match(text, status) if text is not raw else found
+    if found is None:
+        if strong:
+            return Overflow("context", parsed.n_ctx, strong, message, parsed.n_prompt or _prompt(text, echoes))
+        return Overflow("body_size", None, "http-413", message) if status == 413 else None
+    rule, match = found
+    stated = _limit(match) if echoes is None or not echoes.quote(match.group(0)) else None
+    prompt = parsed.n_prompt or _prompt(text, echoes)
+    return Overflow("context", parsed.n_ctx or stated, strong or rule.provider_style, message, prompt)
 
 
-def classify_error(status: int, body: bytes, headers: Mapping[str, str] | None = None) -> Overflow | None:
+def classify_error(status: int, body: bytes, headers: Mapping[str, str] | None = None, *, sent: Any = None) -> Overflow | None:
     """Classify an upstream error response. Returns an ``Overflow`` or ``None`` (not an overflow).
 
     ``status`` is the HTTP status, ``body`` the raw response bytes. ``headers`` is accepted for
-    future rules (none need it yet). Never raises.
+    future rules (none need it yet). ``sent``: the request body that was forwarded (a dict), so
+    that the client's own strings quoted back in the error text are read as nothing
+    (``mask_echoes``); ``None`` reads the whole text. Never raises.
     """
     try:
-        return _classify(int(status), _parse(bytes(body)))
+        return _classify(int(status), _parse(bytes(body)), sent)
     except Exception:  # noqa: BLE001 - classification must never break the error path
         return None
 
 
-def classify_stream_event(data: bytes) -> Overflow | None:
+def classify_stream_event(data: bytes, *, sent: Any = None) -> Overflow | None:
     """Classify one server-sent event payload (with or without its ``data:`` prefix) seen before
     any content of an HTTP 200 stream: an ``{"error": ...}`` event (llama.cpp's
     ``exceed_context_size_error``, an Anthropic-style ``{"type": "error"}``) is read as a 400
-    error body. Ordinary chunks and ``[DONE]`` give ``None``. Never raises.
+    error body. Ordinary chunks and ``[DONE]`` give ``None``. ``sent``: as for ``classify_error``.
+    Never raises.
     """
     try:
         payload = bytes(data).strip()
@@ -216,6 +379,6 @@ def classify_stream_event(data: bytes) -> Overflow | None:
         parsed = orjson.loads(payload)
         if not isinstance(parsed, dict) or ("error" not in parsed and parsed.get("type") != "error"):
             return None
-        return classify_error(400, payload)
+        return classify_error(400, payload, sent=sent)
     except Exception:  # noqa: BLE001
         return None

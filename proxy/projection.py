@@ -96,7 +96,8 @@ class Projection:
     in ``DEFENSE_ORDER``. ``event_ids``: stored events applied. ``artifacts``: content to store
     BEFORE forwarding (stubs and plan inputs reference them). ``plan``: a new event to perform now,
     or ``None``. ``fits``: estimate <= window (``True`` for an unknown window).
-    ``reason_unfittable``: why the request can never fit (answer 400 instead of compacting).
+    ``reason_unfittable``: why the request cannot fit by the estimate (refused only under a window
+    the operator configured; otherwise forwarded, and the provider answers).
     """
 
     messages: list[dict[str, Any]]
@@ -211,6 +212,7 @@ def project(
     force_media: bool = False,
     limit_override_tokens: int | None = None,
     unavailable_artifacts: frozenset[str] = frozenset(),
+    truncate_first: bool = True,
 ) -> Projection:
     """Project the client's ``messages`` through the stored ``events`` and the defenses.
 
@@ -219,7 +221,9 @@ def project(
     ``anchor_hash`` is in ``chain_hashes``). ``counter``: a ``proxy.tokens.TokenCounter``.
     ``force``: an overflow happened, compact even below the trigger (pass it once per overflow:
     after storing the planned event, re-project with ``force=False``; a forced projection may
-    plan a summary that keeps only the last turn). ``force_media``: a body-size
+    plan a summary that keeps only the last turn; as over the trigger, old tool arguments are
+    truncated first when that alone fits, unless ``truncate_first`` is false: the manual compaction
+    tool asks for a summary). ``force_media``: a body-size
     overflow (413), plan offloading inline images of all but the newest user message.
     ``limit_override_tokens``: a window learned from an overflow error (the smaller window wins).
     ``unavailable_artifacts``: ids the pipeline failed to store; never referenced (the original
@@ -245,13 +249,14 @@ def project(
         # projection, callgrind; ``tests/test_projection.py`` checks the two agree on the traces)
         return Projection(messages, tokens_client, tokens_client, (), (), (), None, True, None)
     return _project(messages, digests, chain_hashes, events, cfg, counter, session_id, window, fixed, tools_tokens,
-                    reserved_output_tokens, client_counts, tokens_client, force, force_media, unavailable_artifacts)
+                    reserved_output_tokens, client_counts, tokens_client, force, force_media, unavailable_artifacts,
+                    truncate_first)
 
 
 def _project(messages: list[dict[str, Any]], digests: list[str], chain_hashes: list[str], events: Sequence[Any],
              cfg: DefenseConfig, counter: Any, session_id: str, window: int | None, fixed: int, tools_tokens: int,
              reserved_output_tokens: int, client_counts: list[int], tokens_client: int, force: bool,
-             force_media: bool, unavailable_artifacts: frozenset[str]) -> Projection:
+             force_media: bool, unavailable_artifacts: frozenset[str], truncate_first: bool = True) -> Projection:
     """``project`` past its shortcut for a request with nothing to do (same arguments, counted)."""
     p = _Projector(messages, digests, chain_hashes, client_counts, cfg, counter, unavailable_artifacts)
     n = len(messages)
@@ -314,7 +319,7 @@ def _project(messages: list[dict[str, Any]], digests: list[str], chain_hashes: l
     too_big = window is not None and total > window
     if plan is None and (force or too_big or total > cfg.trigger_tokens):
         planner = _Planner(p, first, lo, c_prev, t_bound, fixed + head_tokens, total, sev)
-        plan = planner.plan(aggressive=force or too_big, allow_truncate=not force)
+        plan = planner.plan(aggressive=force or too_big, allow_truncate=truncate_first or not force)
     if plan is None and (force or too_big):
         clipped, idx, arts = clip_trailing_results(
             p.cur[lo:], p.counts[lo:], cfg, counter.count_text, unavailable_artifacts

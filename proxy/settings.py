@@ -97,6 +97,12 @@ class Settings(BaseSettings):
     summary_model: str | None = Field(None, description="Model for summary calls (default: the request's model).")
     summary_max_tokens: int = Field(2048, description="Token budget of a summary reply.")
     max_overflow_retries: int = Field(2, description="Retries after a context-overflow error.")
+    learned_limit_ttl_s: float = Field(
+        86_400.0,
+        gt=0,
+        description="Seconds a window learned from the provider (per tenant and model) is used; then it is learned "
+        "again from the next overflow. List and reset them with `context-proxy limits`.",
+    )
     patch_dangling_tool_calls: str = Field(
         "compacted",
         description="Synthetic answers for unanswered tool calls: 'compacted' (only in requests the proxy changed), 'always', 'never'.",

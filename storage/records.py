@@ -121,3 +121,24 @@ class SessionSummary:
     tokens_client_total: int
     tokens_forwarded_total: int
     last_model: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class LearnedLimitRecord:
+    """What the proxy learned about one model for one tenant (DESIGN.md section 7).
+
+    ``context_window_tokens``: a window the provider stated in an overflow error, or one inferred
+    from repeated silent truncation (``source``: ``"overflow"`` / ``"usage"``); ``None`` when only
+    the estimate ratio is known. ``estimate_ratio``: the provider's ``usage.prompt_tokens`` divided
+    by the proxy's estimate of what it sent (running mean, clamped), ``None`` until measured.
+    ``expires_at``: after it, the window is no longer used (the ratio stays).
+    """
+
+    tenant: str
+    upstream: str
+    model: str
+    context_window_tokens: int | None
+    estimate_ratio: float | None
+    source: str | None
+    updated_at: datetime
+    expires_at: datetime | None

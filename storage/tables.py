@@ -322,10 +322,14 @@ requests = sa.Table(
 learned_limits = sa.Table(
     "learned_limits",
     metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
     sa.Column("upstream", sa.Text, primary_key=True),
     sa.Column("model", sa.Text, primary_key=True),
-    sa.Column("context_window_tokens", sa.Integer, nullable=False),
+    sa.Column("context_window_tokens", sa.Integer, nullable=True),
+    sa.Column("estimate_ratio", sa.Float, nullable=True),
+    sa.Column("source", sa.Text, nullable=True),
     sa.Column("updated_at", UtcDateTime, nullable=False),
+    sa.Column("expires_at", UtcDateTime, nullable=True),
 )
 
 PACKED_COLUMNS = (messages.c.message, events.c.payload, artifacts.c.content)

@@ -239,6 +239,21 @@ def test_request_path_metrics_are_exposed_as_prometheus_client_exposes_its_own()
         lines = exposition.decode().splitlines()
         return [re.sub(r"(_created\{.*\}) \S+$", r"\1 T", line) for line in lines if "context_proxy_" in line]
 
-    others = ("compactions", "overflows", "artifacts_stored", "database_errors", "tokenizer_exact")  # not these kinds
+    others = ("compactions", "overflows", "artifacts_stored", "database_errors", "tokenizer_exact", "learned_limits",
+              "token_estimate_ratio")  # not these kinds
     mine = [line for line in text(ours.render()[0]) if not any(f"context_proxy_{name}" in line for name in others)]
     assert mine == text(generate_latest(reference))
+
+
+def test_estimate_ratio_labels_are_bounded() -> None:
+    """Model names are client-chosen: at most ``RATIO_MODELS`` labels, each cut, the rest ``other``."""
+    from proxy.metrics import RATIO_MODEL_CHARS, RATIO_MODELS
+
+    m = Metrics()
+    for i in range(RATIO_MODELS + 50):
+        m.estimate_ratio(f"model-{i}-" + "x" * 20_000, 1.25)
+    text = m.render()[0].decode()
+    lines = [line for line in text.splitlines() if line.startswith("context_proxy_token_estimate_ratio{")]
+    assert len(lines) == RATIO_MODELS + 1
+    assert 'context_proxy_token_estimate_ratio{model="other"} 1.25' in lines
+    assert max(len(line) for line in lines) < RATIO_MODEL_CHARS + 60

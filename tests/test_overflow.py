@@ -164,8 +164,11 @@ def _case_errors() -> list[Any]:
         upstream = case.get("upstream", {})
         window = upstream.get("context_window_tokens")
         style = upstream.get("overflow_style") or ""
-        for status, body in _bodies_in(style):
-            expected = ("context", window)
+        # newer cases write the numbers as bare X (the prompt) and N (the window)
+        stated = re.sub(r"(?<![<\w])N(?![>\w])", str(window), re.sub(r"(?<![<\w])X(?![>\w])", str((window or 0) + 900), style))
+        for status, body in _bodies_in(stated):
+            # a body that states no window (OpenAI Responses: "exceeds the context window of this model")
+            expected = ("context", window if str(window) in json.dumps(body) else None)
             params.append(pytest.param(status, body, expected, id=f"{case['id']}-style"))
         if style and not _bodies_in(style):
             message = re.search(r"message '(.+)'$", style)
@@ -257,3 +260,104 @@ def test_classify_error_never_raises_on_json_shapes(status: int, body: Any) -> N
     assert result is None or isinstance(result, Overflow)
     if result is not None and result.limit_tokens is not None:
         assert result.limit_tokens > 0
+
+
+# --- echoed client strings and the stated prompt size (issue 15) ------------------------------
+
+_UNANSWERED = ("An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+               "'tool_call_id'. The following tool_call_ids did not have response messages: {ids}")
+
+
+def _dangling(*ids: str) -> dict[str, Any]:
+    calls = [{"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in ids]
+    return {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"},
+                                            {"role": "assistant", "content": None, "tool_calls": calls},
+                                            {"role": "user", "content": "go on"}]}
+
+
+@pytest.mark.parametrize("ids", [("maximum context length is 300 tokens",),
+                                 ("maximum context length is 300", "tokens"),
+                                 ("call_1", "This model's maximum context length is 300 tokens. Context_length_exceeded")])
+def test_an_error_that_echoes_client_ids_is_not_an_overflow(ids: tuple[str, ...]) -> None:
+    sent = _dangling(*ids)
+    body = _b(_oai(_UNANSWERED.format(ids=", ".join(ids)), None, "messages.[1].role"))
+    assert classify_error(400, body, sent=sent) is None
+    assert classify_stream_event(b"data: " + body, sent=sent) is None
+
+
+def test_an_unknown_field_quoted_back_is_not_an_overflow() -> None:
+    sent = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], "maximum context length is 300 tokens": 1}
+    body = _b(_oai("Unrecognized request argument supplied: maximum context length is 300 tokens", None, None))
+    assert classify_error(400, body, sent=sent) is None
+
+
+def test_without_the_request_the_echo_would_have_been_read_as_a_window() -> None:
+    """What the masking prevents (finding 2 of issue 15): the same body read without ``sent``."""
+    body = _b(_oai(_UNANSWERED.format(ids="maximum context length is 300 tokens"), None, None))
+    result = classify_error(400, body)
+    assert result is not None and result.limit_tokens == 300
+
+
+@pytest.mark.parametrize(("logged", "limit"), [(8192, 4096), (4096, None)])
+def test_a_real_overflow_is_read_when_the_conversation_quotes_such_words(logged: int, limit: int | None) -> None:
+    """A coding agent debugging an LLM server has the wording in a tool output. The overflow is
+    still recognized; a stated number is believed unless its very wording is in the request (the
+    provider may be quoting it), in which case the retry is sized from the estimate instead."""
+    log = f"vllm | ERROR: This model's maximum context length is {logged} tokens. However, you requested 5000 tokens\n" * 20
+    sent = {"model": "m", "messages": [{"role": "tool", "tool_call_id": "c", "content": log}]}
+    text = "This model's maximum context length is 4096 tokens. However, your messages resulted in 5210 tokens."
+    result = classify_error(400, _b(_oai(text, None, "messages")), sent=sent)
+    assert result is not None and (result.limit_tokens, result.prompt_tokens) == (limit, 5210)
+
+
+def test_a_partial_quote_of_a_client_string_states_no_numbers() -> None:
+    """vLLM's validation errors quote ``input_value`` cut to 25 characters: not a verbatim quote,
+    but its words are the client's all the same."""
+    role = "n_keep: 9000 >= n_ctx: 4096 padding padding padding"
+    sent = {"model": "m", "messages": [{"role": role, "content": "hi"}]}
+    text = f"1 validation error: messages.0.role Input should be 'user' [type=literal_error, input_value='{role[:25]}...']"
+    result = classify_error(400, _b(_oai(text, None, None)), sent=sent)
+    assert result is None or (result.limit_tokens, result.prompt_tokens) == (None, None)
+
+
+def test_a_case_folding_character_does_not_shift_the_mask() -> None:
+    """``"İ".lower()`` is two characters: offsets of the lowered text must not be used on the original."""
+    ids = ["\u0130" * 7] * 8 + ["maximum context length is 4096 tokens"]
+    body = _b(_oai(_UNANSWERED.format(ids=", ".join(ids)), None, "messages.[1].role"))
+    assert classify_error(400, body, sent=_dangling(*ids)) is None
+
+
+def test_too_many_client_strings_to_read_means_no_stated_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    import proxy.overflow as overflow_module
+
+    monkeypatch.setattr(overflow_module, "MAX_ECHO_STRINGS", 10)
+    sent = _dangling("maximum context length is 4096 tokens")
+    sent["messages"].append({"role": "user", "content": [{"type": "text", "text": f"filler text {i}"} for i in range(50)]})
+    body = _b(_oai(_UNANSWERED.format(ids="maximum context length is 4096 tokens"), None, None))
+    result = classify_error(400, body, sent=sent)
+    assert result is None or (result.limit_tokens, result.prompt_tokens) == (None, None)
+
+
+@pytest.mark.parametrize(("text", "prompt"), [
+    ("prompt is too long: 250000 tokens > 200000 maximum", 250000),
+    ("input length and `max_tokens` exceed context limit: 198000 + 8192 > 200000", 198000),
+    ("The input token count (1200000) exceeds the maximum number of tokens allowed (1048576).", 1200000),
+    ("Prompt contains 40000 tokens and 0 draft tokens, too large for model with 32768 maximum context length", 40000),
+    ("The prompt is too long: 264613, model maximum context length: 262141", 264613),
+    ("This model's maximum prompt length is 131072 but the request contains 140000 tokens.", 140000),
+    ("The input (5000 tokens) is longer than the model's context length (4096 tokens).", 5000),
+    ("The decoder prompt (length 5000) is longer than the maximum model length of 4096.", 5000),
+    (("This model's maximum context length is 8192 tokens. However, you requested 9000 tokens (8000 in the messages, "
+      "1000 in the completion). Please reduce the length of the messages or completion."), 8000),
+    ("`inputs` tokens + `max_new_tokens` must be <= 4097. Given: 80125 `inputs` tokens and 4096 `max_new_tokens`", 80125),
+    ("Your request exceeded model token limit: 8192", None),
+])
+def test_the_stated_prompt_size_is_read(text: str, prompt: int | None) -> None:
+    result = classify_error(400, _b(_oai(text, None, None)))
+    assert result is not None and result.prompt_tokens == prompt
+
+
+def test_llamacpp_states_the_prompt_in_a_field() -> None:
+    event = b'data: {"error":{"code":500,"message":"the request exceeds the available context size","type":"exceed_context_size_error","n_prompt_tokens":2649,"n_ctx":2048}}'
+    result = classify_stream_event(event)
+    assert result is not None and (result.limit_tokens, result.prompt_tokens) == (2048, 2649)

@@ -117,6 +117,16 @@ def test_case_is_answered_after_compaction(case_id: str, proxy: Proxy, upstream:
         for m in sent:
             for call in m.get("tool_calls") or []:
                 assert m.get("content") == by_id[call["id"]].get("content")
+        # after the overflow the window is known: truncating the old argument is enough, so every
+        # call stays, in order, and nothing is summarized (the cascade runs 1 -> 2 -> 3)
+        assert not upstream.state.summary_requests
+        assert [m["role"] for m in sent] == [m["role"] for m in originals]
+        assert [c["id"] for m in sent for c in m.get("tool_calls") or []] == list(by_id)
+        (write,) = [c for m in sent for c in m.get("tool_calls") or [] if c["id"] == "call_w1"]
+        args = json.loads(write["function"]["arguments"])
+        assert set(args) == {"path", "content"} and "truncated" in args["content"] and len(args["content"]) < 200
+        assert "truncate_args" in r.headers["x-context-proxy-defenses"].split(",")
+        assert "summary" not in r.headers["x-context-proxy-defenses"].split(",")
     if case_id == "020":  # the huge result never goes upstream whole, summary calls included
         huge = max((m["content"] for m in case["request"]["messages"] if m["role"] == "tool"), key=len)
         for call in upstream.state.chat_requests:
@@ -306,3 +316,78 @@ def test_keys_are_not_in_forwarded_summaries(proxy: Proxy, upstream: Upstream) -
     assert upstream.state.summary_requests
     for s in upstream.state.summary_requests:
         assert s.headers.get("authorization") == f"Bearer {CLIENT_KEY}"
+
+
+def test_case_043_the_providers_count_is_learned_from_its_overflow_and_applied(proxy: Proxy, upstream: Upstream) -> None:
+    """The provider counts 1.5x tiktoken: after one overflow ('prompt is too long: X tokens > N
+    maximum') the proxy sizes its summary calls and the retry by the provider's count, and the
+    next send is compacted before it is sent (the ratio and window are the tenant's now)."""
+    case = load_case("043")
+    model = case["request"]["model"]
+    upstream.state.count_factors[model] = 1.5
+    body = case["request"]
+    r = post(proxy, body, **{"x-session-id": "s43"})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == expected_answer(case)
+    calls = upstream.state.chat_requests
+    assert calls[0].outcome == "overflow"
+    assert all(c.outcome == "ok" for c in calls[1:]), [(c.is_summary, c.outcome, c.prompt_tokens) for c in calls]
+    assert all("FACT: rollout_date=2026-04-14" in c.body.decode() for c in model_calls(upstream))
+    wait_logged(proxy, "s43", 1)
+
+    upstream.state.requests.clear()
+    more = "meeting transcript line with names, numbers and a decision about the rollout\n" * 60
+    second = body | {"messages": [*body["messages"], r.json()["choices"][0]["message"],
+                                  {"role": "user", "content": "More of the transcript:\n" + more},
+                                  body["messages"][-1]]}
+    r2 = post(proxy, second, **{"x-session-id": "s43"})
+    assert r2.status_code == 200, r2.text
+    assert r2.json()["choices"][0]["message"]["content"] == expected_answer(case)
+    assert "x-context-proxy-overflow-retries" not in r2.headers
+    assert all(c.outcome == "ok" for c in upstream.state.chat_requests), [
+        (c.is_summary, c.outcome, c.prompt_tokens) for c in upstream.state.chat_requests]
+    assert all("FACT: rollout_date=2026-04-14" in c.body.decode() for c in model_calls(upstream))
+    wait_logged(proxy, "s43", 2)
+
+    # a send that fits the window by tiktoken's count (under 85% of 4,096) but not by the
+    # provider's: compacted before it is sent, because the ratio is known
+    upstream.state.requests.clear()
+    third = second | {"messages": [*second["messages"], r2.json()["choices"][0]["message"],
+                                   {"role": "user", "content": "The rest:\n" + more * 2}, body["messages"][-1]]}
+    r3 = post(proxy, third, **{"x-session-id": "s43"})
+    assert r3.status_code == 200, r3.text
+    assert "x-context-proxy-overflow-retries" not in r3.headers
+    assert all(c.outcome == "ok" for c in upstream.state.chat_requests), [
+        (c.is_summary, c.outcome, c.prompt_tokens) for c in upstream.state.chat_requests]
+
+
+def test_case_046_a_compaction_leaves_headroom_and_the_next_sends_reuse_it(
+    proxy_factory: Any, upstream: Upstream, tmp_path: Path
+) -> None:
+    case = load_case("046")
+    model = case["request"]["model"]
+    proxy = proxy_factory(models_file=write_models(tmp_path, {model: 8192}))
+    messages = copy.deepcopy(case["request"]["messages"])
+    question = messages.pop()
+    body = {k: v for k, v in case["request"].items() if k != "messages"}
+    summarized_on: list[int] = []
+    for send in range(4):
+        before = len(upstream.state.summary_requests)
+        r = post(proxy, body | {"messages": [*messages, question]}, **{"x-session-id": "case-046"})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == expected_answer(case)
+        if len(upstream.state.summary_requests) > before:
+            summarized_on.append(send)
+            assert int(r.headers["x-context-proxy-tokens-forwarded"]) <= 0.60 * 8192
+        else:
+            assert "x-context-proxy-overflow-retries" not in r.headers
+        n = len(messages) + send
+        messages += [r.json()["choices"][0]["message"], question,
+                     {"role": "assistant", "content": None, "tool_calls": [{"id": f"call_x{n}", "type": "function", "function": {"name": "read_file", "arguments": json.dumps({"path": f"src/handlers/x{n}.py"})}}]},
+                     {"role": "tool", "tool_call_id": f"call_x{n}", "content": f"def handle_x{n}(request):\n    return route(request)\n" * 140}]
+        wait_logged(proxy, "case-046", send + 1)
+    assert 1 <= len(summarized_on) <= 2
+    assert all(b - a > 1 for a, b in zip(summarized_on, summarized_on[1:], strict=False))
+    for call in model_calls(upstream):
+        assert "FACT: handler_a_needs=auth_middleware" in call.body.decode()
+    assert_all_forwarded_valid(upstream, case)
