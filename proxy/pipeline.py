@@ -2,9 +2,11 @@
 
 Flow of one ``POST /v1/chat/completions`` (DESIGN.md section 5): parse -> name the session ->
 project (stored events + defenses; a new compaction first writes the client's messages, then is
-planned, executed and stored) -> forward -> on an overflow: compact even below the trigger and
-retry (bounded) -> relay the reply while reassembling it (a stream writes the client's messages
-once its first byte is out) -> log the reply and a request record (with the client's messages
+planned, executed and stored) -> forward -> on an overflow (an error status, or an error event
+before anything a stream carried): compact even below the trigger and retry (bounded; when no
+retry is left the provider's answer goes back as it came) -> serve the proxy's own tool calls and
+ask again (the same loop, streamed or not: ``_exchanges``) -> relay the reply while reassembling
+it (a stream writes the client's messages once its first byte is out) -> log the reply and a request record (with the client's messages
 not yet written) in one transaction: queued for the store's next batched commit where it defers
 small writes (SQLite), else in a task of its own; either way started before the response is
 handed back, so a client that disconnects cannot skip it.
@@ -16,25 +18,44 @@ import asyncio
 import contextvars
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from proxy.answers import DISCONNECTED, Buffered, Streamed, Turn
 from proxy.chat import digests_and_chain
 from proxy.compaction import Compactor, Prepared
 from proxy.db_health import DatabaseHealth
-from proxy.errors import BadRequest, ProxyError
+from proxy.errors import BadRequest, ProxyError, UpstreamUnreachable
 from proxy.logging_setup import bind
 from proxy.metrics import Metrics
 from proxy.overflow import Overflow, classify_error
 from proxy.requests import MAX_JSON_DEPTH, parse_chat_request
-from proxy.session_log import MAX_SESSION_ID_CHARS, LoggedRequest, SessionLog, derive_session_id, new_id
+from proxy.session_log import (
+    MAX_SESSION_ID_CHARS,
+    LoggedRequest,
+    SessionLog,
+    derive_session_id,
+    new_id,
+)
 from proxy.settings import Settings
-from proxy.streaming import StreamState, relay_plain, relay_rounds, relay_unlogged, start_stream
-from proxy.tool_rounds import ToolRounds, own_only
-from proxy.upstream import Upstream, forward_request_headers, response_headers, translate
+from proxy.streaming import (
+    Segment,
+    provider_error_event,
+    relay_plain,
+    relay_turn,
+    relay_unlogged,
+    start_stream,
+)
+from proxy.tool_rounds import KEEPALIVE, ToolRounds, own_only
+from proxy.upstream import (
+    Upstream,
+    forward_request_headers,
+    response_headers,
+    translate,
+)
 from storage.errors import StorageError, StorageUnavailable
 from storage.records import RequestRecord, SessionRecord
 
@@ -44,29 +65,8 @@ CHAT_PATH = "/chat/completions"
 DRAIN_POLL_S = 0.005
 """How often ``drain`` looks again at writes queued without a task."""
 DEGRADED_WARNING = "database unavailable: this request was forwarded without logging or compaction"
-
-
-@dataclass(slots=True)
-class Buffered:
-    """A complete response: status, headers and body bytes."""
-
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-
-@dataclass(slots=True)
-class Streamed:
-    """A streaming response: status, headers and the byte iterator to relay.
-
-    The HTTP layer awaits ``close()`` once the response is over, however it ended: a client gone
-    before the relay's first step leaves ``chunks`` never started, and only ``close`` then logs the
-    request and releases the upstream response."""
-
-    status: int
-    headers: dict[str, str]
-    chunks: AsyncIterator[bytes]
-    close: Callable[[], Awaitable[None]] | None = None
+COMPACTING = b": context-proxy is compacting after an overflow\n\n"
+"""Keep-alive comment of a stream whose later round overflowed (summary calls take a while)."""
 
 
 @dataclass(slots=True)
@@ -90,6 +90,8 @@ class ChatContext:
     finished: bool = False
     prepared: Prepared | None = None
     retries: int = 0
+    unrecovered: Overflow | None = None
+    """The provider's overflow this request ended with, no retry left (its answer returned as sent)."""
     compact_tool: bool = False
     """The client asked for the manual compaction tool (header ``X-Context-Proxy-Compact-Tool``)."""
     count_tools: list[dict[str, Any]] | None = None
@@ -124,7 +126,7 @@ class ChatPipeline:
         self.log = session_log
         self.upstream = upstream
         self.compactor = compactor
-        self.rounds = ToolRounds(settings, session_log.store, upstream, compactor)
+        self.rounds = ToolRounds(settings, session_log.store, compactor)
         self.health = DatabaseHealth(session_log.store)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._pending_writes = 0
@@ -220,31 +222,67 @@ class ChatPipeline:
             raise
 
     async def _run(self, ctx: ChatContext) -> Buffered | Streamed:
-        """Prepare and forward, compacting and retrying after an overflow (bounded)."""
-        overflow: Overflow | None = None
-        while True:
+        """Prepare, then run the round loop (``_exchanges``): a complete answer, or a stream once
+        its first bytes are ready (errors before them are answered with an HTTP status)."""
+        await self._prepare(ctx, None)
+        turn = Turn()
+        steps = self._exchanges(ctx, turn)
+        try:
+            first = await anext(steps)
+        except StopAsyncIteration:
+            assert turn.answer is not None
+            return turn.answer
+        headers = self._client_headers(ctx, turn.resp.headers)
+
+        def started() -> None:
+            if ctx.append_task is None:
+                # a stream may last minutes: commit the client's messages while it runs, once
+                # its first byte is out (not before: the write would delay that byte)
+                ctx.append_task = self.spawn(self.log.append_request(ctx.session, ctx.messages, ctx.chain))
+
+        relay = relay_turn(turn, first, steps, started=started, ended=lambda: self._stream_ended(ctx, turn, steps))
+
+        async def close() -> None:
             try:
-                ctx.prepared = await self.compactor.prepare(ctx, overflow=overflow)
-            except orjson.JSONEncodeError:
-                raise BadRequest(f"The request body is nested deeper than {MAX_JSON_DEPTH} levels.") from None
-            except StorageError as exc:
-                self._storage_failed(exc)
-                if self.settings.database_failure_mode != "open":
-                    raise
-                self.metrics.database_error("fail_open")
-                ctx.degraded = True
-                ctx.prepared = Prepared(orjson.dumps(ctx.body | {"messages": ctx.messages}) if ctx.expanded else ctx.raw)
-            outcome = await self._forward(ctx)
-            if isinstance(outcome, Overflow):
-                overflow = outcome
-                ctx.internal, ctx.read_rounds = [], 0  # rounds start over on the compacted request
-                await self.compactor.learn(ctx, overflow)
-                if ctx.retries >= self.settings.max_overflow_retries or not self.compactor.can_retry(ctx, overflow):
-                    return self._overflow_unrecoverable(ctx, overflow)
-                ctx.retries += 1
-                self.metrics.overflow("retried")
-                continue
-            return outcome
+                await relay.aclose()  # a started relay, stopped at a yield, runs its finally now
+                if not ctx.finished:  # never started: the client left before the first byte
+                    await self._stream_ended(ctx, turn, steps)
+            finally:
+                await steps.aclose()  # idempotent: the upstream response released even if cut short
+                await turn.resp.aclose()
+
+        return Streamed(turn.status, headers, relay, close)
+
+    async def _prepare(self, ctx: ChatContext, overflow: Overflow | None) -> None:
+        """``ctx.prepared``: what to forward (the defenses; forced after an ``overflow``)."""
+        try:
+            ctx.prepared = await self.compactor.prepare(ctx, overflow=overflow)
+        except orjson.JSONEncodeError:
+            raise BadRequest(f"The request body is nested deeper than {MAX_JSON_DEPTH} levels.") from None
+        except StorageError as exc:
+            self._storage_failed(exc)
+            if self.settings.database_failure_mode != "open":
+                raise
+            self.metrics.database_error("fail_open")
+            ctx.degraded = True
+            ctx.prepared = Prepared(orjson.dumps(ctx.body | {"messages": ctx.messages}) if ctx.expanded else ctx.raw)
+
+    async def _retry(self, ctx: ChatContext, turn: Turn, overflow: Overflow) -> bool:
+        """After an overflow: learn from it; when a retry is left (``max_overflow_retries``, and
+        the compactor can), compact and prepare it (the rounds start over on the compacted
+        request) and return True. Else False: the provider's answer is returned as it came, with
+        headers saying what was tried (the proxy never words an overflow of its own)."""
+        await self.compactor.learn(ctx, overflow)
+        ctx.internal, ctx.read_rounds = [], 0  # rounds that led to an overflow are not kept
+        if ctx.retries >= self.settings.max_overflow_retries or not self.compactor.can_retry(ctx, overflow):
+            ctx.unrecovered = overflow
+            self.metrics.overflow("unrecoverable")
+            return False
+        ctx.retries += 1
+        self.metrics.overflow("retried")
+        turn.assembler.reset_round()
+        await self._prepare(ctx, overflow)
+        return True
 
     def _client_headers(self, ctx: ChatContext, upstream: Any) -> dict[str, str]:
         out = response_headers(upstream, keep_encoding=False) if upstream is not None else {}
@@ -260,8 +298,10 @@ class ChatPipeline:
             out["x-context-proxy-defenses"] = ",".join(p.applied) or "none"
             if p.event_ids:
                 out["x-context-proxy-events"] = ",".join(p.event_ids)
-        if ctx.retries:
+        if ctx.retries or ctx.unrecovered is not None:
             out["x-context-proxy-overflow-retries"] = str(ctx.retries)
+        if ctx.unrecovered is not None:  # the provider's overflow, returned as it sent it
+            out["x-context-proxy-overflow"] = ctx.unrecovered.provider_style
         if ctx.degraded:
             out["x-context-proxy-warning"] = DEGRADED_WARNING
         return out
@@ -282,36 +322,77 @@ class ChatPipeline:
             await resp.aclose()
         return Buffered(resp.status_code, out, data)
 
-    async def _forward(self, ctx: ChatContext) -> Buffered | Streamed | Overflow:
-        assert ctx.prepared is not None
-        sent = time.perf_counter()
-        resp = await self.upstream.send("POST", CHAT_PATH, headers=ctx.upstream_headers, content=ctx.prepared.body)
-        self.metrics.upstream_answered(ctx.model, time.perf_counter() - sent)
-        handed_off = False  # a stream handed to the client is closed by its relay, not here
+    async def _exchanges(self, ctx: ChatContext, turn: Turn) -> AsyncIterator[Segment]:
+        """The round loop, one for streams and not: forward; when the model called only the
+        proxy's tools, serve them and ask again (``ToolRounds``); after an overflow (an error
+        status, or an error event before anything a stream carried), learn, compact and retry
+        (``_retry``). Yields what a stream's client is sent, as ``Segment``s for ``relay_turn`` (a
+        stream keeps relaying across rounds and retries); a complete answer (not a stream, or
+        answered before a stream's first byte) is left in ``turn.answer``. The upstream response is closed however this ends."""
+        hold = self.compactor.retries_overflows  # an overflow in a stream's start can be retried
         try:
-            if resp.status_code >= 400:
+            while True:
+                assert ctx.prepared is not None
+                if turn.resp is not None:
+                    await turn.resp.aclose()
+                sent = ctx.prepared.forwarded or ctx.body  # what overflow errors may quote back
+                if ctx.internal:
+                    sent = sent | {"messages": [*sent["messages"], *ctx.internal]}
+                started = time.perf_counter()
+                resp = turn.resp = await self.upstream.send("POST", CHAT_PATH, headers=ctx.upstream_headers, content=ctx.prepared.body)
+                self.metrics.upstream_answered(ctx.model, time.perf_counter() - started)
+                if resp.status_code >= 400:
+                    data = await _read(resp)
+                    overflow = classify_error(resp.status_code, data, resp.headers, sent=sent)
+                    if overflow is not None:
+                        if turn.committed:
+                            yield COMPACTING
+                        if await self._retry(ctx, turn, overflow):
+                            continue
+                    if turn.committed:
+                        turn.error = f"the upstream answered {resp.status_code} in a later round"
+                        turn.assembler.upstream_error = True
+                        yield provider_error_event(data)
+                    else:
+                        turn.answer = self._error_answer(ctx, resp.status_code, resp.headers, data)
+                    return
+                if ctx.stream and "text/event-stream" in resp.headers.get("content-type", ""):
+                    state = await start_stream(resp, hold=hold, assembler=turn.assembler, sent=sent)
+                    if state.overflow is not None:
+                        if turn.committed:
+                            yield COMPACTING
+                        if await self._retry(ctx, turn, state.overflow):
+                            continue
+                    if not turn.committed:
+                        turn.committed, turn.status = True, resp.status_code
+                    yield self.rounds.relay_round(ctx, state) if ctx.prepared.own_tools else relay_plain(state)
+                    if not state.own_calls:  # (resumed once that relay was read to its end)
+                        return
+                    yield KEEPALIVE
+                    await self.rounds.serve(ctx, {"content": None}, state.own_calls)
+                    turn.assembler.reset_round()
+                    continue
                 data = await _read(resp)
-                overflow = classify_error(resp.status_code, data, resp.headers)
-                if overflow is not None:
-                    return overflow
-                self._spawn_finish(ctx, resp.status_code, None, None, error=data[:500].decode("utf-8", "replace"))
-                return Buffered(resp.status_code, self._client_headers(ctx, resp.headers), data)
-            if ctx.stream and "text/event-stream" in resp.headers.get("content-type", ""):
-                outcome = await self._start_stream(ctx, resp)
-                handed_off = isinstance(outcome, Streamed)
-                return outcome
-            data = await _read(resp)
+                reply, usage, finish_reason = _reply_of(data)
+                mine, theirs = own_only(reply, ctx.prepared.own_tools)
+                if self.rounds.serves(ctx, mine, len(theirs)):
+                    await self.rounds.serve(ctx, reply or {}, mine)
+                    continue
+                if turn.committed:
+                    raise UpstreamUnreachable("The upstream answered a streamed round without an event stream.")
+                turn.answer = await self._answer(ctx, resp, data, reply, usage, finish_reason, theirs if mine else None)
+                return
         finally:
-            if not handed_off:
-                await resp.aclose()
-        reply, usage, finish_reason = _reply_of(data)
-        mine, theirs = own_only(reply, ctx.prepared.own_tools)
-        if mine and not theirs and self.rounds.may_continue(ctx):
-            await self.rounds.serve(ctx, reply or {}, mine)
-            return await self._forward(ctx)
-        if mine and reply is not None:
-            data, reply = self.rounds.strip(data, reply, theirs)
-            finish_reason = "stop" if not theirs else finish_reason
+            if turn.resp is not None:
+                await turn.resp.aclose()
+
+    async def _answer(self, ctx: ChatContext, resp: Any, data: bytes, reply: dict[str, Any] | None, usage: dict[str, Any] | None,
+                      finish_reason: str | None, client_calls: list[dict[str, Any]] | None) -> Buffered:
+        """A complete reply, logged (``client_calls``: what is left of it when the model called the
+        proxy's tools too: those are removed)."""
+        if client_calls is not None and reply is not None:
+            data, reply = self.rounds.strip(data, reply, client_calls)
+            finish_reason = "stop" if not client_calls else finish_reason
         if ctx.internal:  # log the proxy's rounds before answering: the next turn must find them
             ctx.finished = True
             await self._finish(ctx, resp.status_code, reply, usage, finish_reason=finish_reason)
@@ -319,57 +400,24 @@ class ChatPipeline:
             self._spawn_finish(ctx, resp.status_code, reply, usage, finish_reason=finish_reason)
         return Buffered(resp.status_code, self._client_headers(ctx, resp.headers), data)
 
-    async def _start_stream(self, ctx: ChatContext, resp: Any) -> Streamed | Overflow:
-        state = await start_stream(resp)
-        if isinstance(state, Overflow):
-            return state
-        headers = self._client_headers(ctx, resp.headers)
-        own = ctx.prepared is not None and ctx.prepared.own_tools
-        inner = relay_rounds(state, self.rounds, ctx) if own else relay_plain(state)
-        relay = self._logged_stream(ctx, state, inner)
+    def _error_answer(self, ctx: ChatContext, status: int, headers: Any, data: bytes) -> Buffered:
+        """The provider's error response as it sent it (status, body, content type), logged."""
+        self._spawn_finish(ctx, status, None, None, error=data[:500].decode("utf-8", "replace"))
+        return Buffered(status, self._client_headers(ctx, headers), data)
 
-        async def close() -> None:
-            try:
-                await relay.aclose()  # a started relay, stopped at a yield, runs its finally now
-                if not ctx.finished:  # never started: the client left before the first byte
-                    await self._stream_ended(ctx, state, inner)
-            finally:
-                await state.resp.aclose()  # idempotent: released even if the above was cut short
-
-        return Streamed(resp.status_code, headers, relay, close)
-
-    async def _logged_stream(self, ctx: ChatContext, state: StreamState, inner: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        """Relay ``inner``; log the reply in the ``finally`` (runs on disconnects and errors too)."""
-        try:
-            async for data in inner:
-                yield data
-                if ctx.append_task is None:
-                    # a stream may last minutes: commit the client's messages while it runs, once
-                    # its first byte is out (not before: the write would delay that byte)
-                    ctx.append_task = self.spawn(self.log.append_request(ctx.session, ctx.messages, ctx.chain))
-        finally:
-            await self._stream_ended(ctx, state, inner)
-
-    async def _stream_ended(self, ctx: ChatContext, state: StreamState, inner: AsyncIterator[bytes]) -> None:
+    async def _stream_ended(self, ctx: ChatContext, turn: Turn, steps: AsyncIterator[Segment]) -> None:
         """Log the reply as far as it came and release the upstream response (once per stream)."""
         if ctx.finished:
             return
-        a = state.assembler
+        a = turn.assembler
         # a client that closes right after reading [DONE] leaves the relay at its last yield: the
         # reply is complete all the same (else it would be logged as partial, and its hash would
         # differ from the client's echo of it)
-        error = None if (a.done and state.error == "client disconnected") else state.error
+        error = None if (a.done and not a.upstream_error and turn.error == DISCONNECTED) else turn.error
         reply = a.message() if not a.empty else None
-        self._spawn_finish(ctx, state.resp.status_code, reply, a.usage, error=error,
+        self._spawn_finish(ctx, turn.status, reply, a.usage, error=error,
                            partial=error is not None, finish_reason=a.finish_reason)
-        await inner.aclose()  # type: ignore[attr-defined]
-        await state.resp.aclose()
-
-    def _overflow_unrecoverable(self, ctx: ChatContext, overflow: Overflow) -> Buffered:
-        exc = _overflow_error(overflow)
-        self.metrics.overflow("unrecoverable")
-        self._spawn_finish(ctx, exc.status, None, None, error=exc.message)
-        return Buffered(exc.status, self._client_headers(ctx, None) | {"content-type": "application/json"}, exc.body())
+        await steps.aclose()  # type: ignore[attr-defined]
 
     def _storage_failed(self, exc: BaseException) -> None:
         if isinstance(exc, StorageUnavailable):
@@ -416,16 +464,16 @@ class ChatPipeline:
     def _write_done(self, ctx: ChatContext, usage: dict[str, Any] | None, exc: BaseException | None) -> None:
         """After a queued write: its failure logged, or the reply observed (``_finish`` does both)."""
         try:
-            if exc is None and self.compactor.truncation_suspected(ctx, usage):
-                self.spawn(self._observe_reply(ctx, usage))
+            if exc is None and self.compactor.usage_observed(ctx, usage):
+                self.spawn(self._persist_observed(ctx))
         except Exception as error:  # noqa: BLE001  (an odd ``usage``, say)
             exc = error
         if exc is not None:
             self._log_failed(ctx, exc)
 
-    async def _observe_reply(self, ctx: ChatContext, usage: dict[str, Any] | None) -> None:
+    async def _persist_observed(self, ctx: ChatContext) -> None:
         try:
-            await self.compactor.observe_reply(ctx, usage)
+            await self.compactor.persist_observed(ctx)
         except Exception as exc:  # noqa: BLE001  (as in ``_finish``)
             self._log_failed(ctx, exc)
 
@@ -460,14 +508,15 @@ class ChatPipeline:
             record = self._record(ctx, latency_ms, status, usage, logged, error, finish_reason)
             keep = _kept_reply(reply, status, partial, error)
             await self.log.finish(ctx.session, ctx.messages, ctx.chain, ctx.internal, keep, record, with_request=logged is None)
-            await self.compactor.observe_reply(ctx, usage)
+            if self.compactor.usage_observed(ctx, usage):
+                await self.compactor.persist_observed(ctx)
         except Exception as exc:
             self._log_failed(ctx, exc)
 
     def _count_finished(self, ctx: ChatContext, status: int) -> None:
         if ctx.prepared is not None:
             self.metrics.chat_forwarded(ctx.model, ctx.prepared.tokens_client, ctx.prepared.tokens_forwarded, ctx.prepared.applied)
-        if ctx.retries and status < 400:
+        if ctx.retries and status < 400 and ctx.unrecovered is None:
             self.metrics.overflow("recovered")
 
     @staticmethod
@@ -527,13 +576,3 @@ def _reply_of(data: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None
         return message, parsed.get("usage"), choice.get("finish_reason")
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
         return None, None, None
-
-
-def _overflow_error(overflow: Overflow) -> ProxyError:
-    from proxy.errors import CannotFit
-
-    limit = f" (the provider's limit: {overflow.limit_tokens} tokens)" if overflow.limit_tokens else ""
-    return CannotFit(
-        "The request still exceeds the model's context window after compaction"
-        f"{limit}; the newest messages alone are too large. Upstream said: {overflow.message[:300]}"
-    )

@@ -2,8 +2,11 @@
 
 The proxy relays upstream bytes unchanged; this module only *observes* them, to log the reply
 (content, tool calls with their argument pieces, finish reason, usage) once the stream ends.
-Event framing follows the WHATWG HTML "server-sent events" section: events end at a blank line,
-lines are ``field: value``; ``data`` lines of one event are joined with ``\\n``.
+Event framing follows the WHATWG HTML "server-sent events" section: lines end at CRLF, LF or a
+lone CR (also when a chunk boundary falls between the CR and the LF); events end at a blank line;
+lines are ``field: value``; ``data`` lines of one event are joined with ``\\n``. One departure: an
+``error:`` field (llama.cpp builds before mid-2025 wrote stream errors as ``error: {...}``, which
+the rules would drop) is read as an ``error`` event with that data.
 """
 
 from __future__ import annotations
@@ -25,19 +28,34 @@ class SSEEvent:
 
 
 class SSESplitter:
-    """Incremental splitter: ``feed(chunk)`` returns the events completed by that chunk."""
+    """Incremental splitter: ``feed(chunk)`` returns the events completed by that chunk.
+
+    Line ends are normalized to LF as they arrive; the search for an event's end resumes where the
+    last one stopped, so an event that arrives in many small chunks costs linear time.
+    """
 
     def __init__(self) -> None:
         self._buf = b""
+        self._cr = False
+        """The last chunk ended with a CR: an LF that opens the next one is the same line end."""
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
-        self._buf += chunk.replace(b"\r\n", b"\n")
+        if self._cr:
+            self._cr = False
+            if chunk.startswith(b"\n"):
+                chunk = chunk[1:]
+        if b"\r" in chunk:
+            self._cr = chunk.endswith(b"\r")
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        start = max(len(self._buf) - 1, 0)
+        self._buf += chunk
         events: list[SSEEvent] = []
         while True:
-            end = self._buf.find(b"\n\n")
+            end = self._buf.find(b"\n\n", start)
             if end < 0:
                 return events
             block, self._buf = self._buf[:end], self._buf[end + 2 :]
+            start = 0
             event = _parse_block(block)
             if event is not None:
                 events.append(event)
@@ -62,6 +80,9 @@ def _parse_block(block: bytes) -> SSEEvent | None:
             data.append(value)
         elif key == b"event":
             name = value.decode("utf-8", "replace")
+        elif key == b"error":  # llama.cpp's older framing of an error (module docstring)
+            name = name or "error"
+            data.append(value)
     if not data and name is None:
         return None
     return SSEEvent(name, b"\n".join(data), block)
@@ -80,8 +101,12 @@ class ReplyAssembler:
 
     ``message()`` returns it in OpenAI's shape (``role``, ``content`` — ``None`` when only tool
     calls came —, ``tool_calls``); ``finish_reason``, ``usage`` and ``done`` (``[DONE]`` seen) are
-    attributes. Events that are not JSON chunks (errors, keep-alives) are recorded in ``errors``.
+    attributes. Events that are not JSON chunks (errors, keep-alives) are recorded in ``errors``
+    (the first ``MAX_ERRORS``); ``upstream_error`` says an error event came (``event: error``, or
+    a payload with an ``error`` member).
     """
+
+    MAX_ERRORS = 16
 
     def __init__(self) -> None:
         self._content: list[str] = []
@@ -94,6 +119,7 @@ class ReplyAssembler:
         self.done = False
         self.chunks = 0
         self.errors: list[Any] = []
+        self.upstream_error = False
 
     def add(self, event: SSEEvent) -> None:
         if event.data == b"[DONE]":
@@ -102,14 +128,20 @@ class ReplyAssembler:
         try:
             chunk = orjson.loads(event.data)
         except orjson.JSONDecodeError:
-            self.errors.append(event.data.decode("utf-8", "replace"))
+            self.upstream_error = self.upstream_error or event.event == "error"
+            self._error(event.data.decode("utf-8", "replace"))
             return
         if not isinstance(chunk, dict):
             return
         if event.event == "error" or "error" in chunk:
-            self.errors.append(chunk.get("error", chunk))
+            self.upstream_error = True
+            self._error(chunk.get("error", chunk))
             return
         self.add_chunk(chunk)
+
+    def _error(self, error: Any) -> None:
+        if len(self.errors) < self.MAX_ERRORS:
+            self.errors.append(error)
 
     def add_chunk(self, chunk: dict[str, Any]) -> None:
         """Add one parsed ``chat.completion.chunk``."""

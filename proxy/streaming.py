@@ -1,38 +1,71 @@
-"""Relaying a streamed chat reply: hold the first event (an overflow there is retried, not relayed),
-then pass the upstream's bytes through as they arrive while the reply is reassembled for the log.
+"""Relaying a streamed chat reply: hold what carries nothing (an overflow among it is retried, not
+relayed), then pass the upstream's bytes through as they arrive while the reply is reassembled.
+
+Holding (``start_stream``): before the first event that carries something (content, a tool call, a
+refusal, a finish reason, usage, ``[DONE]``, or anything not understood), the events that carry
+nothing (role-only deltas such as ``{"role": "assistant", "content": "", "refusal": null}``, chunks
+with empty ``choices`` and no usage, SSE comments) are held. An error event among them is
+classified like an error body (every overflow style, ``proxy.overflow``) and reported in
+``StreamState.overflow``: the pipeline retries, and the client sees only the retry's stream, or
+relays what was held as it came. Once something has been relayed, an error event is relayed as it
+came. Holding is bounded (``HOLD_MAX_EVENTS``, ``HOLD_MAX_BYTES``, ``HOLD_MAX_S``): past a bound,
+what is held is relayed. On a normal stream the first content delta follows the role chunk at
+once, so holding adds nothing measurable to the time to the first content byte.
 
 A stream that breaks (connection cut, read timeout) or ends without ``[DONE]`` gets an error event
-in OpenAI's envelope at its end, so no client mistakes it for a complete reply. ``state.error`` says
-how it ended (``None``: complete; set before the first byte to "client disconnected", so a
-generator closed by a disconnect is recorded as partial).
+in OpenAI's envelope at its end, so no client mistakes it for a complete reply, unless the upstream
+sent an error event itself (that one says why; the proxy adds none). The pipeline does that, and
+logs how the stream ended.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from proxy.errors import ProxyError, UpstreamTimeout, UpstreamUnreachable
-from proxy.overflow import Overflow, classify_stream_event
+import orjson
+
+from proxy.answers import DISCONNECTED
+from proxy.errors import ProxyError, UpstreamUnreachable
+from proxy.overflow import Overflow, classify_error, classify_stream_event
 from proxy.sse import ReplyAssembler, SSEEvent, SSESplitter
 from proxy.upstream import TRANSPORT_ERRORS, translate
 
+if TYPE_CHECKING:
+    from proxy.answers import Turn
+
 INCOMPLETE = UpstreamUnreachable("The upstream stream ended before it was complete.")
+HOLD_MAX_EVENTS = 64
+"""Content-free events held at most before relaying them (a role chunk and a few keep-alives)."""
+HOLD_MAX_BYTES = 65_536
+"""Bytes held at most (a hostile upstream cannot make the proxy buffer without end)."""
+HOLD_MAX_S = 10.0
+"""Holding ends with the first chunk read after this long (keep-alive comments of a slow upstream
+reach the client then, and intermediaries see bytes)."""
+_EMPTY = (None, "", [], {})
 
 
 @dataclass
 class StreamState:
-    """One upstream stream being relayed, and what was learned from it."""
+    """One upstream stream: what was read of it, and what was learned from its start."""
 
     resp: Any
     """The upstream response (``proxy.upstream.AiohttpResponse`` or ``httpx.Response``)."""
     chunks: AsyncIterator[bytes]
-    prebuffer: list[bytes] = field(default_factory=list)
-    first: list[SSEEvent] = field(default_factory=list)
-    splitter: SSESplitter = field(default_factory=SSESplitter)
     assembler: ReplyAssembler = field(default_factory=ReplyAssembler)
-    error: str | None = "client disconnected"
+    """The reply as the client sees it (shared by the streams of one request's rounds)."""
+    prebuffer: list[bytes] = field(default_factory=list)
+    """Bytes read while holding, relayed first."""
+    first: list[SSEEvent] = field(default_factory=list)
+    """Events read while holding (the relay adds them to ``assembler`` as it sends them)."""
+    splitter: SSESplitter = field(default_factory=SSESplitter)
+    overflow: Overflow | None = None
+    """An error event before anything was carried that reads as an overflow (held, not relayed)."""
+    own_calls: list[dict[str, Any]] = field(default_factory=list)
+    """The proxy's own calls this stream ended with, to serve (``ToolRounds.relay_round``)."""
 
 
 def error_event(exc: ProxyError) -> bytes:
@@ -40,32 +73,96 @@ def error_event(exc: ProxyError) -> bytes:
     return b"data: " + exc.body() + b"\n\n"
 
 
-async def start_stream(resp: Any) -> StreamState | Overflow:
-    """Read until the first complete event; an overflow error there is returned, not relayed.
-
-    Cases 014 (llama.cpp's error event inside a 200 stream) and SSE ``error`` events before any
-    content. Raises our 502/504 errors if the upstream fails before the first event.
-    """
-    state = StreamState(resp, resp.aiter_raw())
+async def start_stream(resp: Any, *, hold: bool, assembler: ReplyAssembler | None = None, sent: Any = None) -> StreamState:
+    """Read the start of a stream: its first complete event, or with ``hold`` every event up to the
+    first that carries something (module docstring). An error event read there that is an overflow
+    sets ``overflow`` (``sent``: the forwarded body, for ``proxy.overflow``). Raises our 502/504
+    errors if the upstream fails before its first event (the response is then closed); a failure
+    after it is the relay's to report, after what was held (as when nothing was held)."""
+    state = StreamState(resp, resp.aiter_raw(), assembler or ReplyAssembler())
+    held_bytes = 0
+    deadline = time.monotonic() + HOLD_MAX_S
     try:
         async for chunk in state.chunks:
             state.prebuffer.append(chunk)
-            events = state.splitter.feed(chunk)
-            if events:
-                overflow = classify_stream_event(events[0].data)
-                if overflow is not None:
-                    await resp.aclose()
-                    return overflow
-                state.first = events
-                break
-    except BaseException as exc:
+            held_bytes += len(chunk)
+            if _hold_ends(state, state.splitter.feed(chunk), hold, sent):
+                return state
+            if held_bytes > HOLD_MAX_BYTES or time.monotonic() > deadline:
+                return state
+        _hold_ends(state, state.splitter.flush(), hold, sent)  # ended while held (no final blank line)
+    except TRANSPORT_ERRORS as exc:
+        if state.first:
+            state.chunks = _failing(exc)
+            return state
         await resp.aclose()
-        raise translate(exc) from exc
+        raise in_band(exc) from exc
+    except BaseException:
+        await resp.aclose()
+        raise
     return state
 
 
+async def _failing(exc: BaseException) -> AsyncIterator[bytes]:
+    """The rest of a stream that failed while held: the failure, raised where the relay reads."""
+    raise exc
+    yield b""  # an async generator (never reached)
+
+
+def _hold_ends(state: StreamState, events: list[SSEEvent], hold: bool, sent: Any) -> bool:
+    """Keep ``events`` in ``state.first``; True when the start has been read (holding ends)."""
+    ends = False
+    for event in events:
+        state.first.append(event)
+        if ends:
+            continue
+        carried = _carried(event)
+        if carried == "error":
+            state.overflow = _overflow(event, sent)
+            ends = True
+        elif carried == "something" or not hold or len(state.first) >= HOLD_MAX_EVENTS:
+            ends = True
+    return ends
+
+
+def _carried(event: SSEEvent) -> Literal["error", "nothing", "something"]:
+    """What an event carries: an error, nothing (a role-only delta; empty ``choices`` and no usage;
+    an object without ``choices``), or something (anything else, ``[DONE]`` and non-JSON too)."""
+    if event.event == "error":
+        return "error"
+    try:
+        chunk = orjson.loads(event.data)
+    except orjson.JSONDecodeError:
+        return "something"
+    if not isinstance(chunk, dict):
+        return "something"
+    if "error" in chunk or chunk.get("type") == "error":
+        return "error"
+    if chunk.get("usage"):
+        return "something"
+    choices = chunk.get("choices") or []
+    if not isinstance(choices, list):
+        return "something"
+    for choice in choices:
+        if not isinstance(choice, dict) or choice.get("finish_reason") or choice.get("logprobs"):
+            return "something"
+        delta = choice.get("delta") or {}
+        if not isinstance(delta, dict) or any(v not in _EMPTY for k, v in delta.items() if k != "role"):
+            return "something"
+    return "nothing"
+
+
+def _overflow(event: SSEEvent, sent: Any) -> Overflow | None:
+    """An error event read as an error body: a named ``error`` event's data is the error itself
+    (``event: error``; llama.cpp's older ``error:`` field), else ``{"error": ...}``."""
+    if event.event == "error":
+        return classify_error(400, event.data, sent=sent)
+    return classify_stream_event(event.data, sent=sent)
+
+
 async def relay_plain(state: StreamState) -> AsyncIterator[bytes]:
-    """The upstream's bytes, unchanged, chunk by chunk; the reply reassembled on the side."""
+    """The upstream's bytes, unchanged, chunk by chunk; the reply reassembled on the side. Raises
+    our 502/504 error if the upstream fails."""
     for event in state.first:
         state.assembler.add(event)
     for chunk in state.prebuffer:
@@ -75,39 +172,79 @@ async def relay_plain(state: StreamState) -> AsyncIterator[bytes]:
             for event in state.splitter.feed(chunk):
                 state.assembler.add(event)
             yield chunk
-        for event in state.splitter.flush():
-            state.assembler.add(event)
-        state.error = None if state.assembler.done else "upstream stream ended without [DONE]"
     except TRANSPORT_ERRORS as exc:
-        translated = translate(exc)
-        state.error = str(translated)
-        if isinstance(translated, (UpstreamUnreachable, UpstreamTimeout)):
-            yield error_event(translated)
-            return
-    if state.error is not None:
-        yield error_event(INCOMPLETE)
+        raise in_band(exc) from exc
+    for event in state.splitter.flush():
+        state.assembler.add(event)
 
 
-async def relay_rounds(state: StreamState, rounds: Any, ctx: Any) -> AsyncIterator[bytes]:
-    """Like ``relay_plain`` for a request that offered the proxy's tools (``ToolRounds.relay``)."""
+Segment = bytes | AsyncIterator[bytes]
+"""What the round loop yields for a stream's client: bytes (a keep-alive comment, an error event),
+or one upstream stream's relay, read to its end before the loop goes on."""
+
+
+async def relay_turn(turn: Turn, first: Segment, steps: AsyncIterator[Segment], *,
+                     started: Callable[[], None], ended: Callable[[], Awaitable[None]]) -> AsyncIterator[bytes]:
+    """Relay a stream to its end: ``first``, then the rest of the round loop's segments. A failure
+    is reported in an error event; a stream that ends without ``[DONE]`` gets one too, unless the
+    upstream sent an error event itself; ``turn.error`` says how it ended (``None``: complete).
+    ``started()`` runs once the first bytes are out, ``ended()`` in the ``finally`` (disconnects and
+    errors too). Segments are relayed here, not re-yielded by the loop: each layer of generators
+    costs every chunk of every stream a step."""
     try:
-        async for data in rounds.relay(ctx, state):
-            yield data
-        state.error = None if state.assembler.done else "upstream stream ended without [DONE]"
-    except ProxyError as exc:
-        state.error = exc.message
-        yield error_event(exc)
-        return
-    except Exception as exc:  # a storage or transport failure inside a tool round: end the stream cleanly
-        translated = translate(exc)
-        err = translated if isinstance(translated, ProxyError) else UpstreamUnreachable(
-            f"context-proxy could not complete its tool round ({type(exc).__name__})."
-        )
-        state.error = err.message
-        yield error_event(err)
-        return
-    if state.error is not None:
-        yield error_event(INCOMPLETE)
+        segment: Segment | None = first
+        notify: Callable[[], None] | None = started
+        try:
+            while segment is not None:
+                if isinstance(segment, bytes):
+                    yield segment
+                else:
+                    async with contextlib.aclosing(segment):  # type: ignore[type-var]
+                        async for data in segment:
+                            yield data
+                            if notify is not None:
+                                notify()
+                                notify = None
+                segment = await anext(steps, None)
+        except ProxyError as exc:
+            turn.error = exc.message
+            yield error_event(exc)
+            return
+        except Exception as exc:  # a storage or transport failure inside a round: end the stream cleanly
+            err = in_band(exc)
+            turn.error = err.message
+            yield error_event(err)
+            return
+        if turn.assembler.upstream_error:
+            turn.error = "the upstream sent an error event" if turn.error == DISCONNECTED else turn.error
+        elif turn.assembler.done:
+            turn.error = None
+        else:
+            turn.error = "upstream stream ended without [DONE]"
+            yield error_event(INCOMPLETE)
+    finally:
+        await ended()
+
+
+def provider_error_event(body: bytes) -> bytes:
+    """A provider's error response, for a stream under way: its JSON body as it came, in one event
+    (a ``data:`` line per line); our 502 envelope when the body is not a JSON object."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        text = body[:200].decode("utf-8", "replace")
+        return error_event(UpstreamUnreachable(f"The upstream failed during the stream: {text}"))
+    return b"".join(b"data: " + line + b"\n" for line in body.splitlines() if line.strip()) + b"\n"
+
+
+def in_band(exc: BaseException) -> ProxyError:
+    """Our error for a failure after a stream started (reported in an error event)."""
+    translated = translate(exc)
+    if isinstance(translated, ProxyError):
+        return translated
+    return UpstreamUnreachable(f"context-proxy could not complete the stream ({type(exc).__name__}).")
 
 
 async def relay_unlogged(resp: Any) -> AsyncIterator[bytes]:

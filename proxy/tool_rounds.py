@@ -2,13 +2,16 @@
 
 A round: the model called only the proxy's tools; the proxy answers each call from the database,
 appends the assistant message and the tool results to the forwarded messages (and to
-``ctx.internal``, logged as internal messages), and asks the model again. Streams stay open in
-the meantime (an SSE comment line, which SDKs ignore) and stay well-formed: the finish, usage and
-``[DONE]`` events of the rounds the client does not see are held back and dropped.
+``ctx.internal``, logged as internal messages), and asks the model again. The loop over rounds
+(and over overflow retries) is one, for streams and not: ``ChatPipeline._exchanges``; this module
+serves the calls and filters a round's stream. Streams stay open in the meantime (an SSE comment
+line, which SDKs ignore) and stay well-formed: the finish, usage and ``[DONE]`` events of the
+rounds the client does not see are held back and dropped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections.abc import AsyncIterator
@@ -16,19 +19,18 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from proxy.errors import UpstreamUnreachable
-from storage.errors import StorageError
 from proxy.own_tools import StreamToolFilter, split_calls
 from proxy.read_tool import references_in, serve_read
-from proxy.sse import SSEEvent, SSESplitter
-from proxy.upstream import translate
+from proxy.sse import SSEEvent
+from proxy.streaming import in_band
+from proxy.upstream import TRANSPORT_ERRORS
+from storage.errors import StorageError
 
 if TYPE_CHECKING:
-    from proxy.streaming import StreamState
     from proxy.compactor import ProjectingCompactor
     from proxy.pipeline import ChatContext
     from proxy.settings import Settings
-    from proxy.upstream import Upstream
+    from proxy.streaming import StreamState
     from storage.store import Store
 
 log = logging.getLogger("context_proxy.tools")
@@ -44,10 +46,9 @@ MIN_READ_CHARS = 1000
 class ToolRounds:
     """Serves calls to the proxy's read and compaction tools for the pipeline."""
 
-    def __init__(self, settings: Settings, store: Store, upstream: Upstream, compactor: Any) -> None:
+    def __init__(self, settings: Settings, store: Store, compactor: Any) -> None:
         self.settings = settings
         self.store = store
-        self.upstream = upstream
         self.compactor: ProjectingCompactor | Any = compactor
 
     def may_continue(self, ctx: ChatContext) -> bool:
@@ -130,75 +131,66 @@ class ToolRounds:
         choice["message"] = message
         return orjson.dumps(parsed), reply
 
-    async def relay(self, ctx: ChatContext, state: StreamState) -> AsyncIterator[bytes]:
-        """Relay a stream whose request offered the proxy's tools, serving its calls in between.
-
-        Yields bytes for the client; ``state.assembler`` ends up with the reply as the client saw
-        it. Every round's upstream response is closed, also when the client goes away. Raises our
-        translated error if the upstream fails (the caller reports it in the stream).
-        """
+    async def relay_round(self, ctx: ChatContext, state: StreamState) -> AsyncIterator[bytes]:
+        """Relay one upstream stream of a request that offered the proxy's tools: their call deltas
+        removed, the finish, usage and ``[DONE]`` events held back to the end and sent only if this
+        round is the client's last. When the model called only the proxy's tools and another round
+        may follow (``serves``), nothing of the end is sent and ``state.own_calls`` holds the calls
+        for the round loop (``ChatPipeline._exchanges``) to serve. ``state.assembler`` gets what
+        the client is sent. Raises our translated error if the upstream fails."""
         assert ctx.prepared is not None
-        own = ctx.prepared.own_tools
         assembler = state.assembler
-        resp, chunks, splitter, pending = state.resp, state.chunks, state.splitter, list(state.first)
-        try:
-            while True:
-                filt = StreamToolFilter(own)
-                held: list[bytes] = []
-                async for event in _events(pending, chunks, splitter):
-                    if event.data == b"[DONE]":
-                        held.append(event.raw + b"\n\n")
-                        assembler.add(event)
-                        continue
-                    try:
-                        chunk = orjson.loads(event.data)
-                    except orjson.JSONDecodeError:
-                        yield event.raw + b"\n\n"
-                        continue
-                    if not isinstance(chunk, dict) or "error" in chunk or event.event == "error":
-                        assembler.add(event)
-                        yield event.raw + b"\n\n"
-                        continue
-                    out = filt.filter(chunk)
-                    if out is None:
-                        continue
-                    data = event.raw + b"\n\n" if out is chunk else b"data: " + orjson.dumps(out) + b"\n\n"
-                    choices = out.get("choices") or []
-                    if (choices and choices[0].get("finish_reason")) or (not choices and out.get("usage")):
-                        held.append(data)  # sent only if this round is the client's last
-                    else:
-                        yield data
-                    assembler.add_chunk(out)
-                await resp.aclose()
-                calls = [c.as_tool_call() for c in filt.own_calls]
-                if not calls or filt.client_calls or not self.may_continue(ctx):
-                    for data in held:
-                        yield data
-                    return
-                yield KEEPALIVE
-                await self.serve(ctx, {"content": None}, calls)
-                assembler.reset_round()
-                resp = await self.upstream.send("POST", "/chat/completions", headers=ctx.upstream_headers, content=ctx.prepared.body)
-                if resp.status_code >= 400:
-                    body = await resp.aread()
-                    raise UpstreamUnreachable(
-                        f"The upstream failed during a context-proxy tool round (status {resp.status_code}): {body[:200]!r}"
-                    )
-                chunks, splitter, pending = resp.aiter_raw(), SSESplitter(), []
-        finally:
-            await resp.aclose()
+        filt = StreamToolFilter(ctx.prepared.own_tools)
+        held: list[bytes] = []
+        async with contextlib.aclosing(_events(state)) as events:
+            async for event in events:
+                if event.data == b"[DONE]":
+                    held.append(event.raw + b"\n\n")
+                    assembler.add(event)
+                    continue
+                try:
+                    chunk = orjson.loads(event.data)
+                except orjson.JSONDecodeError:
+                    assembler.add(event)  # an error event's text, say: recorded, relayed as it came
+                    yield event.raw + b"\n\n"
+                    continue
+                if not isinstance(chunk, dict) or "error" in chunk or event.event == "error":
+                    assembler.add(event)
+                    yield event.raw + b"\n\n"
+                    continue
+                out = filt.filter(chunk)
+                if out is None:
+                    continue
+                data = event.raw + b"\n\n" if out is chunk else b"data: " + orjson.dumps(out) + b"\n\n"
+                choices = out.get("choices") or []
+                if (choices and choices[0].get("finish_reason")) or (not choices and out.get("usage")):
+                    held.append(data)  # sent only if this round is the client's last
+                else:
+                    yield data
+                assembler.add_chunk(out)
+        calls = [c.as_tool_call() for c in filt.own_calls]
+        if self.serves(ctx, calls, filt.client_calls):
+            state.own_calls = calls
+            return
+        for data in held:
+            yield data
+
+    def serves(self, ctx: ChatContext, own_calls: list[dict[str, Any]], client_calls: int) -> bool:
+        """Does the round loop serve these calls and ask again? Only the proxy's calls, rounds left."""
+        return bool(own_calls) and not client_calls and self.may_continue(ctx)
 
 
-async def _events(pending: list[SSEEvent], chunks: AsyncIterator[bytes], splitter: SSESplitter) -> AsyncIterator[SSEEvent]:
-    for event in pending:
+async def _events(state: StreamState) -> AsyncIterator[SSEEvent]:
+    """The stream's events: those read while holding, then the rest as it arrives."""
+    for event in state.first:
         yield event
     try:
-        async for chunk in chunks:
-            for event in splitter.feed(chunk):
+        async for chunk in state.chunks:
+            for event in state.splitter.feed(chunk):
                 yield event
-    except BaseException as exc:
-        raise translate(exc) from exc
-    for event in splitter.flush():
+    except TRANSPORT_ERRORS as exc:
+        raise in_band(exc) from exc
+    for event in state.splitter.flush():
         yield event
 
 

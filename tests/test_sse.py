@@ -59,3 +59,25 @@ def test_tool_calls_only_reply_has_null_content_and_empty_stream_is_flagged() ->
     assert a.message()["content"] is None
     empty = assemble([chunk({"role": "assistant"}), b"data: [DONE]\n\n"])
     assert empty.empty and empty.done
+
+
+def test_line_ends_split_between_chunks_and_lone_cr() -> None:
+    """WHATWG: a line ends at CRLF, LF or CR; a CR at a chunk's end and the LF opening the next are
+    one line end (else the blank line after an event is lost and two events run together)."""
+    stream = b'data: {"a": 1}\r\n\r\ndata: [DONE]\r\n\r\n'
+    for cut in range(1, len(stream)):
+        splitter = SSESplitter()
+        events = splitter.feed(stream[:cut]) + splitter.feed(stream[cut:]) + splitter.flush()
+        assert [e.data for e in events] == [b'{"a": 1}', b"[DONE]"], cut
+    events = SSESplitter().feed(b"data: x\r\rdata: y\r\n\n: c\n\ndata: z\n\n")
+    assert [e.data for e in events] == [b"x", b"y", b"z"]
+    splitter = SSESplitter()
+    assert splitter.feed(b"data: a\r") == [] and splitter.feed(b"\n") == [] and [e.data for e in splitter.feed(b"\n")] == [b"a"]
+
+
+def test_an_error_field_is_read_as_an_error_event() -> None:
+    """llama.cpp before mid-2025 wrote ``error: {...}``: the SSE rules would drop it."""
+    (event,) = SSESplitter().feed(b'error: {"code": 500, "message": "x"}\n\n')
+    assert event.event == "error" and orjson.loads(event.data)["code"] == 500
+    a = assemble([b'error: {"code": 500, "message": "x"}\n\n', b"data: [DONE]\n\n"])
+    assert a.upstream_error and a.errors == [{"code": 500, "message": "x"}] and a.empty

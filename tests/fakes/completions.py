@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from typing import Any
 
@@ -21,7 +22,8 @@ from tests.fakes.tokens import (
     requested_output_tokens,
 )
 from tests.fakes.validation import validate_chat_request
-from tests.fakes.wire import SSE_DONE, completion_object, sse_data, stream_chunks, usage_object
+from tests.fakes.stream_overflow import overflow_frames
+from tests.fakes.wire import SSE_DONE, completion_object, first_chunk, sse_data, stream_chunks, usage_object
 
 SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
 KEEP_HEAD_TOKENS = 4
@@ -46,7 +48,7 @@ async def chat_completions(ex: Exchange) -> None:
     if rejection is not None:
         return await ex.respond_json(rejection.status, rejection.body, "invalid")
 
-    prompt_tokens = count_prompt_tokens(body)
+    prompt_tokens = math.ceil(count_prompt_tokens(body) * state.count_factors.get(model, 1.0))
     output_tokens = requested_output_tokens(body)
     ex.record.prompt_tokens = prompt_tokens
     stream = body.get("stream") is True
@@ -131,16 +133,21 @@ async def _overflow(ex: Exchange, style: OverflowStyle, window: int, prompt_toke
         return await _send_raw_stream(ex, [sse_data(chunk), SSE_DONE])
     if stream and style.delivery in ("stream_error", "sse_error"):
         _, error = style.render(ctx)
-        prefix = b"event: error\n" if style.delivery == "sse_error" else b""
         ex.record.status, ex.record.outcome = 200, "overflow"
-        return await _send_raw_stream(ex, [prefix + sse_data(error)])
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        first = first_chunk(completion_id="chatcmpl-" + ex.request_id[4:], created=int(time.time()),
+                            model=body["model"], include_usage=include_usage)
+        return await _send_raw_stream(ex, *overflow_frames(style, error, first))
     status, error = (style.render_plain or style.render)(ctx)
     await ex.respond_json(status, error, "overflow")
 
 
-async def _send_raw_stream(ex: Exchange, frames: list[bytes]) -> None:
+async def _send_raw_stream(ex: Exchange, frames: list[bytes], gap_s: float = 0.0) -> None:
+    """HTTP 200 and ``frames`` as they are (``gap_s`` between two)."""
     await start(ex.send, 200, {**SSE_HEADERS, **ex.headers})
-    for frame in frames:
+    for i, frame in enumerate(frames):
+        if i and gap_s:
+            await asyncio.sleep(gap_s)
         await send_part(ex.send, frame)
     await finish(ex.send)
 

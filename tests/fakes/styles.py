@@ -5,9 +5,10 @@
 (``max_tokens``/``max_completion_tokens``) against the window and how the overflow is delivered:
 
 - ``error``: an HTTP error whose status and JSON body ``render`` returns;
-- ``stream_error``: with ``stream: true`` an HTTP 200 event stream whose first event is
-  ``render``'s body (llama.cpp builds of 2025, case 014), else the HTTP error;
-- ``sse_error``: with ``stream: true`` HTTP 200 and an ``event: error`` first event;
+- ``stream_error``: with ``stream: true`` an HTTP 200 event stream carrying ``render``'s body in
+  an error event (llama.cpp builds of 2025, case 014; ``openai-midstream`` after a role chunk),
+  else the HTTP error (``stream_overflow.py`` has the framings, and the ``+`` modifiers);
+- ``sse_error``: with ``stream: true`` HTTP 200 and an ``event: error`` event;
 - ``truncate``: HTTP 200 after silently keeping the first 4 and last ``window - 4`` tokens
   (Ollama, case 017);
 - ``silent_empty``: HTTP 200 with an empty reply (LM Studio GGUF, case 016).
@@ -19,6 +20,7 @@ reading digits out of ids is caught. Wordings follow the public reports cited in
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +48,12 @@ class OverflowStyle:
     delivery: str = "error"
     render_plain: Callable[[OverflowContext], tuple[int, Any]] | None = None
     """The HTTP error of a ``stream_error`` style when the request does not stream."""
+    role_first: bool = False
+    """A stream style's error comes after OpenAI's role-only first chunk."""
+    done_after: bool = False
+    """A stream style sends ``data: [DONE]`` after its error event."""
+    framing: frozenset[str] = frozenset()
+    """The ``+`` modifiers of the model's style name (``stream_overflow.FRAMINGS``)."""
 
     def is_overflow(self, window_tokens: int, prompt_tokens: int, output_tokens: int) -> bool:
         """prompt (+ output when the provider counts it) above the window."""
@@ -244,7 +252,8 @@ OVERFLOW_STYLES: dict[str, OverflowStyle] = {
         OverflowStyle("vllm", True, _vllm),
         OverflowStyle("sglang", True, _sglang),
         OverflowStyle("llamacpp", False, _llamacpp),
-        OverflowStyle("llamacpp-stream", False, _llamacpp_stream, "stream_error", _llamacpp),
+        OverflowStyle("llamacpp-stream", False, _llamacpp_stream, "stream_error", _llamacpp, done_after=True),
+        OverflowStyle("openai-midstream", False, _openai, "stream_error", role_first=True),
         OverflowStyle("lmstudio", False, _lmstudio),
         OverflowStyle("tgi", True, _tgi),
         OverflowStyle("anthropic", False, _anthropic),
@@ -269,5 +278,8 @@ STYLE_ALIASES = {"llamacpp-2025-midstream": "llamacpp-stream"}
 
 
 def style_for(name: str) -> OverflowStyle:
-    """The style called ``name`` (aliases resolved); unknown names are ``openai``."""
-    return OVERFLOW_STYLES.get(STYLE_ALIASES.get(name, name), OVERFLOW_STYLES["openai"])
+    """The style called ``name`` (aliases resolved; ``+`` framing modifiers kept in ``framing``);
+    unknown names are ``openai``."""
+    base, *framing = name.split("+")
+    style = OVERFLOW_STYLES.get(STYLE_ALIASES.get(base, base), OVERFLOW_STYLES["openai"])
+    return dataclasses.replace(style, framing=frozenset(framing)) if framing else style

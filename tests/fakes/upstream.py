@@ -13,8 +13,9 @@ Parts: ``tokens`` (counting rule), ``styles`` (``OVERFLOW_STYLES``, one per prov
 Routes: ``POST /v1/chat/completions``, ``GET /v1/models``, ``POST /v1/embeddings``,
 ``POST /v1/responses``, ``* /v1/echo/{path}``; anything else is a 404 in OpenAI's envelope.
 Faults of ``state.fail_next`` apply to every route but ``GET /v1/models``:
-``("status", code, body[, headers])`` answers at once; ``("delay", s)`` waits before handling;
-the others (``cut_stream``, ``stall``) are applied by the chat route.
+``("status", code, body[, headers])`` answers at once; ``("sse", parts)`` answers HTTP 200 with
+an event stream of exactly ``parts`` (bytes); ``("delay", s)`` waits before handling; the others
+(``cut_stream``, ``stall``) are applied by the chat route.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import asyncio
 import json
 from typing import Any
 
-from tests.fakes.asgi import Exchange, Receive, Scope, Send, decode_headers, read_body, send_bytes
+from tests.fakes.asgi import Exchange, Receive, Scope, Send, decode_headers, finish, read_body, send_bytes, send_part, start
 from tests.fakes.completions import chat_completions
 from tests.fakes.endpoints import echo, embeddings, list_models, responses
 from tests.fakes.responders import DEFAULT_RESPONDERS, Prompt, Reply, Responder
@@ -62,6 +63,8 @@ class FakeUpstream:
             await asyncio.sleep(float(fault[1]))
         if fault and fault[0] == "status":
             return await _status_fault(ex, fault)
+        if fault and fault[0] == "sse":
+            return await _sse_fault(ex, fault)
         await _route(method, path)(ex)
 
 
@@ -90,6 +93,15 @@ async def _status_fault(ex: Exchange, fault: tuple[Any, ...]) -> None:
         return await ex.respond_json(status, body, "fault", headers)
     payload = body.encode() if isinstance(body, str) else (body or b"")
     await send_bytes(ex.send, status, payload, {"content-type": "text/plain; charset=utf-8", **ex.headers, **headers})
+
+
+async def _sse_fault(ex: Exchange, fault: tuple[Any, ...]) -> None:
+    """HTTP 200 ``text/event-stream`` whose body is ``fault[1]``'s parts, sent as they are."""
+    ex.record.status, ex.record.outcome = 200, "fault"
+    await start(ex.send, 200, {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache", **ex.headers})
+    for part in fault[1]:
+        await send_part(ex.send, part)
+    await finish(ex.send)
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

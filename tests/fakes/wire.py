@@ -57,6 +57,19 @@ def content_pieces(text: str) -> list[str]:
     return ["".join(words[i:i + 3]) for i in range(0, len(words), 3)]
 
 
+def first_chunk(*, completion_id: str, created: int, model: str, include_usage: bool) -> dict[str, Any]:
+    """OpenAI's first chunk of a stream: a role-only delta (``content: ""``, ``refusal: null``)."""
+    out: dict[str, Any] = {
+        "id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
+        "service_tier": "default", "system_fingerprint": SYSTEM_FINGERPRINT,
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": "", "refusal": None},
+                     "logprobs": None, "finish_reason": None}],
+    }
+    if include_usage:
+        out["usage"] = None
+    return out
+
+
 def stream_chunks(reply: Reply, *, completion_id: str, created: int, model: str,
                   usage: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The chunk objects of a streamed reply; ``usage`` given means include_usage was asked."""
@@ -70,7 +83,7 @@ def stream_chunks(reply: Reply, *, completion_id: str, created: int, model: str,
             out["usage"] = None
         return out
 
-    chunks = [chunk({"role": "assistant", "content": "", "refusal": None})]
+    chunks = [first_chunk(completion_id=completion_id, created=created, model=model, include_usage=usage is not None)]
     for key, value in reply.extra.items():
         chunks.append(chunk({key: value}))
     for piece in content_pieces(reply.content or ""):

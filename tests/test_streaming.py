@@ -1,0 +1,164 @@
+"""proxy/streaming.py: what a stream's start holds (``start_stream``) and what the relay sends.
+
+The upstream is a tiny fake response (``Parts``): the body parts as they would arrive, so each
+chunking (an event split between a CR and its LF, an unterminated last event) is exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from proxy import streaming
+from proxy.errors import UpstreamUnreachable
+from proxy.streaming import relay_plain, start_stream
+
+LLAMACPP_ERROR = {"code": 500, "type": "exceed_context_size_error", "n_prompt_tokens": 2649, "n_ctx": 2048,
+                  "message": "the request exceeds the available context size. try increasing the context size or enable context shift"}
+OPENAI_ERROR = {"message": "This model's maximum context length is 2048 tokens. However, your messages resulted in 2649 tokens.",
+                "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}
+
+
+class Parts:
+    """An upstream response whose body arrives as ``parts`` (an exception part is raised there)."""
+
+    status_code = 200
+
+    def __init__(self, *parts: bytes | BaseException) -> None:
+        self.parts = parts
+        self.closed = False
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        for part in self.parts:
+            if isinstance(part, BaseException):
+                raise part
+            yield part
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def data(obj: Any) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+    return data({"id": "chatcmpl-1", "object": "chat.completion.chunk",
+                 "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **extra})
+
+
+ROLE = chunk({"role": "assistant", "content": "", "refusal": None})
+CONTENT = chunk({"content": "Hello"})
+DONE = b"data: [DONE]\n\n"
+
+
+async def relayed(state: streaming.StreamState) -> bytes:
+    return b"".join([part async for part in relay_plain(state)])
+
+
+# --- what carries nothing is held; an overflow among it is reported --------------------------
+
+
+async def test_a_role_only_chunk_is_held_until_content() -> None:
+    resp = Parts(ROLE, CONTENT, DONE)
+    state = await start_stream(resp, hold=True)
+    assert state.overflow is None and [e.data for e in state.first] == [ROLE[6:-2], CONTENT[6:-2]]
+    assert await relayed(state) == ROLE + CONTENT + DONE  # the upstream's bytes, unchanged
+    assert state.assembler.message()["content"] == "Hello" and state.assembler.done
+
+
+@pytest.mark.parametrize("parts", [
+    (ROLE, data({"error": OPENAI_ERROR})),  # OpenAI-style, after the role chunk (issue 15)
+    (data({"error": LLAMACPP_ERROR}), DONE),  # llama.cpp 2025, case 014
+    (b": keep-alive\n\n", ROLE, b"event: error\n" + data({"error": OPENAI_ERROR})),
+    (ROLE, b"event: error\n" + data(OPENAI_ERROR)),  # a named error event: its data is the error itself
+    (b"error: " + orjson.dumps(LLAMACPP_ERROR) + b"\n\n", DONE),  # llama.cpp's older ``error:`` field
+    (ROLE, b"data: " + orjson.dumps({"error": LLAMACPP_ERROR}) + b"\n"),  # ends without its blank line
+    (ROLE.replace(b"\n", b"\r\n"), (b"data: " + orjson.dumps({"error": LLAMACPP_ERROR}) + b"\r\n\r"), b"\n", b"data: [DONE]\r\n\r\n"),
+    ((ROLE + data({"error": LLAMACPP_ERROR}) + DONE).replace(b"\n", b"\r"),),  # lone CR line ends
+    (data({"choices": [], "prompt_filter_results": []}), ROLE, data({"error": OPENAI_ERROR})),  # Azure's first chunk
+    (data({"id": "c", "choices": [{"index": 0, "delta": {"role": "assistant"}}], "usage": None}), data({"error": OPENAI_ERROR})),
+], ids=["openai-after-role", "llamacpp-2025", "comment-role-event-error", "bare-named-error", "error-field",
+        "unterminated", "crlf-split-between-cr-and-lf", "lone-cr", "azure-filter-chunk", "usage-null"])
+async def test_an_overflow_before_anything_carried_is_reported_not_relayed(parts: tuple[bytes, ...]) -> None:
+    state = await start_stream(Parts(*parts), hold=True)
+    assert state.overflow is not None and state.overflow.limit_tokens == 2048
+    assert state.assembler.chunks == 0  # nothing was relayed: the pipeline retries, or relays it as it came
+
+
+@pytest.mark.parametrize("parts", [
+    (ROLE, CONTENT + data({"error": OPENAI_ERROR})),  # content first: the error is the client's to see
+    (ROLE, chunk({"tool_calls": [{"index": 0, "id": "c", "function": {"name": "f", "arguments": ""}}]}), data({"error": OPENAI_ERROR})),
+    (ROLE, chunk({}, "stop"), data({"error": OPENAI_ERROR})),
+    (data({"choices": [], "usage": {"prompt_tokens": 3}}), data({"error": OPENAI_ERROR})),
+    (ROLE, DONE, data({"error": OPENAI_ERROR})),
+    (ROLE, b"data: not json\n\n", data({"error": OPENAI_ERROR})),
+])
+async def test_holding_ends_at_the_first_event_that_carries_something(parts: tuple[bytes, ...]) -> None:
+    resp = Parts(*parts)
+    state = await start_stream(resp, hold=True)
+    assert state.overflow is None
+    assert await relayed(state) == b"".join(parts)
+    assert state.assembler.upstream_error
+
+
+async def test_an_error_that_is_not_an_overflow_ends_holding_and_is_relayed() -> None:
+    overloaded = data({"error": {"message": "Overloaded", "type": "overloaded_error"}})
+    state = await start_stream(Parts(ROLE, overloaded), hold=True)
+    assert state.overflow is None
+    assert await relayed(state) == ROLE + overloaded
+
+
+async def test_without_hold_the_first_event_is_enough() -> None:
+    """Compaction off: nothing could be retried, so the stream starts as before (an error first is
+    still classified: the compactor may learn from it)."""
+    state = await start_stream(Parts(ROLE, data({"error": OPENAI_ERROR})), hold=False)
+    assert state.overflow is None and len(state.first) == 1
+    first = await start_stream(Parts(data({"error": OPENAI_ERROR}), DONE), hold=False)
+    assert first.overflow is not None
+
+
+# --- bounds: a hostile upstream cannot make the proxy buffer without end -----------------------
+
+
+async def test_holding_is_bounded_in_events() -> None:
+    parts = [ROLE] * (streaming.HOLD_MAX_EVENTS + 10) + [data({"error": OPENAI_ERROR})]
+    state = await start_stream(Parts(*parts), hold=True)
+    assert state.overflow is None and len(state.first) == streaming.HOLD_MAX_EVENTS
+
+
+async def test_holding_is_bounded_in_bytes() -> None:
+    comment = b": " + b"x" * 4000 + b"\n\n"  # comments are no events: only the byte bound stops them
+    parts = [comment] * (streaming.HOLD_MAX_BYTES // len(comment) + 2) + [data({"error": OPENAI_ERROR})]
+    state = await start_stream(Parts(*parts), hold=True)
+    assert state.overflow is None and sum(map(len, state.prebuffer)) <= streaming.HOLD_MAX_BYTES + len(comment)
+    unterminated = b"data: " + b"y" * (streaming.HOLD_MAX_BYTES + 1)  # one event that never ends
+    state = await start_stream(Parts(unterminated, b"more"), hold=True)
+    assert state.prebuffer == [unterminated]
+
+
+async def test_holding_is_bounded_in_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(streaming, "HOLD_MAX_S", 0.0)
+    state = await start_stream(Parts(b": processing\n\n", b": processing\n\n", data({"error": OPENAI_ERROR})), hold=True)
+    assert state.overflow is None and state.prebuffer == [b": processing\n\n"]
+
+
+async def test_a_failure_before_the_first_event_is_our_502_and_closes_the_response() -> None:
+    resp = Parts(ROLE[:20], aiohttp.ClientPayloadError("cut"))
+    with pytest.raises(UpstreamUnreachable):
+        await start_stream(resp, hold=True)
+    assert resp.closed
+
+
+async def test_a_failure_after_a_held_event_is_reported_by_the_relay_after_it() -> None:
+    """As before holding: once the stream has sent an event, a failure goes in-band."""
+    state = await start_stream(Parts(ROLE, aiohttp.ClientPayloadError("cut")), hold=True)
+    sent = []
+    with pytest.raises(UpstreamUnreachable):
+        async for part in relay_plain(state):
+            sent.append(part)
+    assert sent == [ROLE]
