@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -183,10 +184,13 @@ def limits_list(
         typer.echo(orjson.dumps({"object": "list", "data": data}, option=orjson.OPT_INDENT_2).decode())
         return
     typer.echo(f"{'tenant':<36} {'model':<32} {'window':>9} {'ratio':>6} {'source':<9} expires")
+    now = datetime.now(UTC)
     for r in rows:
         window = f"{r.context_window_tokens:,}" if r.context_window_tokens is not None else "-"
         ratio = f"{r.estimate_ratio:.2f}" if r.estimate_ratio is not None else "-"
         expires = r.expires_at.isoformat(timespec="seconds") if r.expires_at is not None else "-"
+        if r.expires_at is not None and r.expires_at <= now:
+            expires += " (expired: not used)"
         typer.echo(f"{r.tenant:<36} {r.model[:32]:<32} {window:>9} {ratio:>6} {r.source or '-':<9} {expires}")
 
 

@@ -5,7 +5,7 @@
 Rules (issue 5, point 9):
 
 - **Age.** A session whose ``updated_at`` (its last request) is older than ``max_age_days`` is
-  deleted.
+  deleted, and so is a learned limit (``learned_limits``) not updated for as long.
 - **Size.** A tenant's stored bytes are the bytes the database holds for its sessions' message
   JSON and event payload JSON values (SQLite: ``length`` of the stored value, which
   ``storage.tables`` compresses when that is smaller; PostgreSQL: ``pg_column_size``, after
@@ -44,7 +44,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from storage.engine import create_engine
 from storage.errors import FOREIGN_ERRORS, translate_error
-from storage.tables import artifacts, events, messages, requests, sessions
+from storage.tables import artifacts, events, learned_limits, messages, requests, sessions
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +66,8 @@ class RetentionReport:
     events: int = 0
     requests: int = 0
     artifacts: int = 0
+    learned_limits: int = 0
+    """Learned-limit rows not updated within ``max_age_days`` (``proxy.limits``: learned again)."""
     bytes_freed: int = 0
     batches: int = 0
     by_reason: dict[str, int] = field(default_factory=lambda: {"age": 0, "size": 0})
@@ -200,6 +202,14 @@ async def run_retention(
                 big = _over_cap(await _candidates(conn, engine, None), policy.max_bytes_per_tenant, {c.pk for c in old})
         report.by_reason = {"age": len(old), "size": len(big)}
         chosen = old + big
+        if policy.max_age_days is not None:
+            stale = learned_limits.c.updated_at < now - timedelta(days=policy.max_age_days)
+            async with engine.begin() as conn:
+                if dry_run:
+                    count = sa.select(sa.func.count()).select_from(learned_limits).where(stale)
+                    report.learned_limits = (await conn.execute(count)).scalar_one()
+                else:
+                    report.learned_limits = (await conn.execute(sa.delete(learned_limits).where(stale))).rowcount
         if dry_run:
             report.sessions = len(chosen)
             report.bytes_freed = sum(c.bytes for c in chosen)

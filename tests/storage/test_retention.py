@@ -69,6 +69,17 @@ async def test_age_rule_deletes_old_sessions_whole_and_keeps_recent(store: Store
     assert await store.get_artifact("art_old0", "t_a") is None
 
 
+async def test_age_rule_deletes_learned_limits_not_updated_within_it(store: Store, database_url: str) -> None:
+    up = "https://upstream/v1"
+    await store.set_learned_window("t_a", up, "old-model", 4096, "overflow", NOW - timedelta(days=40), None)
+    await store.set_estimate_ratio("t_a", up, "new-model", 1.3, NOW - timedelta(days=1))
+    dry = await run_retention(database_url, RetentionPolicy(max_age_days=30), now=NOW, dry_run=True)
+    assert dry.learned_limits == 1 and len(await store.list_learned_limits()) == 2
+    report = await run_retention(database_url, RetentionPolicy(max_age_days=30), now=NOW)
+    assert report.learned_limits == 1
+    assert [r.model for r in await store.list_learned_limits()] == ["new-model"]
+
+
 async def test_size_rule_deletes_a_tenants_oldest_sessions_until_under_the_cap(store: Store, database_url: str) -> None:
     for i in range(6):  # tenant A: 6 sessions of ~1,000 bytes of artifacts plus messages
         await make_session(store, "t_a", f"a{i}", NOW - timedelta(hours=10 - i), artifact=f"art_a{i}")
