@@ -10,8 +10,8 @@ tenant's traffic never changes what another tenant's requests see):
   words only, never from text that echoes the client's strings. An overflow that states no
   usable number changes nothing stored: the retry alone is sized from the estimate.
 - **Silent front truncation** (case 017: ``usage.prompt_tokens`` far under the estimate of a
-  large, text-only request) sets a window for that session alone; the same count seen again
-  (in any of the tenant's sessions) sets the tenant's window. Never below ``floor_tokens``; off
+  large, text-only request) sets a window for that session alone; the same count seen again in
+  another of the tenant's sessions sets the tenant's window (for ``USAGE_WINDOW_S``). Never below ``floor_tokens``; off
   with the byte estimate (no tiktoken files), which is too rough to tell truncation from counting.
 - **Every large reply's usage** moves the tenant's *estimate ratio*: the provider's
   ``usage.prompt_tokens`` divided by the proxy's estimate of what it sent (a running mean over the
@@ -79,6 +79,11 @@ by at least this much since it was last stored."""
 REFRESH_S = 60.0
 """How long a tenant's stored limits are trusted before they are read again (a reset by another
 process takes effect within this)."""
+USAGE_WINDOW_S = 3600.0
+"""A tenant's window learned from usage is used this long (then learned again if the provider
+still cuts): usage that under-reports (a glitch, a provider counting only uncached tokens) cannot
+keep a tenant compacting for the whole ``ttl_s``, since compaction keeps later prompts under the
+window and no reply can prove it wrong."""
 SESSION_WINDOW_S = 3600.0
 """How long a window one reply suggested is used for its session (then learned again, if so)."""
 MAX_KEYS = 10_000
@@ -122,6 +127,7 @@ class _Known:
     samples: int = 0
     stored_ratio: float | None = None
     suspected_prompt: int | None = None
+    suspected_session: int | None = None
     window_dirty: bool = False
     ratio_dirty: bool = False
 
@@ -282,7 +288,9 @@ class LearnedLimits:
                     "sizing this session for %d tokens", prompt, sent.prompt_estimate_tokens, window)
         self._session.put((sent.tenant, sent.model, sent.session_pk), window)
         earlier, known.suspected_prompt = known.suspected_prompt, prompt
-        agree = earlier is not None and abs(earlier - prompt) <= USAGE_AGREEMENT * max(earlier, prompt)
+        elsewhere, known.suspected_session = known.suspected_session != sent.session_pk, sent.session_pk
+        agree = (earlier is not None and elsewhere
+                 and abs(earlier - prompt) <= USAGE_AGREEMENT * max(earlier, prompt))
         if agree and (known.window is None or window < known.window):
             self._set_window(sent, known, window, "usage")
             self.metrics.limit_learned("usage")
@@ -296,7 +304,8 @@ class LearnedLimits:
 
     def _set_window(self, sent: Sent, known: _Known, window: int | None, source: str | None) -> None:
         now = datetime.now(UTC)
-        expires = now + timedelta(seconds=self.ttl_s) if window is not None else None
+        ttl_s = self.ttl_s if source != "usage" else min(self.ttl_s, USAGE_WINDOW_S)
+        expires = now + timedelta(seconds=ttl_s) if window is not None else None
         base = known.record or LearnedLimitRecord(sent.tenant, self.upstream, sent.model, None, None, None, now, None)
         known.record = dataclasses.replace(base, context_window_tokens=window, source=source, updated_at=now, expires_at=expires)
         known.window_dirty = True

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -269,20 +270,35 @@ class ChatPipeline:
 
     async def _retry(self, ctx: ChatContext, turn: Turn, overflow: Overflow) -> bool:
         """After an overflow: learn from it; when a retry is left (``max_overflow_retries``, and
-        the compactor can), compact and prepare it (the rounds start over on the compacted
-        request) and return True. Else False: the provider's answer is returned as it came, with
-        headers saying what was tried (the proxy never words an overflow of its own)."""
+        the compactor can), compact and prepare it and return True. The proxy's rounds start over
+        on the compacted request, unless a stream's client has seen text from them: then they are
+        kept after it (asked again from scratch, the model would say that text again). False when no
+        retry is left, or when compacting changed nothing (the same body would overflow again):
+        the provider's answer is returned as it came, with headers saying what was tried (the
+        proxy never words an overflow of its own)."""
         await self.compactor.learn(ctx, overflow)
-        ctx.internal, ctx.read_rounds = [], 0  # rounds that led to an overflow are not kept
+        if not (turn.committed and not turn.assembler.empty):
+            ctx.internal, ctx.read_rounds = [], 0  # rounds that led to an overflow are not kept
         if ctx.retries >= self.settings.max_overflow_retries or not self.compactor.can_retry(ctx, overflow):
-            ctx.unrecovered = overflow
-            self.metrics.overflow("unrecoverable")
-            return False
+            return self._unrecovered(ctx, overflow)
+        assert ctx.prepared is not None
+        before = ctx.prepared.body
+        await self._prepare(ctx, overflow)
+        if ctx.internal:
+            base = ctx.prepared.forwarded or ctx.body
+            body = orjson.dumps(base | {"messages": [*base["messages"], *ctx.internal]})
+            ctx.prepared = dataclasses.replace(ctx.prepared, body=body)
+        if ctx.prepared.body == before:
+            return self._unrecovered(ctx, overflow)
         ctx.retries += 1
         self.metrics.overflow("retried")
         turn.assembler.reset_round()
-        await self._prepare(ctx, overflow)
         return True
+
+    def _unrecovered(self, ctx: ChatContext, overflow: Overflow) -> bool:
+        ctx.unrecovered = overflow
+        self.metrics.overflow("unrecoverable")
+        return False
 
     def _client_headers(self, ctx: ChatContext, upstream: Any) -> dict[str, str]:
         out = response_headers(upstream, keep_encoding=False) if upstream is not None else {}
@@ -328,7 +344,8 @@ class ChatPipeline:
         status, or an error event before anything a stream carried), learn, compact and retry
         (``_retry``). Yields what a stream's client is sent, as ``Segment``s for ``relay_turn`` (a
         stream keeps relaying across rounds and retries); a complete answer (not a stream, or
-        answered before a stream's first byte) is left in ``turn.answer``. The upstream response is closed however this ends."""
+        answered before a stream's first byte) is left in ``turn.answer``. The upstream response
+        is closed however this ends."""
         hold = self.compactor.retries_overflows  # an overflow in a stream's start can be retried
         try:
             while True:
@@ -366,8 +383,8 @@ class ChatPipeline:
                     if not turn.committed:
                         turn.committed, turn.status = True, resp.status_code
                     yield self.rounds.relay_round(ctx, state) if ctx.prepared.own_tools else relay_plain(state)
-                    if not state.own_calls:  # (resumed once that relay was read to its end)
-                        return
+                    if not state.own_calls or turn.assembler.upstream_error:  # (resumed once that relay was read to its end)
+                        return  # an error event relayed ends the stream's rounds too
                     yield KEEPALIVE
                     await self.rounds.serve(ctx, {"content": None}, state.own_calls)
                     turn.assembler.reset_round()
@@ -413,7 +430,7 @@ class ChatPipeline:
         # a client that closes right after reading [DONE] leaves the relay at its last yield: the
         # reply is complete all the same (else it would be logged as partial, and its hash would
         # differ from the client's echo of it)
-        error = None if (a.done and not a.upstream_error and turn.error == DISCONNECTED) else turn.error
+        error = None if (a.done and not a.upstream_error and not a.hidden_error and turn.error == DISCONNECTED) else turn.error
         reply = a.message() if not a.empty else None
         self._spawn_finish(ctx, turn.status, reply, a.usage, error=error,
                            partial=error is not None, finish_reason=a.finish_reason)

@@ -31,13 +31,20 @@ class SSESplitter:
     """Incremental splitter: ``feed(chunk)`` returns the events completed by that chunk.
 
     Line ends are normalized to LF as they arrive; the search for an event's end resumes where the
-    last one stopped, so an event that arrives in many small chunks costs linear time.
+    last one stopped and the buffer is cut once per chunk, so both an event that arrives in many
+    small chunks and a chunk of many small events cost linear time. An event longer than
+    ``MAX_EVENT_BYTES`` is not kept (``dropped`` counts them): the relay's bytes are the upstream's
+    whatever the splitter keeps, and a hostile upstream cannot make it buffer without end.
     """
 
+    MAX_EVENT_BYTES = 8 * 1024 * 1024
+
     def __init__(self) -> None:
-        self._buf = b""
+        self._buf = bytearray()
         self._cr = False
         """The last chunk ended with a CR: an LF that opens the next one is the same line end."""
+        self._skipping = False
+        self.dropped = 0
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         if self._cr:
@@ -47,22 +54,35 @@ class SSESplitter:
         if b"\r" in chunk:
             self._cr = chunk.endswith(b"\r")
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        start = max(len(self._buf) - 1, 0)
-        self._buf += chunk
+        buf = self._buf
+        search = max(len(buf) - 1, 0)
+        buf += chunk
         events: list[SSEEvent] = []
-        while True:
-            end = self._buf.find(b"\n\n", start)
-            if end < 0:
-                return events
-            block, self._buf = self._buf[:end], self._buf[end + 2 :]
-            start = 0
+        pos = 0
+        while (end := buf.find(b"\n\n", search)) >= 0:
+            block = bytes(buf[pos:end])
+            pos = search = end + 2
+            if self._skipping:  # the end of an event too long to keep
+                self._skipping = False
+                continue
             event = _parse_block(block)
             if event is not None:
                 events.append(event)
+        if pos:
+            del buf[:pos]
+        if len(buf) > self.MAX_EVENT_BYTES:
+            del buf[:-1]  # (its last byte may open the blank line that ends the event)
+            if not self._skipping:
+                self._skipping = True
+                self.dropped += 1
+        return events
 
     def flush(self) -> list[SSEEvent]:
         """Events left in the buffer when the stream ends without a final blank line."""
-        block, self._buf = self._buf, b""
+        block = bytes(self._buf)
+        self._buf.clear()
+        if self._skipping:
+            return []
         event = _parse_block(block.strip(b"\n"))
         return [event] if event is not None else []
 
@@ -86,6 +106,13 @@ def _parse_block(block: bytes) -> SSEEvent | None:
     if not data and name is None:
         return None
     return SSEEvent(name, b"\n".join(data), block)
+
+
+def _seen_by_clients(event: SSEEvent) -> bool:
+    """Whether a client reading the stream by the SSE rules sees this event: not one that is only
+    llama.cpp's ``error:`` field (an unknown field, dropped by the SDKs), which then gets the
+    proxy's own error event at the stream's end instead of none."""
+    return any(line.startswith(b"data") for line in event.raw.split(b"\n"))
 
 
 @dataclass(slots=True)
@@ -120,6 +147,10 @@ class ReplyAssembler:
         self.chunks = 0
         self.errors: list[Any] = []
         self.upstream_error = False
+        self.malformed = 0
+        """Chunks whose shape the assembler could not read (relayed all the same)."""
+        self.hidden_error = False
+        """An error only in llama.cpp's ``error:`` field, which clients do not see (``_seen_by_clients``)."""
 
     def add(self, event: SSEEvent) -> None:
         if event.data == b"[DONE]":
@@ -128,32 +159,44 @@ class ReplyAssembler:
         try:
             chunk = orjson.loads(event.data)
         except orjson.JSONDecodeError:
-            self.upstream_error = self.upstream_error or event.event == "error"
+            if event.event == "error":
+                self._flag(event)
             self._error(event.data.decode("utf-8", "replace"))
             return
         if not isinstance(chunk, dict):
             return
         if event.event == "error" or "error" in chunk:
-            self.upstream_error = True
+            self._flag(event)
             self._error(chunk.get("error", chunk))
             return
         self.add_chunk(chunk)
+
+    def _flag(self, event: SSEEvent) -> None:
+        if _seen_by_clients(event):
+            self.upstream_error = True
+        else:
+            self.hidden_error = True
 
     def _error(self, error: Any) -> None:
         if len(self.errors) < self.MAX_ERRORS:
             self.errors.append(error)
 
     def add_chunk(self, chunk: dict[str, Any]) -> None:
-        """Add one parsed ``chat.completion.chunk``."""
+        """Add one parsed ``chat.completion.chunk``. A chunk of an unexpected shape (a delta that is
+        a string, a tool call that is null, ...) is counted in ``malformed`` and never raises:
+        observing a stream must not change it."""
         self.chunks += 1
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
-            self._add_delta(choice.get("delta") or {})
+        try:
+            if chunk.get("usage"):
+                self.usage = chunk["usage"]
+            for choice in chunk.get("choices") or ():
+                if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                    continue
+                if choice.get("finish_reason"):
+                    self.finish_reason = choice["finish_reason"]
+                self._add_delta(choice.get("delta") or {})
+        except (AttributeError, TypeError, ValueError):
+            self.malformed += 1
 
     def _add_delta(self, delta: dict[str, Any]) -> None:
         if delta.get("role"):
@@ -163,7 +206,7 @@ class ReplyAssembler:
             self._saw_content = self._saw_content or bool(text)
             self._content.append(text)
         for key in ("refusal", "reasoning_content"):
-            if delta.get(key):
+            if isinstance(delta.get(key), str) and delta[key]:
                 self._extra[key] = self._extra.get(key, "") + delta[key]
         for call in delta.get("tool_calls") or ():
             acc = self._tools.setdefault(call.get("index", len(self._tools)), _ToolCallAcc())

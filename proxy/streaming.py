@@ -20,6 +20,7 @@ logs how the stream ended.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -42,9 +43,11 @@ HOLD_MAX_EVENTS = 64
 """Content-free events held at most before relaying them (a role chunk and a few keep-alives)."""
 HOLD_MAX_BYTES = 65_536
 """Bytes held at most (a hostile upstream cannot make the proxy buffer without end)."""
-HOLD_MAX_S = 10.0
-"""Holding ends with the first chunk read after this long (keep-alive comments of a slow upstream
-reach the client then, and intermediaries see bytes)."""
+HOLD_MAX_S = 3.0
+"""Holding ends this long after the first chunk arrived, whether more came or not (a model that
+sends its role chunk and then thinks for a minute: the client gets the headers and what was held
+then, within a load balancer's usual time-to-first-byte limit). An overflow's error event comes
+at once, with or right after the role chunk."""
 _EMPTY = (None, "", [], {})
 
 
@@ -79,18 +82,34 @@ async def start_stream(resp: Any, *, hold: bool, assembler: ReplyAssembler | Non
     sets ``overflow`` (``sent``: the forwarded body, for ``proxy.overflow``). Raises our 502/504
     errors if the upstream fails before its first event (the response is then closed); a failure
     after it is the relay's to report, after what was held (as when nothing was held)."""
-    state = StreamState(resp, resp.aiter_raw(), assembler or ReplyAssembler())
+    chunks = aiter(resp.aiter_raw())
+    state = StreamState(resp, chunks, assembler or ReplyAssembler())
     held_bytes = 0
-    deadline = time.monotonic() + HOLD_MAX_S
+    deadline: float | None = None  # from the first chunk on: a slow first byte is the upstream's own
+    pending: asyncio.Future[bytes] | None = None
     try:
-        async for chunk in state.chunks:
+        while True:
+            try:
+                if deadline is None:
+                    chunk = await anext(chunks)
+                else:  # a read that may outlast the hold: waited for, not cancelled, on timeout
+                    pending = asyncio.ensure_future(anext(chunks))
+                    pending.add_done_callback(_retrieved)
+                    await asyncio.wait({pending}, timeout=max(0.0, deadline - time.monotonic()))
+                    if not pending.done():  # held long enough: relay it, and read on from here
+                        state.chunks, pending = _resumed(pending, chunks), None
+                        return state
+                    chunk, pending = pending.result(), None
+            except StopAsyncIteration:
+                break
+            if deadline is None:
+                deadline = time.monotonic() + HOLD_MAX_S
             state.prebuffer.append(chunk)
             held_bytes += len(chunk)
-            if _hold_ends(state, state.splitter.feed(chunk), hold, sent):
-                return state
-            if held_bytes > HOLD_MAX_BYTES or time.monotonic() > deadline:
+            if _hold_ends(state, state.splitter.feed(chunk), hold, sent) or held_bytes > HOLD_MAX_BYTES:
                 return state
         _hold_ends(state, state.splitter.flush(), hold, sent)  # ended while held (no final blank line)
+        state.chunks = _ended()
     except TRANSPORT_ERRORS as exc:
         if state.first:
             state.chunks = _failing(exc)
@@ -98,9 +117,37 @@ async def start_stream(resp: Any, *, hold: bool, assembler: ReplyAssembler | Non
         await resp.aclose()
         raise in_band(exc) from exc
     except BaseException:
+        if pending is not None:
+            pending.cancel()
         await resp.aclose()
         raise
     return state
+
+
+def _retrieved(future: asyncio.Future[bytes]) -> None:
+    """Mark a read's outcome seen (a read abandoned with its stream must not be reported as lost)."""
+    if not future.cancelled():
+        future.exception()
+
+
+async def _resumed(pending: asyncio.Future[bytes], chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The rest of a stream whose holding timed out: the read under way, then the others."""
+    try:
+        first = await pending
+    except StopAsyncIteration:
+        return
+    finally:
+        if not pending.done():
+            pending.cancel()
+    yield first
+    async for chunk in chunks:
+        yield chunk
+
+
+async def _ended() -> AsyncIterator[bytes]:
+    """The rest of a stream that ended while held: nothing."""
+    return
+    yield b""  # an async generator (never reached)
 
 
 async def _failing(exc: BaseException) -> AsyncIterator[bytes]:
@@ -217,7 +264,7 @@ async def relay_turn(turn: Turn, first: Segment, steps: AsyncIterator[Segment], 
             return
         if turn.assembler.upstream_error:
             turn.error = "the upstream sent an error event" if turn.error == DISCONNECTED else turn.error
-        elif turn.assembler.done:
+        elif turn.assembler.done and not turn.assembler.hidden_error:
             turn.error = None
         else:
             turn.error = "upstream stream ended without [DONE]"

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("context_proxy.tools")
 
+HELD_MAX_EVENTS = 16
+"""Finish and usage events of a round held at most (an upstream sends one or two of each)."""
 KEEPALIVE = b": context-proxy is serving its own tool call\n\n"
 CHARS_PER_TOKEN = 4
 """Size budget of one read result: a quarter of the window at ~4 characters a token (DESIGN.md)."""
@@ -158,12 +160,17 @@ class ToolRounds:
                     assembler.add(event)
                     yield event.raw + b"\n\n"
                     continue
-                out = filt.filter(chunk)
+                try:
+                    out = filt.filter(chunk)
+                except (AttributeError, TypeError, ValueError, KeyError, IndexError):
+                    out = chunk  # a shape the filter cannot read: relayed as it came
                 if out is None:
                     continue
                 data = event.raw + b"\n\n" if out is chunk else b"data: " + orjson.dumps(out) + b"\n\n"
                 choices = out.get("choices") or []
-                if (choices and choices[0].get("finish_reason")) or (not choices and out.get("usage")):
+                if (choices and isinstance(choices[0], dict) and choices[0].get("finish_reason")) or (not choices and out.get("usage")):
+                    if len(held) >= HELD_MAX_EVENTS:  # a hostile upstream repeating them: the newest kept
+                        del held[0]
                     held.append(data)  # sent only if this round is the client's last
                 else:
                     yield data

@@ -254,3 +254,17 @@ def test_a_usage_window_is_never_enlarged_by_a_ratio_under_one() -> None:
     assert WindowView(2048, 0.5, "learned").estimate_window() == 4096
     assert WindowView(8192, 1.5, "config").estimate_window(4096) == int(4096 / 1.5) + 4096
     assert WindowView(None, 1.5, None).estimate_window() is None
+
+
+async def test_agreeing_truncations_in_one_session_stay_that_sessions(store: Store) -> None:
+    """A provider that under-reports usage twice in one conversation changes that conversation only;
+    a tenant's window from usage needs a second session, and lasts an hour, not the whole TTL."""
+    lim = make(store, ttl_s=86_400)
+    await lim.view("t1", "qwen3:8b", 1)
+    for estimate in (4754, 6000):
+        lim.observe(sent(model="qwen3:8b", estimate=estimate, session=1), {"prompt_tokens": 2048})
+    assert (await lim.view("t1", "qwen3:8b", 2)).tokens == 40_960
+    lim.observe(sent(model="qwen3:8b", estimate=5000, session=2), {"prompt_tokens": 2048})
+    await lim.persist(sent(model="qwen3:8b"))
+    (row,) = await store.list_learned_limits()
+    assert row.source == "usage" and row.expires_at - row.updated_at <= timedelta(seconds=limits_module.USAGE_WINDOW_S + 1)

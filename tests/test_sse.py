@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 
 from proxy.sse import ReplyAssembler, SSESplitter
@@ -80,4 +82,25 @@ def test_an_error_field_is_read_as_an_error_event() -> None:
     (event,) = SSESplitter().feed(b'error: {"code": 500, "message": "x"}\n\n')
     assert event.event == "error" and orjson.loads(event.data)["code"] == 500
     a = assemble([b'error: {"code": 500, "message": "x"}\n\n', b"data: [DONE]\n\n"])
-    assert a.upstream_error and a.errors == [{"code": 500, "message": "x"}] and a.empty
+    assert a.hidden_error and not a.upstream_error and a.errors == [{"code": 500, "message": "x"}] and a.empty
+
+
+def test_an_error_only_in_the_error_field_is_not_one_clients_saw() -> None:
+    """llama.cpp's older ``error: {...}`` is an unknown SSE field to the SDKs: the assembler records
+    it, but not as an error the client was told of, so the relay still ends with its own error event."""
+    field_only = SSESplitter().feed(b'error: {"code":500,"message":"boom"}\n\n')
+    in_data = SSESplitter().feed(b'data: {"error":{"message":"boom"}}\n\n')
+    a = ReplyAssembler()
+    a.add(field_only[0])
+    assert a.errors and a.hidden_error and not a.upstream_error
+    a.add(in_data[0])
+    assert a.upstream_error
+
+
+def test_an_event_too_long_to_keep_is_dropped_and_the_next_one_is_read(monkeypatch: Any) -> None:
+    monkeypatch.setattr(SSESplitter, "MAX_EVENT_BYTES", 64)
+    s = SSESplitter()
+    assert s.feed(b"data: " + b"x" * 50) == [] and s.feed(b"y" * 50) == []
+    assert len(s._buf) <= 64 and s.dropped == 1
+    (event,) = s.feed(b"z\n\ndata: {\"ok\": 1}\n\n")
+    assert orjson.loads(event.data) == {"ok": 1}

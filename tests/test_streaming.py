@@ -6,6 +6,8 @@ chunking (an event split between a CR and its LF, an unterminated last event) is
 
 from __future__ import annotations
 
+import asyncio
+
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,7 +30,7 @@ class Parts:
 
     status_code = 200
 
-    def __init__(self, *parts: bytes | BaseException) -> None:
+    def __init__(self, *parts: bytes | BaseException | float) -> None:
         self.parts = parts
         self.closed = False
 
@@ -36,6 +38,9 @@ class Parts:
         for part in self.parts:
             if isinstance(part, BaseException):
                 raise part
+            if isinstance(part, float):  # the upstream is quiet this many seconds
+                await asyncio.sleep(part)
+                continue
             yield part
 
     async def aclose(self) -> None:
@@ -142,9 +147,22 @@ async def test_holding_is_bounded_in_bytes() -> None:
 
 
 async def test_holding_is_bounded_in_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A role chunk, then a quiet upstream (a model thinking): what was held goes out when the hold
+    ends, without waiting for the next chunk, and the relay reads on from the read under way."""
+    monkeypatch.setattr(streaming, "HOLD_MAX_S", 0.05)
+    content = chunk({"content": "late"})
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    state = await start_stream(Parts(ROLE, 0.5, content, b"data: [DONE]\n\n"), hold=True)
+    assert loop.time() - started < 0.4  # did not wait for the quiet upstream
+    assert state.overflow is None and state.prebuffer == [ROLE]
+    assert await relayed(state) == ROLE + content + b"data: [DONE]\n\n"
+
+
+async def test_chunks_that_are_there_already_are_held_whatever_the_time(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(streaming, "HOLD_MAX_S", 0.0)
     state = await start_stream(Parts(b": processing\n\n", b": processing\n\n", data({"error": OPENAI_ERROR})), hold=True)
-    assert state.overflow is None and state.prebuffer == [b": processing\n\n"]
+    assert state.overflow is not None  # the bound is on waiting, not on reading what arrived
 
 
 async def test_a_failure_before_the_first_event_is_our_502_and_closes_the_response() -> None:

@@ -1,8 +1,8 @@
 """What the proxy learned about models (``proxy.limits``), for admin keys: list and reset.
 
 ``GET /limits`` lists learned limits (OpenAI's list shape; ``tenant``, ``model`` filter; at most
-``limit`` rows, newest first); ``DELETE /limits`` forgets them (all, or one tenant's and/or one
-model's) in the database and in this process (other replicas re-read within
+``limit`` rows, newest first); ``DELETE /limits`` forgets them (one tenant's and/or one model's,
+or with ``all=true`` every one: a filter mistyped is a 400, not a reset of everything) in the database and in this process (other replicas re-read within
 ``proxy.limits.REFRESH_S``). Any other key gets a 403.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from starlette.responses import JSONResponse
 
-from proxy.errors import Forbidden
+from proxy.errors import BadRequest, Forbidden
 from storage.records import LearnedLimitRecord
 
 router = APIRouter(tags=["limits"])
@@ -53,8 +53,12 @@ async def list_limits(request: Request, tenant: str | None = Query(None, max_len
 
 @router.delete("/limits", summary="Forget learned limits (admin keys only)")
 async def reset_limits(request: Request, tenant: str | None = Query(None, max_length=200),
-                       model: str | None = Query(None, max_length=1000)) -> JSONResponse:
+                       model: str | None = Query(None, max_length=1000),
+                       every: bool = Query(False, alias="all",
+                                           description="Every learned limit (needed when no filter is given).")) -> JSONResponse:
     state = _admin(request)
+    if tenant is None and model is None and not every:
+        raise BadRequest("Give tenant and/or model, or all=true to forget every learned limit.", param="all")
     deleted = await state.store.delete_learned_limits(tenant=tenant, model=model)
     state.pipeline.compactor.forget_limits(tenant, model)
     return JSONResponse({"object": "learned_limits.reset", "deleted": deleted, "tenant": tenant, "model": model})

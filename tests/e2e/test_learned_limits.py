@@ -76,6 +76,8 @@ def test_a_learned_window_is_the_tenants_own_and_operators_can_list_and_reset_it
     forgotten = post(proxy, CLIENT_KEY, big_request("delta"), "a3")  # learned again, from the provider
     assert forgotten.status_code == 200 and forgotten.headers["x-context-proxy-overflow-retries"] == "1"
 
+    mistyped = limits(proxy, method="DELETE", modle=MODEL)
+    assert mistyped.status_code == 400 and len(limits(proxy).json()["data"]) == 2  # nothing forgotten
     cleared = runner.invoke(cli, ["limits", "reset", "--all", "--database-url", proxy.settings.database_url])
     assert cleared.exit_code == 0 and "forgot 2 learned limits" in cleared.output
     assert limits(proxy).json()["data"] == []

@@ -152,10 +152,37 @@ def test_the_providers_error_is_returned_unchanged_after_the_retries(streamed: b
     assert r.status_code == 400
     assert r.content == json.dumps(OVERFLOW_BODY, separators=(",", ":")).encode()  # the provider's bytes
     assert r.headers["content-type"] == "application/json"
-    tried = len(upstream.state.chat_requests)
-    assert 1 <= tried <= 1 + proxy.settings.max_overflow_retries
-    assert r.headers["x-context-proxy-overflow-retries"] == str(tried - 1)
+    # "hi" cannot be compacted: the same body would overflow again, so it is sent once
+    assert len(upstream.state.chat_requests) == 1
+    assert r.headers["x-context-proxy-overflow-retries"] == "0"
     assert r.headers["x-context-proxy-overflow"]  # the proxy recognized an overflow and says so
+
+
+def test_text_the_client_saw_before_a_round_overflowed_is_not_said_again(proxy_factory: Any, upstream: Upstream,
+                                                                        tmp_path: Path) -> None:
+    """The model says something, then calls the read tool; the next round overflows. The retry
+    keeps the rounds the client saw, so the model does not start over and repeat itself."""
+    import dataclasses
+
+    from tests.fakes import read_tool
+
+    models = tmp_path / "models.yaml"
+    models.write_text(f'"{READ_MODEL}":\n  context_window_tokens: 32768\n')
+    upstream.state.windows[READ_MODEL] = 7000
+
+    def chatty(prompt: Any, state: Any) -> Any:
+        reply = read_tool.respond_read_tool(prompt, state)
+        return dataclasses.replace(reply, content="Let me read the log. ") if reply is not None and reply.tool_calls else reply
+
+    upstream.state.responders = [chatty if f is read_tool.respond_read_tool else f for f in upstream.state.responders]
+    proxy = proxy_factory(models_file=str(models))
+    tools = [{"type": "function", "function": {"name": "fetch_log", "description": "Fetch a log.", "parameters": {"type": "object", "properties": {}}}}]
+    body = {"model": READ_MODEL, "messages": offloaded_history("FACT: build_id=B-3141"), "tools": tools}
+    r, raw = stream(proxy, body)
+    events = data_events(raw)
+    chunks = [json.loads(e) for e in events if e != "[DONE]"]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
+    assert text.count("Let me read the log.") == 1, text
 
 
 def test_a_stream_error_event_is_relayed_as_it_came_when_no_retry_is_left(proxy: Proxy, upstream: Upstream) -> None:
@@ -163,9 +190,9 @@ def test_a_stream_error_event_is_relayed_as_it_came_when_no_retry_is_left(proxy:
     r, raw = stream(proxy, {"model": "gpt-4o", "messages": HI})
     assert r.status_code == 200
     assert raw == ROLE + ERROR_EVENT  # the last attempt's stream, byte for byte; nothing of ours
-    tried = len(upstream.state.chat_requests)
-    assert tried == 1 + proxy.settings.max_overflow_retries
-    assert r.headers["x-context-proxy-overflow-retries"] == str(tried - 1)
+    # "hi" cannot be compacted: the same body would overflow again, so it is not sent again
+    assert len(upstream.state.chat_requests) == 1
+    assert r.headers["x-context-proxy-overflow-retries"] == "0"
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["json", "stream"])
