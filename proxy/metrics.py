@@ -21,8 +21,9 @@ registry, so several apps in one process, as in the tests, never clash). Metric 
 
 Tokens are the proxy's tiktoken estimates (``proxy.tokens``), summed over requests: graph
 ``rate(tokens_client) - rate(tokens_forwarded)`` for tokens saved. ``model`` is the request's
-``model`` field (empty for routes that carry none); the label values an operator sees are
-therefore as many as the models the clients use.
+``model`` field (empty for routes that carry none): the first ``MODEL_LABELS`` distinct names of
+at most ``MODEL_LABEL_CHARS`` characters, every other one ``other`` (client-chosen strings never
+grow the exposition without bound).
 """
 
 from __future__ import annotations
@@ -47,8 +48,13 @@ access_log = logging.getLogger("context_proxy.access")
 
 LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 """Seconds; LLM calls take from tens of milliseconds (errors) to minutes (long generations)."""
-RATIO_MODELS = 256
-RATIO_MODEL_CHARS = 100
+MODEL_LABELS = 256
+"""Distinct ``model`` label values, at most: the first names seen (a series, once exposed, stays),
+the rest ``other``. Model names are client-chosen strings (2,000 distinct 20 KB names grew
+``/metrics`` to 924 MB)."""
+MODEL_LABEL_CHARS = 100
+"""A model name longer than this is ``other`` (no real model name is that long)."""
+OTHER_MODEL = "other"
 QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
 """Probe and scrape routes: counted, but their access lines are DEBUG, not INFO."""
 
@@ -185,7 +191,7 @@ class Metrics:
         self.ratio = Gauge("context_proxy_token_estimate_ratio",
                            "The provider's prompt tokens per estimated token, as last stored for a model (any tenant).",
                            ("model",), registry=r)
-        self._ratio_models: set[str] = set()
+        self._model_labels: dict[str, str] = {}
 
     def _child(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)``, remembered: ``labels`` validates and locks on every call
@@ -199,22 +205,33 @@ class Metrics:
 
     # --- one call per event, named after what happened ------------------------------------------
 
+    def model_label(self, model: str) -> str:
+        """The ``model`` label for a client's model name (``MODEL_LABELS``, ``MODEL_LABEL_CHARS``)."""
+        label = self._model_labels.get(model)
+        if label is None:
+            ok = len(model) <= MODEL_LABEL_CHARS and len(self._model_labels) < MODEL_LABELS
+            label = model if ok else OTHER_MODEL
+            if ok:
+                self._model_labels[model] = label
+        return label
+
     def request_served(self, route: str, model: str, status: int, duration_s: float) -> None:
         """One HTTP request answered (by the middleware)."""
-        self.requests.inc((route, model, str(status)))
+        self.requests.inc((route, self.model_label(model), str(status)))
         self.request_duration.observe((route,), duration_s)
 
     def upstream_answered(self, model: str, latency_s: float) -> None:
         """The upstream's response headers arrived ``latency_s`` seconds after the request was sent."""
-        self.upstream_latency.observe((model,), latency_s)
+        self.upstream_latency.observe((self.model_label(model),), latency_s)
 
     def chat_forwarded(self, model: str, tokens_client: int | None, tokens_forwarded: int | None,
                        applied: tuple[str, ...] | list[str] = ()) -> None:
         """A chat request finished: its prompt tokens as sent and as forwarded, the defenses applied."""
+        label = self.model_label(model)
         if tokens_client is not None:
-            self.tokens_client.inc((model,), tokens_client)
+            self.tokens_client.inc((label,), tokens_client)
         if tokens_forwarded is not None:
-            self.tokens_forwarded.inc((model,), tokens_forwarded)
+            self.tokens_forwarded.inc((label,), tokens_forwarded)
         for defense in applied:
             self.defenses.inc((defense,))
 
@@ -243,14 +260,8 @@ class Metrics:
         self._child(self.learned, source).inc()
 
     def estimate_ratio(self, model: str, ratio: float) -> None:
-        """The estimate ratio stored for ``model``: at most ``RATIO_MODELS`` model labels, each cut
-        to ``RATIO_MODEL_CHARS`` characters (model names are client-chosen strings)."""
-        label = model[:RATIO_MODEL_CHARS]
-        if label not in self._ratio_models:
-            if len(self._ratio_models) >= RATIO_MODELS:
-                label = "other"
-            self._ratio_models.add(label)
-        self._child(self.ratio, label).set(ratio)
+        """The estimate ratio stored for ``model`` (label as ``model_label``)."""
+        self._child(self.ratio, self.model_label(model)).set(ratio)
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""
