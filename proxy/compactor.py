@@ -139,6 +139,14 @@ class ProjectingCompactor(Compactor):
             return False
         return named if named is not None else any(references_in(proj.messages))
 
+    def _may_name_stored(self, ctx: ChatContext) -> bool:
+        """Could the client's messages name stored content (before projecting)? The cheap checks
+        of ``_names_stored_content``: a small body searched, a long one asked of ``ReferenceMemo``
+        (which ``_names_stored_content`` then answers from its newest entry), never searched."""
+        if len(ctx.raw) <= SUBSTRING_FIRST_BYTES:
+            return self._url_in_body(ctx)
+        return ctx.expanded or self._references.names(ctx.messages, ctx.chain)
+
     @staticmethod
     def _url_in_body(ctx: ChatContext) -> bool:
         """Could the body name stored content: a read URL or archive URL in it, or the proxy's own
@@ -176,7 +184,7 @@ class ProjectingCompactor(Compactor):
         # counted against the window: the client's tools and the proxy's that will be sent (the
         # read tool when stored content may be named: a session with events, or a read URL)
         expected = [schema for name, schema in zip(own_names, own_schemas, strict=True)
-                    if name != self.settings.read_tool_name or events or self._url_in_body(ctx)]
+                    if name != self.settings.read_tool_name or events or self._may_name_stored(ctx)]
         ctx.count_tools = [*(client_tools or []), *expected] or None
         unavailable: set[str] = set()
         force = overflow is not None

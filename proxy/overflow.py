@@ -295,12 +295,6 @@ class _Echoes:
         return _fold(fragment) in self._haystack
 
 
-def mask_echoes(text: str, sent: Any) -> str:
-    """``text`` with every verbatim quote of a client string of ``sent`` (the request body as
-    forwarded; ``None``: nothing) replaced by NUL characters, as ``classify_error`` reads it."""
-    return text if sent is None or not text else _Echoes(sent).mask(text)
-
-
 def _rule_match(text: str, status: int) -> tuple[OverflowRule, re.Match[str]] | None:
     for rule in OVERFLOW_RULES:
         match = rule.pattern.search(text)
@@ -355,7 +349,7 @@ def classify_error(status: int, body: bytes, headers: Mapping[str, str] | None =
     ``status`` is the HTTP status, ``body`` the raw response bytes. ``headers`` is accepted for
     future rules (none need it yet). ``sent``: the request body that was forwarded (a dict), so
     that the client's own strings quoted back in the error text are read as nothing
-    (``mask_echoes``); ``None`` reads the whole text. Never raises.
+    (``_Echoes``); ``None`` reads the whole text. Never raises.
     """
     try:
         return _classify(int(status), _parse(bytes(body)), sent)

@@ -44,7 +44,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from storage.engine import create_engine
 from storage.errors import FOREIGN_ERRORS, translate_error
-from storage.tables import artifacts, events, learned_limits, messages, requests, sessions
+from storage.tables import (
+    artifacts,
+    events,
+    learned_limits,
+    messages,
+    requests,
+    sessions,
+)
 
 
 @dataclass(frozen=True, slots=True)

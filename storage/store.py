@@ -28,10 +28,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from storage import reads
 from storage.engine import create_engine
 from storage.errors import FOREIGN_ERRORS, StorageError, translate_error
+from storage.learned_limits import LearnedLimitQueries
 from storage.records import (
     ArtifactRecord,
     EventRecord,
-    LearnedLimitRecord,
     MessageRecord,
     NewMessage,
     RequestRecord,
@@ -42,7 +42,6 @@ from storage.sqlite_file import Done, DriverStatement, SqliteFile, settle, small
 from storage.tables import (
     artifacts,
     events,
-    learned_limits,
     messages,
     requests,
     sessions,
@@ -66,14 +65,11 @@ T = TypeVar("T")
 RecordItem = tuple[int, list[dict[str, Any]], dict[str, Any], datetime]
 """A deferred end-of-request write: ``(session_pk, message rows, request row values, now)``."""
 
-MAX_LIMIT_ROWS_PER_TENANT = 1000
-"""Learned-limit rows one tenant may have (one per upstream and model name it used)."""
-
 COMPACTION_LOCK_SPACE = 0x4350 << 40
 """High bits of the advisory-lock key of a session's compaction (``'CP'``), above any session pk."""
 
 
-class Store:
+class Store(LearnedLimitQueries):
     """Async storage over one engine (SQLite or PostgreSQL). Create with ``await Store.open(url)``."""
 
     def __init__(self, engine: AsyncEngine, sqlite_file: SqliteFile | None = None, *, lock_connections: int = 10) -> None:
@@ -373,7 +369,7 @@ class Store:
         insert_request.executemany_rows(conn, request_rows)
         return added
 
-    # --- events, artifacts, requests, learned limits ---------------------------------------
+    # --- events, artifacts, requests ---------------------------------------------------
 
     async def add_event(self, event: EventRecord) -> EventRecord:
         """Store ``event``; if the session already has an event of this kind at this anchor,
@@ -452,69 +448,6 @@ class Store:
         values = {name: getattr(record, name) for name in REQUEST_ROW_KEYS}
         values["created_at"] = record.created_at or datetime.now(UTC)
         await self._transact("add_request", lambda conn: conn.execute(sa.insert(requests).values(**values)))
-
-    async def get_learned_limit(self, tenant: str, upstream: str, model: str) -> LearnedLimitRecord | None:
-        """What was learned about ``model`` at ``upstream`` for ``tenant``, or ``None``."""
-        query = sa.select(*learned_limits.c).where(
-            learned_limits.c.tenant == tenant, learned_limits.c.upstream == upstream, learned_limits.c.model == model
-        )
-        row = await self._transact("get_learned_limit", lambda conn: conn.execute(query).first(), write=False)
-        return None if row is None else LearnedLimitRecord(**row._mapping)
-
-    async def set_learned_window(self, tenant: str, upstream: str, model: str, window_tokens: int | None,
-                                 source: str | None, now: datetime, expires_at: datetime | None) -> bool:
-        """Set (or clear, with ``None``) the learned window of ``(tenant, upstream, model)``; its
-        estimate ratio is left as stored. ``False`` when the row is new and the tenant already has
-        ``MAX_LIMIT_ROWS_PER_TENANT`` rows (nothing stored)."""
-        values = {"context_window_tokens": window_tokens, "source": source, "updated_at": now, "expires_at": expires_at}
-        return await self._set_limit_columns("set_learned_window", tenant, upstream, model, values)
-
-    async def set_estimate_ratio(self, tenant: str, upstream: str, model: str, ratio: float, now: datetime) -> bool:
-        """Set the estimate ratio of ``(tenant, upstream, model)``; its window is left as stored.
-        ``False`` as for ``set_learned_window``."""
-        return await self._set_limit_columns("set_estimate_ratio", tenant, upstream, model,
-                                             {"estimate_ratio": ratio, "updated_at": now})
-
-    async def _set_limit_columns(self, operation: str, tenant: str, upstream: str, model: str,
-                                 values: dict[str, Any]) -> bool:
-        c = learned_limits.c
-        key = (c.tenant == tenant) & (c.upstream == upstream) & (c.model == model)
-        count = sa.select(sa.func.count()).select_from(learned_limits).where(c.tenant == tenant)
-        row = {"tenant": tenant, "upstream": upstream, "model": model} | values
-        insert = self._insert(learned_limits).values(**row).on_conflict_do_update(
-            index_elements=[c.tenant, c.upstream, c.model], set_=values)
-
-        def run(conn: sa.Connection) -> bool:
-            if conn.execute(sa.update(learned_limits).where(key).values(**values)).rowcount:
-                return True
-            if conn.execute(count).scalar_one() >= MAX_LIMIT_ROWS_PER_TENANT:
-                return False  # a tenant's model names are its own choice: bounded
-            conn.execute(insert)
-            return True
-
-        return await self._transact(operation, run)
-
-    async def list_learned_limits(self, *, tenant: str | None = None, model: str | None = None,
-                                  limit: int = 1000) -> list[LearnedLimitRecord]:
-        """Learned limits, most recently updated first (at most ``limit``); ``None`` filters nothing."""
-        query = sa.select(*learned_limits.c)
-        if tenant is not None:
-            query = query.where(learned_limits.c.tenant == tenant)
-        if model is not None:
-            query = query.where(learned_limits.c.model == model)
-        query = query.order_by(learned_limits.c.updated_at.desc(), learned_limits.c.model).limit(limit)
-        return await self._transact(
-            "list_learned_limits", lambda conn: [LearnedLimitRecord(**r._mapping) for r in conn.execute(query)], write=False
-        )
-
-    async def delete_learned_limits(self, *, tenant: str | None = None, model: str | None = None) -> int:
-        """Forget learned limits (all of them, or one tenant's and/or one model's); returns rows deleted."""
-        stmt = sa.delete(learned_limits)
-        if tenant is not None:
-            stmt = stmt.where(learned_limits.c.tenant == tenant)
-        if model is not None:
-            stmt = stmt.where(learned_limits.c.model == model)
-        return await self._transact("delete_learned_limits", lambda conn: conn.execute(stmt).rowcount)
 
     # --- read side (see storage.reads) ---------------------------------------------------
 
