@@ -223,3 +223,15 @@ def test_the_last_attempt_of_a_stream_still_teaches_the_window(proxy_factory: An
     assert [c.outcome for c in upstream.state.model_requests] == ["ok"]
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in map(json.loads, data_events(raw)[:-1]) if c["choices"])
     assert text == "ANSWER: 1187"
+
+
+def test_an_overflow_nothing_can_shrink_is_the_providers_own_answer_in_its_own_shape(proxy: Proxy, upstream: Upstream) -> None:
+    """vLLM's error body has no ``error`` member ({"object": "error", ...}): it is passed through as
+    it came, not rewrapped (found by the fuzz test of tests/reliability/test_bad_input.py)."""
+    body = {"model": "fake-8k-vllm", "messages": [{"role": "system", "content": "0"}, {"role": "user", "content": "go"}],
+            "max_tokens": 8182}
+    with proxy.http() as http:
+        r = http.post("/v1/chat/completions", json=body)
+    direct = httpx.post(upstream.url + "/chat/completions", json=body)
+    assert (r.status_code, r.json()) == (direct.status_code, direct.json()) and direct.status_code == 400
+    assert "error" not in r.json() and r.headers["x-context-proxy-overflow"]
