@@ -9,7 +9,9 @@ Two rules hold whatever the caller passes:
 - never a key: extra fields whose name says credential (``authorization``, ``api_key``, ...) are
   dropped, and anything shaped like a bearer token or an ``sk-`` key is masked in every string;
 - never message content unless ``Settings.log_message_content``: extra fields named like content
-  (``content``, ``messages``, ``body``, ...) are replaced by their length in characters.
+  (``content``, ``messages``, ``body``, ...) are replaced by their length in characters, and a
+  traceback shows no database error's text (``DB_ERROR_MODULES``: a driver's message may quote
+  the values it failed on, ``Key (id)=(...)``, ``invalid input ... $3: <value>``): its class only.
 
 The request context is a ``ContextVar`` holding one mutable dict per request, created by
 ``request_context()`` (the metrics middleware opens it around every HTTP request). Tasks spawned
@@ -40,6 +42,36 @@ CONTENT_FIELDS = frozenset({"content", "messages", "message", "body", "prompt", 
 """Extra field names written only when ``log_message_content`` is on (else their length in chars)."""
 _SECRET_PATTERN = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}|\bsk-[A-Za-z0-9_-]{8,}")
 _RESERVED = frozenset(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime", "taskName"}
+DB_ERROR_MODULES = frozenset({"sqlalchemy", "asyncpg", "sqlite3", "aiosqlite", "psycopg", "psycopg2", "alembic"})
+"""Top-level packages whose exceptions' text is withheld from tracebacks unless content logging is on."""
+WITHHELD = "(text withheld: a database error may quote the values it failed on; log_message_content shows it)"
+
+
+def format_exception(exc_info: Any, *, log_message_content: bool) -> str:
+    """The traceback of ``exc_info`` (a ``sys.exc_info()`` tuple or an exception) as ``logging``
+    writes it, causes, contexts and an exception group's members included; unless
+    ``log_message_content``, each exception of a ``DB_ERROR_MODULES`` package is written as its
+    class, without its text."""
+    exc = exc_info[1] if isinstance(exc_info, tuple) else exc_info
+    if not isinstance(exc, BaseException):
+        return ""
+    te = traceback.TracebackException.from_exception(exc, capture_locals=False)
+    if not log_message_content:
+        seen: set[int] = set()
+        stack: list[traceback.TracebackException] = [te]
+        while stack:
+            current = stack.pop()
+            if id(current) in seen:
+                continue
+            seen.add(id(current))
+            module = (current.exc_type_module if hasattr(current, "exc_type_module")
+                      else getattr(current.exc_type, "__module__", "")) or ""
+            if module.split(".", 1)[0] in DB_ERROR_MODULES:
+                current._str = WITHHELD  # the text ``format`` writes after the class name
+                current.__notes__ = None
+            stack.extend(t for t in (current.__cause__, current.__context__) if t is not None)
+            stack.extend(getattr(current, "exceptions", None) or ())  # an ExceptionGroup's members
+    return "".join(te.format()).rstrip("\n")
 
 _context: ContextVar[dict[str, str] | None] = ContextVar("context_proxy_request", default=None)
 
@@ -168,15 +200,24 @@ class JsonFormatter(logging.Formatter):
             out["exc"] = mask_secrets(self.formatException(exc_info))
         return orjson.dumps(out, default=str).decode()
 
+    def formatException(self, ei: Any) -> str:
+        return format_exception(ei, log_message_content=self.log_message_content)
+
 
 class TextFormatter(logging.Formatter):
     """Human-readable lines (``--log-format text``), same masking of keys."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, log_message_content: bool = False) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self.log_message_content = log_message_content
+
+    def formatException(self, ei: Any) -> str:
+        return format_exception(ei, log_message_content=self.log_message_content)
 
     def format(self, record: logging.LogRecord) -> str:
         context = current_context()
+        if record.exc_info:
+            record.exc_text = None  # another formatter's cached text may hold what this one withholds
         line = super().format(record)
         ids = " ".join(f"{k}={context[k]}" for k in CONTEXT_FIELDS if context.get(k))
         return mask_secrets(f"{line} [{ids}]" if ids else line)
@@ -320,7 +361,8 @@ def configure_logging(
     logging.logProcesses = False
     logging.logMultiprocessing = False
     handler = LoopBatchingHandler(stream or sys.stderr)
-    handler.setFormatter(JsonFormatter(log_message_content=log_message_content) if fmt == "json" else TextFormatter())
+    handler.setFormatter(JsonFormatter(log_message_content=log_message_content) if fmt == "json"
+                         else TextFormatter(log_message_content=log_message_content))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -10,10 +10,15 @@ process knows are stored, and the session's internal rounds. A steady-state turn
 write transaction for the new messages and one at the end (reply + request record), instead of
 five round trips (measured by ``tests/benchmarks``: ~1.3 ms of CPU each on SQLite). The cache only
 skips work that is known to be done: every insert is still idempotent (``ON CONFLICT DO NOTHING``).
+A cached session may be gone (retention deleted it, here or on another replica): a write that
+finds it gone (``MissingRow``) drops what is cached of it, opens the session again (a new row of
+the same id) and writes the request's whole conversation there, once.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import hashlib
 import secrets
 import time
@@ -24,7 +29,9 @@ from typing import Any
 
 from proxy.cache import BoundedCache
 from proxy.chat import chain_hash, message_digest
+from storage.errors import MissingRow
 from storage.records import MessageRecord, NewMessage, RequestRecord, SessionRecord
+from storage.refused import RequestWrites
 from storage.store import Store
 
 MAX_SESSION_ID_CHARS = 200
@@ -108,10 +115,15 @@ def now() -> datetime:
 
 @dataclass(slots=True)
 class LoggedRequest:
-    """What a request added to the log: ``added`` new messages starting at ``first_added_seq``."""
+    """What a request added to the log: ``added`` new messages starting at ``first_added_seq``,
+    the ids of the rows it inserted (``message_ids``: not those found stored) and the session they
+    went to (``session``: another row than the caller's if that one was gone and the session was
+    opened again; ``None``: the caller's)."""
 
     added: int
     first_added_seq: int | None
+    message_ids: tuple[int, ...] = ()
+    session: SessionRecord | None = None
 
 
 class SessionLog:
@@ -122,6 +134,8 @@ class SessionLog:
         self._sessions = BoundedCache(CACHED_SESSIONS, CACHE_TTL_S)
         self._known = BoundedCache(CACHED_SESSIONS, CACHE_TTL_S)
         self._internal = BoundedCache(CACHED_SESSIONS, CACHE_TTL_S)
+        self._retries: set[asyncio.Task[None]] = set()
+        """``finish_nowait`` writes redone on a reopened session (kept: tasks are weakly held)."""
 
     async def open_session(self, tenant: str, session_id: str) -> SessionRecord:
         """The session row, created on first use (cached for ``CACHE_TTL_S``)."""
@@ -131,6 +145,13 @@ class SessionLog:
             session = await self.store.get_or_create_session(tenant, session_id, now())
             self._sessions.put(key, session)
         return session
+
+    async def _reopen(self, session: SessionRecord) -> SessionRecord:
+        """``session`` was found gone (``MissingRow``): forget what is cached of it and open it again."""
+        self._sessions.pop((session.tenant, session.session_id), None)
+        self._known.pop(session.pk, None)
+        self._internal.pop(session.pk, None)
+        return await self.open_session(session.tenant, session.session_id)
 
     def _remember(self, session_pk: int, hashes: list[str]) -> None:
         known = self._known.fresh(session_pk)
@@ -152,13 +173,23 @@ class SessionLog:
     async def append_request(
         self, session: SessionRecord, messages: list[dict[str, Any]], chain: list[str]
     ) -> LoggedRequest:
-        """Store the messages of ``messages`` not yet in the session's log (by chain hash)."""
+        """Store the messages of ``messages`` not yet in the session's log (by chain hash). If
+        the session is gone, it is opened again and they go there: the result's ``session`` is
+        the row used (the caller's is stale then; the rest of the request uses this one)."""
+        try:
+            return await self._append_request(session, messages, chain)
+        except MissingRow:
+            return await self._append_request(await self._reopen(session), messages, chain)
+
+    async def _append_request(
+        self, session: SessionRecord, messages: list[dict[str, Any]], chain: list[str]
+    ) -> LoggedRequest:
         stored = self._known_prefix(session.pk, chain)
         if stored is None:
             stored = await self.store.stored_prefix_len(session.pk, chain)
         if stored >= len(messages):
             self._remember(session.pk, chain)
-            return LoggedRequest(0, None)
+            return LoggedRequest(0, None, (), session)
         new = [
             NewMessage(
                 chain_hash=chain[i],
@@ -169,9 +200,9 @@ class SessionLog:
             )
             for i in range(stored, len(messages))
         ]
-        added = await self.store.append_messages(session.pk, new, now())
+        ids = await self.store.append_new_messages(session.pk, new, now())
         self._remember(session.pk, chain)
-        return LoggedRequest(added, stored)
+        return LoggedRequest(len(ids), stored, tuple(ids), session)
 
     async def finish(
         self,
@@ -186,7 +217,32 @@ class SessionLog:
     ) -> None:
         """Store (``with_request``: the client's new messages,) the proxy's internal rounds, the reply
         after them, and the request record, in one transaction: a plain request costs one write.
-        Internal messages are marked ``internal``; the chain runs through them."""
+        Internal messages are marked ``internal``; the chain runs through them. If the session is
+        gone, it is opened again and all of it is written there (``_refinish``)."""
+        try:
+            await self._finish(session, messages, chain, internal, reply, record, with_request=with_request)
+        except MissingRow:
+            await self._refinish(session, messages, chain, internal, reply, record)
+
+    async def _refinish(self, session: SessionRecord, messages: list[dict[str, Any]], chain: list[str],
+                        internal: list[dict[str, Any]], reply: dict[str, Any] | None, record: RequestRecord) -> None:
+        """``finish`` on ``session`` opened again (it was gone): the client's messages too, whatever
+        was written before, and the record moved to the new row."""
+        reopened = await self._reopen(session)
+        record = dataclasses.replace(record, session_pk=reopened.pk)
+        await self._finish(reopened, messages, chain, internal, reply, record, with_request=True)
+
+    async def _finish(
+        self,
+        session: SessionRecord,
+        messages: list[dict[str, Any]],
+        chain: list[str],
+        internal: list[dict[str, Any]],
+        reply: dict[str, Any] | None,
+        record: RequestRecord,
+        *,
+        with_request: bool,
+    ) -> None:
         stored = None
         if with_request:
             stored = self._known_prefix(session.pk, chain)
@@ -197,6 +253,24 @@ class SessionLog:
         self._remember(session.pk, [m.chain_hash for m in new])
         if internal:
             self._internal.pop(session.pk, None)
+
+    async def finish_refused(self, session: SessionRecord, record: RequestRecord, logged: LoggedRequest | None,
+                             writes: RequestWrites) -> list[str]:
+        """The record of a request whose key the provider refused, written in the transaction that
+        deletes what the request created itself (``Store.record_refused``: the messages its early
+        append inserted, ``logged``; its new artifacts and events, ``writes``); this process's
+        caches forget them. A session found gone took all of it with it: the record alone goes
+        to the session opened again. Returns the deleted artifacts' ids."""
+        ids = logged.message_ids if logged is not None else ()
+        try:
+            gone = await self.store.record_refused(record, now(), session.tenant, ids, writes.artifact_ids, writes.event_ids)
+        except MissingRow:
+            reopened = await self._reopen(session)
+            gone = await self.store.record_refused(dataclasses.replace(record, session_pk=reopened.pk), now(),
+                                                   session.tenant, (), (), ())
+        if ids:
+            self._known.pop(session.pk, None)
+        return gone
 
     @property
     def defers_writes(self) -> bool:
@@ -216,7 +290,8 @@ class SessionLog:
         no read (this process knows how much of the client's history is stored: not so for a
         session's first request here) and the store can defer it
         (``Store.append_and_record_nowait``). Then ``done(None)`` once it is committed, or
-        ``done(error)``, exactly once. ``False``, with nothing queued, otherwise: await ``finish``.
+        ``done(error)``, exactly once (a session found gone: after the write is redone on it
+        opened again, ``_refinish``). ``False``, with nothing queued, otherwise: await ``finish``.
         Raises what building the rows raises (a reply orjson cannot serialize)."""
         stored = self._known_prefix(session.pk, chain)
         if stored is None:
@@ -224,6 +299,12 @@ class SessionLog:
         new, added = _new_rows(messages, chain, [], reply, stored)
 
         def written(_: Any, error: BaseException | None) -> None:
+            if isinstance(error, MissingRow):
+                task = asyncio.get_running_loop().create_task(self._refinish(session, messages, chain, [], reply, record))
+                self._retries.add(task)
+                task.add_done_callback(self._retries.discard)
+                task.add_done_callback(lambda t: done(asyncio.CancelledError() if t.cancelled() else t.exception()))
+                return
             try:
                 if error is None:
                     self._remember(session.pk, [m.chain_hash for m in new])

@@ -89,6 +89,8 @@ def create_engine(database_url: str, *, pool_size: int = 20) -> AsyncEngine:
     ``SQLITE_BUSY_TIMEOUT_MS`` (concurrent writers wait instead of failing with "database is
     locked"), foreign keys on; the file's directory is created if missing. SQLite in memory:
     one shared connection (each new connection would otherwise see its own empty database).
+    Every engine hides statement parameters from its errors (``hide_parameters``): a failed
+    insert's message would otherwise quote the stored values, message content included.
     """
     url = make_url(make_async_url(database_url))
     kwargs: dict[str, Any] = {}
@@ -100,7 +102,7 @@ def create_engine(database_url: str, *, pool_size: int = 20) -> AsyncEngine:
             with contextlib.suppress(OSError):  # if it fails, connecting reports the problem
                 Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
             kwargs.update(pool_size=pool_size, max_overflow=pool_size)
-        engine = create_async_engine(url, **kwargs)
+        engine = create_async_engine(url, hide_parameters=True, **kwargs)
         event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
         return engine
     url, connect_args = _pg_connect_args(url) if url.get_driver_name() == "asyncpg" else (url, {})
@@ -111,6 +113,7 @@ def create_engine(database_url: str, *, pool_size: int = 20) -> AsyncEngine:
         pool_recycle=1800,
         pool_pre_ping=True,  # a server restart leaves every pooled connection dead: test before use
         connect_args=connect_args,
+        hide_parameters=True,  # errors never quote the values (message content) they failed on
     )
 
 
@@ -139,10 +142,12 @@ def create_sqlite_file_engine(database_url: str, *, pool_size: int = 4, inline: 
         Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     sync_url = url.set(drivername="sqlite+pysqlite")
     if inline:
-        engine = create_sync_engine(sync_url, poolclass=StaticPool, connect_args={"check_same_thread": False})
+        engine = create_sync_engine(sync_url, poolclass=StaticPool, connect_args={"check_same_thread": False},
+                                    hide_parameters=True)
         event.listen(engine, "connect", _sqlite_on_connect_inline)
         return engine
-    engine = create_sync_engine(sync_url, pool_size=pool_size, max_overflow=pool_size, connect_args={"check_same_thread": False})
+    engine = create_sync_engine(sync_url, pool_size=pool_size, max_overflow=pool_size,
+                                connect_args={"check_same_thread": False}, hide_parameters=True)
     event.listen(engine, "connect", _sqlite_on_connect)
     return engine
 

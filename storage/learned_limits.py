@@ -15,6 +15,7 @@ import sqlalchemy as sa
 
 from storage.records import LearnedLimitRecord
 from storage.tables import learned_limits
+from storage.values import TOKENS_MAX, clamp_count, finite
 
 MAX_LIMIT_ROWS_PER_TENANT = 1000
 """Learned-limit rows one tenant may have (one per upstream and model name it used)."""
@@ -45,15 +46,16 @@ class LearnedLimitQueries:
                                  source: str | None, now: datetime, expires_at: datetime | None) -> bool:
         """Set (or clear, with ``None``) the learned window of ``(tenant, upstream, model)``; its
         estimate ratio is left as stored. ``False`` when the row is new and the tenant already has
-        ``MAX_LIMIT_ROWS_PER_TENANT`` rows (nothing stored)."""
-        values = {"context_window_tokens": window_tokens, "source": source, "updated_at": now, "expires_at": expires_at}
+        ``MAX_LIMIT_ROWS_PER_TENANT`` rows (nothing stored). The window is stored bounded by
+        ``storage.values.TOKENS_MAX`` (a provider's error text may state any number)."""
+        values = {"context_window_tokens": clamp_count(window_tokens, TOKENS_MAX), "source": source, "updated_at": now, "expires_at": expires_at}
         return await self._set_limit_columns("set_learned_window", tenant, upstream, model, values)
 
     async def set_estimate_ratio(self, tenant: str, upstream: str, model: str, ratio: float, now: datetime) -> bool:
         """Set the estimate ratio of ``(tenant, upstream, model)``; its window is left as stored.
-        ``False`` as for ``set_learned_window``."""
+        ``False`` as for ``set_learned_window``. A non-finite ratio is stored as ``None`` (unmeasured)."""
         return await self._set_limit_columns("set_estimate_ratio", tenant, upstream, model,
-                                             {"estimate_ratio": ratio, "updated_at": now})
+                                             {"estimate_ratio": finite(ratio, None), "updated_at": now})
 
     async def _set_limit_columns(self, operation: str, tenant: str, upstream: str, model: str,
                                  values: dict[str, Any]) -> bool:

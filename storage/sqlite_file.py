@@ -386,8 +386,10 @@ class DriverStatement:
         assert driver is not None
         try:
             cursor = driver.executemany(self.sql, params) if many else driver.execute(self.sql, params[0])
-        except conn.dialect.dbapi.Error as exc:  # type: ignore[union-attr]
-            raise sa_exc.DBAPIError.instance(self.sql, params, exc, conn.dialect.dbapi.Error) from exc  # type: ignore[union-attr]
+        except (conn.dialect.dbapi.Error, OverflowError) as exc:  # type: ignore[union-attr]  (sqlite3: an int beyond 64 bits)
+            # parameters hidden, as every engine hides them (``storage.engine``): they are message content
+            raise sa_exc.DBAPIError.instance(self.sql, params, exc, conn.dialect.dbapi.Error,  # type: ignore[union-attr]
+                                             hide_parameters=True) from exc
         try:
             return cursor.rowcount
         finally:

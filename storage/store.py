@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -27,7 +28,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from storage import reads
 from storage.engine import create_engine
-from storage.errors import FOREIGN_ERRORS, StorageError, translate_error
+from storage.errors import (
+    FOREIGN_ERRORS,
+    MissingRow,
+    StorageError,
+    StorageUnavailable,
+    translate_error,
+)
 from storage.learned_limits import LearnedLimitQueries
 from storage.records import (
     ArtifactRecord,
@@ -38,6 +45,7 @@ from storage.records import (
     SessionRecord,
     SessionSummary,
 )
+from storage.refused import RefusedRequestQueries, tracked
 from storage.sqlite_file import Done, DriverStatement, SqliteFile, settle, small_rows
 from storage.tables import (
     artifacts,
@@ -46,6 +54,9 @@ from storage.tables import (
     requests,
     sessions,
 )
+from storage.values import COUNT_MAX, TOKENS_MAX, clamp_count, finite
+
+log = logging.getLogger("context_proxy.storage")
 
 INSERT_BATCH_ROWS = 500
 """Rows per multi-row INSERT: keeps bound parameters (rows x columns) under SQLite's and asyncpg's
@@ -69,7 +80,7 @@ COMPACTION_LOCK_SPACE = 0x4350 << 40
 """High bits of the advisory-lock key of a session's compaction (``'CP'``), above any session pk."""
 
 
-class Store(LearnedLimitQueries):
+class Store(LearnedLimitQueries, RefusedRequestQueries):
     """Async storage over one engine (SQLite or PostgreSQL). Create with ``await Store.open(url)``."""
 
     def __init__(self, engine: AsyncEngine, sqlite_file: SqliteFile | None = None, *, lock_connections: int = 10) -> None:
@@ -274,19 +285,23 @@ class Store(LearnedLimitQueries):
         one session on PostgreSQL), then ``INSERT .. ON CONFLICT (session_pk, chain_hash) DO
         NOTHING`` in batches. Overlapping concurrent appends never duplicate nor fail.
         """
+        return len(await self.append_new_messages(session_pk, new_messages, now))
+
+    async def append_new_messages(self, session_pk: int, new_messages: Sequence[NewMessage], now: datetime) -> list[int]:
+        """``append_messages``, returning the ids of the rows it inserted (not of those already stored)."""
         if not new_messages:
-            return 0
+            return []
         rows = _message_rows(session_pk, new_messages, now)
         return await self._transact("append_messages", lambda conn: self._append(conn, session_pk, rows, now),
                                     small=small_rows(new_messages))
 
-    def _append(self, conn: sa.Connection, session_pk: int, rows: list[dict[str, Any]], now: datetime) -> int:
-        """Bump the session, insert ``rows``; how many were new (the ``RETURNING`` rows: a
+    def _append(self, conn: sa.Connection, session_pk: int, rows: list[dict[str, Any]], now: datetime) -> list[int]:
+        """Bump the session, insert ``rows``; the ids of the new ones (the ``RETURNING`` rows: a
         conflicting row returns none, on every driver, unlike ``rowcount`` of an executemany)."""
         conn.execute(self._bump_session, {"b_pk": session_pk, "b_now": now})
-        added = 0
+        added: list[int] = []
         for i in range(0, len(rows), INSERT_BATCH_ROWS):
-            added += len(conn.execute(self._insert_message, rows[i : i + INSERT_BATCH_ROWS]).all())
+            added.extend(conn.execute(self._insert_message, rows[i : i + INSERT_BATCH_ROWS]).scalars())
         return added
 
     async def append_and_record(
@@ -303,11 +318,22 @@ class Store(LearnedLimitQueries):
         _, rows, values, _ = self._record_item(session_pk, new_messages, record, now, added)
 
         def run(conn: sa.Connection) -> int:
-            added = self._append(conn, session_pk, rows, now) if rows else 0
+            added = len(self._append(conn, session_pk, rows, now)) if rows else 0
             conn.execute(self._insert_request, values)
             return added
 
-        return await self._transact("append_and_record", run, small=False)
+        try:
+            return await self._transact("append_and_record", run, small=False)
+        except (StorageUnavailable, MissingRow):
+            raise
+        except StorageError as exc:
+            if not rows:
+                raise
+            # the record was refused (its values are sanitized: a taken id, say); the client's
+            # messages and the reply must not be lost with it: stored alone, then the error raised
+            await self._transact("append_messages", lambda conn: self._append(conn, session_pk, rows, now), small=False)
+            log.error("the request record was refused (%s); its %d messages were stored without it", exc, len(rows))
+            raise
 
     @property
     def defers_writes(self) -> bool:
@@ -331,21 +357,45 @@ class Store(LearnedLimitQueries):
             return False
         assert self._sqlite is not None
         item = self._record_item(session_pk, new_messages, record, now, added)
-        self._sqlite.defer("append_and_record", functools.partial(self._record_alone, item), done,
+        refused: list[StorageError] = []
+
+        def told(result: Any, error: BaseException | None) -> None:
+            if error is None and refused:
+                done(None, refused[0])
+            else:
+                done(result, error)
+
+        self._sqlite.defer("append_and_record", functools.partial(self._record_alone, item, refused), told,
                            batch=self._records_on_driver, item=item)
         return True
 
     @staticmethod
     def _record_item(session_pk: int, new_messages: Sequence[NewMessage], record: RequestRecord, now: datetime,
                      added: tuple[int, int | None] | None) -> RecordItem:
-        values = {name: getattr(record, name) for name in REQUEST_ROW_KEYS}
-        values["created_at"] = record.created_at or now
-        if added is not None:
-            values["added_messages"], values["first_added_seq"] = added
+        values = _request_values(record, now, added)
         return session_pk, _message_rows(session_pk, new_messages, now), values, now
 
-    def _record_alone(self, item: RecordItem, conn: sa.Connection) -> int:
-        return self._records_on_driver(conn, [item])[0]
+    def _record_alone(self, item: RecordItem, refused: list[StorageError], conn: sa.Connection) -> int:
+        """One deferred write alone (its batch failed): as ``_records_on_driver``, except that a
+        refused request row does not undo the messages (SQLite undoes only the failed statement):
+        its error goes to ``refused`` (the write's ``done`` gets it) and the messages commit. A
+        session that is gone still fails the whole write (``MissingRow``)."""
+        assert self._driver is not None
+        session_pk, rows, values, now = item
+        bump, insert_messages, insert_request = self._driver
+        added = 0
+        if rows:
+            bump.execute(conn, {"b_pk": session_pk, "b_now": now})
+            added = insert_messages.executemany(conn, rows)
+        try:
+            insert_request.execute(conn, values)
+        except FOREIGN_ERRORS as exc:
+            error = translate_error(exc, "append_and_record")
+            if not rows or isinstance(error, StorageUnavailable | MissingRow):
+                raise
+            log.error("the request record was refused (%s); its %d messages were stored without it", error, len(rows))
+            refused.append(error)
+        return added
 
     def _records_on_driver(self, conn: sa.Connection, items: list[RecordItem]) -> list[int]:
         """The deferred ``append_and_record``s ``(session_pk, message rows, request values, now)``
@@ -381,8 +431,8 @@ class Store(LearnedLimitQueries):
             kind=event.kind,
             anchor_hash=event.anchor_hash,
             payload=event.payload,
-            tokens_before=event.tokens_before,
-            tokens_after=event.tokens_after,
+            tokens_before=clamp_count(event.tokens_before, TOKENS_MAX),
+            tokens_after=clamp_count(event.tokens_after, TOKENS_MAX),
             created_at=event.created_at,
         )
         existing = sa.select(*events.c).where(
@@ -391,10 +441,12 @@ class Store(LearnedLimitQueries):
             events.c.anchor_hash == event.anchor_hash,
         )
         def run(conn: sa.Connection) -> Any:
-            conn.execute(stmt.on_conflict_do_nothing())
-            return conn.execute(existing).first()
+            new = conn.execute(stmt.on_conflict_do_nothing().returning(events.c.id)).first() is not None
+            return new, conn.execute(existing).first()
 
-        row = await self._transact("add_event", run)
+        new, row = await self._transact("add_event", run)
+        if new and (writes := tracked()) is not None:
+            writes.event_ids.append(event.id)
         if row is None:
             raise StorageError(f"add_event: id {event.id!r} is already used by another event")
         return EventRecord(**row._mapping)
@@ -404,14 +456,15 @@ class Store(LearnedLimitQueries):
         query = sa.select(*events.c).where(events.c.session_pk == session_pk).order_by(events.c.created_at, events.c.id)
         return await self._transact("list_events", lambda conn: [EventRecord(**r._mapping) for r in conn.execute(query)], write=False)
 
-    async def put_artifacts(self, items: Sequence[ArtifactRecord]) -> None:
-        """Store artifacts; an id already stored for that tenant is left as it is.
+    async def put_artifacts(self, items: Sequence[ArtifactRecord]) -> list[str]:
+        """Store artifacts; an id already stored for that tenant is left as it is. Returns the ids
+        of the rows inserted (noted in the context's ``storage.refused.RequestWrites`` if tracked).
 
         Ids are content-addressed, so two tenants offloading the same content get the same id:
         the primary key is ``(tenant, id)`` and each tenant owns its own copy.
         """
         if not items:
-            return
+            return []
         rows = [
             {
                 "id": a.id,
@@ -419,45 +472,52 @@ class Store(LearnedLimitQueries):
                 "session_pk": a.session_pk,
                 "media_type": a.media_type,
                 "content": a.content,
-                "size_bytes": a.size_bytes,
-                "line_count": a.line_count,
+                "size_bytes": clamp_count(a.size_bytes, 2**63 - 1),
+                "line_count": clamp_count(a.line_count, COUNT_MAX),
                 "created_at": a.created_at,
             }
             for a in items
         ]
-        def run(conn: sa.Connection) -> None:
+        def run(conn: sa.Connection) -> list[str]:
+            new: list[str] = []
             for i in range(0, len(rows), INSERT_BATCH_ROWS):
                 stmt = self._insert(artifacts).values(rows[i : i + INSERT_BATCH_ROWS])
-                conn.execute(stmt.on_conflict_do_nothing(index_elements=[artifacts.c.tenant, artifacts.c.id]))
+                new.extend(conn.execute(stmt.on_conflict_do_nothing(index_elements=[artifacts.c.tenant, artifacts.c.id])
+                                        .returning(artifacts.c.id)).scalars())
+            return new
 
-        await self._transact("put_artifacts", run, small=False)  # offloaded content is large by definition
+        new = await self._transact("put_artifacts", run, small=False)  # offloaded content is large by definition
+        if new and (writes := tracked()) is not None:
+            writes.artifact_ids.extend(new)
+        return new
 
     async def get_artifact(self, artifact_id: str, tenant: str | None) -> ArtifactRecord | None:
-        """The artifact if it exists and belongs to ``tenant`` (``None``: admin, any tenant).
-        An id with a NUL character names nothing (PostgreSQL text cannot hold one)."""
-        if "\x00" in artifact_id:
-            return None
+        """The artifact if it exists and belongs to ``tenant`` (``None``: admin, any tenant). Any
+        ``str`` may be asked for (ids are escaped as stored: ``storage.tables.SafeText``)."""
         query = sa.select(*artifacts.c).where(artifacts.c.id == artifact_id)
         if tenant is not None:
             query = query.where(artifacts.c.tenant == tenant)
         row = await self._transact("get_artifact", lambda conn: conn.execute(query).first(), write=False, small=False)
         return None if row is None else ArtifactRecord(**row._mapping)
 
+    @staticmethod
+    def _request_row(record: RequestRecord, now: datetime) -> dict[str, Any]:
+        return _request_values(record, now, None)
+
     async def add_request(self, record: RequestRecord) -> None:
         """Store a request record (``created_at`` ``None`` means now)."""
-        values = {name: getattr(record, name) for name in REQUEST_ROW_KEYS}
-        values["created_at"] = record.created_at or datetime.now(UTC)
+        values = _request_values(record, datetime.now(UTC), None)
         await self._transact("add_request", lambda conn: conn.execute(sa.insert(requests).values(**values)))
 
     # --- read side (see storage.reads) ---------------------------------------------------
 
     async def list_sessions(
-        self, tenant: str | None, limit: int, after: str | None = None
+        self, tenant: str | None, limit: int, after: str | None = None, after_tenant: str | None = None
     ) -> tuple[list[SessionSummary], bool]:
         """A keyset page of sessions, newest first, and ``has_more``; see ``reads.list_sessions``.
         ``tenant=None`` is an admin listing of every tenant. Raises ``InvalidCursor``."""
         async with self._read("list_sessions") as conn:
-            return await reads.list_sessions(conn, tenant, limit, after)
+            return await reads.list_sessions(conn, tenant, limit, after, after_tenant)
 
     async def find_session(self, session_id: str, tenant: str | None) -> SessionRecord | None:
         """The tenant's session ``session_id`` (``tenant=None``: admin, newest match)."""
@@ -481,6 +541,16 @@ class Store(LearnedLimitQueries):
         async with self._read("list_branch_messages") as conn:
             return await reads.list_branch_messages(conn, session_pk, leaf_hash, after_seq, limit)
 
+    async def branch_message_ids(self, session_pk: int, leaf_hash: str) -> list[int]:
+        """Ids of the root-to-``leaf_hash`` messages, by seq (for ``messages_by_ids`` pages)."""
+        async with self._read("branch_message_ids") as conn:
+            return await reads.branch_message_ids(conn, session_pk, leaf_hash)
+
+    async def messages_by_ids(self, session_pk: int, ids: list[int]) -> list[MessageRecord]:
+        """The session's messages with these ids, by seq."""
+        async with self._read("messages_by_ids") as conn:
+            return await reads.messages_by_ids(conn, session_pk, ids)
+
     async def get_message_by_hash(self, session_pk: int, chain_hash: str) -> MessageRecord | None:
         """The message of the session with this chain hash, or ``None``."""
         async with self._read("get_message_by_hash") as conn:
@@ -498,26 +568,43 @@ class Store(LearnedLimitQueries):
         )
 
     async def list_requests(self, session_pk: int, limit: int, after: str | None) -> tuple[list[RequestRecord], bool]:
-        """The session's request records, oldest first; keyset pagination on ``(created_at, id)``."""
-        query = sa.select(*requests.c).where(requests.c.session_pk == session_pk)
+        """The session's request records, oldest first, and ``has_more``; see ``reads.list_requests``
+        (the cursor is looked up in this session only). Raises ``InvalidCursor``."""
         async with self._read("list_requests") as conn:
-            if after is not None:
-                anchor = (await conn.execute(sa.select(requests.c.created_at).where(requests.c.id == after))).first()
-                if anchor is not None:
-                    query = query.where(
-                        sa.or_(
-                            requests.c.created_at > anchor.created_at,
-                            sa.and_(requests.c.created_at == anchor.created_at, requests.c.id > after),
-                        )
-                    )
-            rows = (await conn.execute(query.order_by(requests.c.created_at, requests.c.id).limit(limit + 1))).all()
-        return [RequestRecord(**r._mapping) for r in rows[:limit]], len(rows) > limit
+            return await reads.list_requests(conn, session_pk, limit, after)
 
 
 MESSAGE_ROW_KEYS = ("session_pk", "chain_hash", "parent_hash", "seq", "role", "message", "internal", "created_at")
 """The keys of ``_message_rows``' rows (the columns of a new message row)."""
 REQUEST_ROW_KEYS = tuple(f.name for f in dataclasses.fields(RequestRecord))
 """The columns of a request row, as ``append_and_record`` gives them (``created_at`` included)."""
+
+
+_COUNT_FIELDS = ("status", "added_messages", "first_added_seq")
+_TOKEN_FIELDS = ("tokens_client", "tokens_forwarded")
+
+
+def _request_values(record: RequestRecord, now: datetime, added: tuple[int, int | None] | None) -> dict[str, Any]:
+    """The request row of ``record`` (``created_at`` ``None``: ``now``; ``added``: the message
+    counts to store instead of the record's), every value storable: counts clamped to the
+    columns (``COUNT_MAX``, tokens ``TOKENS_MAX``; a non-finite count stored as ``None``, or 0
+    where the column needs one), a non-finite latency as 0. Text and JSON need nothing here:
+    their column types store any ``str`` and any JSON (``storage.values``)."""
+    values = {name: getattr(record, name) for name in REQUEST_ROW_KEYS}
+    values["created_at"] = record.created_at or now
+    if added is not None:
+        values["added_messages"], values["first_added_seq"] = added
+    for names, maximum in ((_COUNT_FIELDS, COUNT_MAX), (_TOKEN_FIELDS, TOKENS_MAX)):
+        for name in names:
+            value = values[name]
+            if value is not None and (type(value) is not int or not -maximum <= value <= maximum):
+                values[name] = clamp_count(value, maximum)  # (the usual in-range int skips the call)
+    for name in ("status", "added_messages"):
+        if values[name] is None:
+            values[name] = 0
+    if type(values["latency_ms"]) is float:
+        values["latency_ms"] = finite(values["latency_ms"])
+    return values
 
 
 def _message_rows(session_pk: int, new_messages: Sequence[NewMessage], now: datetime) -> list[dict[str, Any]]:

@@ -3,9 +3,11 @@
 The schema itself is created by the alembic migrations in ``storage/migrations``; these tables
 describe it to queries and must match it (``tests/storage/test_migrate.py`` checks they do).
 
-JSON is stored as text (orjson), so it reads back identically on SQLite and PostgreSQL (key
-order and number forms as written). Times are UTC: ``timestamptz`` on PostgreSQL, ISO text on
-SQLite; both read back as timezone-aware UTC ``datetime``s.
+JSON is stored as text (orjson; ``storage.values.dumps_json``), so it reads back identically on
+SQLite and PostgreSQL (key order and number forms as written). Text columns (``SafeText``,
+``PackedText``) hold any ``str``, NUL and lone surrogates escaped (``storage.values``). Times are
+UTC: ``timestamptz`` on PostgreSQL, ISO text on SQLite; both read back as timezone-aware UTC
+``datetime``s.
 
 Row layout (revision 0002; issue 7 goal: the tables hold at most 1.2x the unique messages'
 bytes). Measured with SQLite's ``dbstat`` after replaying the shared traces, a message row
@@ -28,9 +30,10 @@ import zlib
 from datetime import UTC, datetime
 from typing import Any
 
-import orjson
 import sqlalchemy as sa
 from sqlalchemy.types import TypeDecorator
+
+from storage.values import dumps_json, escape_text, loads_json, unescape_text
 
 metadata = sa.MetaData()
 
@@ -38,24 +41,52 @@ BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 """64-bit integer keys on PostgreSQL; ``INTEGER`` on SQLite so that it is the autoincrement rowid."""
 
 
+BigCount = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+"""A 64-bit count (token counts, which sums add up): ``BIGINT`` on PostgreSQL, ``INTEGER`` on
+SQLite (already 64-bit there). Revision 0004 widened them from 32 bits."""
+
+
+def _escape(value: str | None) -> str | None:
+    return None if value is None else escape_text(value)
+
+
+class SafeText(TypeDecorator[str]):
+    """A ``str`` in a ``TEXT`` column, any ``str``: NUL, U+0010 and lone surrogates are escaped
+    reversibly (``storage.values.escape_text``) on both databases, so it reads back as written.
+    Comparisons with the column (``column == value``, ``in_``) bind through the same escape."""
+
+    impl = sa.Text
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: sa.Dialect) -> str | None:
+        return None if value is None else escape_text(value)
+
+    def process_result_value(self, value: str | None, dialect: sa.Dialect) -> str | None:
+        return None if value is None else unescape_text(value)
+
+    sqlite_bind = staticmethod(_escape)
+    """``DriverStatement``'s one-step bind on SQLite."""
+
+
 class JsonText(TypeDecorator[Any]):
-    """Any JSON value stored as UTF-8 text written by orjson."""
+    """Any JSON value stored as UTF-8 text written by ``storage.values.dumps_json`` (orjson's,
+    or the stdlib's for values orjson refuses)."""
 
     impl = sa.Text
     cache_ok = True
 
     def process_bind_param(self, value: Any, dialect: sa.Dialect) -> str | None:
-        return None if value is None else orjson.dumps(value).decode()
+        return None if value is None else dumps_json(value).decode()
 
     def process_result_value(self, value: str | None, dialect: sa.Dialect) -> Any:
-        return None if value is None else orjson.loads(value)
+        return None if value is None else loads_json(value)
 
     @staticmethod
     def sqlite_bind(value: Any) -> str | None:
         """``DriverStatement``'s one-step bind on SQLite (``process_bind_param``; ``Text`` has no
         processor of its own there): SQLAlchemy's two wrapped calls were a measurable part of
         the end-of-request write (cProfile of a batch of 10 request rows)."""
-        return None if value is None else orjson.dumps(value).decode()
+        return None if value is None else dumps_json(value).decode()
 
 
 HASH_HEX_CHARS = 64
@@ -162,33 +193,37 @@ class PackedJson(_Packed):
     cache_ok = True  # SQLAlchemy reads it from each class's own namespace
 
     def process_bind_param(self, value: Any, dialect: sa.Dialect) -> str | bytes | None:
-        return None if value is None else self._bind(orjson.dumps(value), None, dialect)
+        return None if value is None else self._bind(dumps_json(value), None, dialect)
 
     def process_result_value(self, value: str | bytes | None, dialect: sa.Dialect) -> Any:
-        return None if value is None else orjson.loads(unpack(value))
+        return None if value is None else loads_json(unpack(value))
 
     @staticmethod
     def sqlite_bind(value: Any) -> str | bytes | None:
         """``DriverStatement``'s one-step bind on SQLite (``process_bind_param`` there)."""
         if value is None:
             return None
-        data = orjson.dumps(value)
+        data = dumps_json(value)
         packed = pack(data)
         return data.decode() if packed is None else packed
 
 
 class PackedText(_Packed):
-    """A ``str``; on SQLite stored compressed when smaller (``_Packed``)."""
+    """A ``str``, escaped as ``SafeText`` (NUL, lone surrogates); on SQLite stored compressed
+    when smaller (``_Packed``: the escaped text is what is compressed)."""
 
     cache_ok = True
 
     def process_bind_param(self, value: str | None, dialect: sa.Dialect) -> str | bytes | None:
-        return None if value is None else self._bind(value.encode(), value, dialect)
+        if value is None:
+            return None
+        value = escape_text(value)
+        return self._bind(value.encode(), value, dialect)
 
     def process_result_value(self, value: str | bytes | None, dialect: sa.Dialect) -> str | None:
-        if value is None or isinstance(value, str):
-            return value
-        return zlib.decompress(value).decode()
+        if value is None:
+            return None
+        return unescape_text(value if isinstance(value, str) else zlib.decompress(value).decode())
 
 
 _last_utc_text: tuple[datetime | None, str | None] = (None, None)
@@ -240,8 +275,8 @@ sessions = sa.Table(
     "sessions",
     metadata,
     sa.Column("pk", BigId, primary_key=True, autoincrement=True),
-    sa.Column("session_id", sa.Text, nullable=False),
-    sa.Column("tenant", sa.Text, nullable=False),
+    sa.Column("session_id", SafeText, nullable=False),
+    sa.Column("tenant", SafeText, nullable=False),
     sa.Column("created_at", UtcDateTime, nullable=False),
     sa.Column("updated_at", UtcDateTime, nullable=False),
     sa.UniqueConstraint("tenant", "session_id", name="uq_sessions_tenant_session_id"),
@@ -259,7 +294,7 @@ messages = sa.Table(
     sa.Column("chain_hash", HexHash, nullable=False),
     sa.Column("parent_hash", HexHash, nullable=True),
     sa.Column("seq", sa.Integer, nullable=False),
-    sa.Column("role", sa.Text, nullable=False),
+    sa.Column("role", SafeText, nullable=False),
     sa.Column("message", PackedJson, nullable=False),
     sa.Column("internal", sa.Boolean, nullable=False),
     sa.Column("created_at", UtcDateTime, nullable=False),
@@ -272,13 +307,13 @@ messages = sa.Table(
 events = sa.Table(
     "events",
     metadata,
-    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("id", SafeText, primary_key=True),
     sa.Column("session_pk", BigId, sa.ForeignKey("sessions.pk", ondelete="CASCADE"), nullable=False),
-    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("kind", SafeText, nullable=False),
     sa.Column("anchor_hash", HexHash, nullable=False),
     sa.Column("payload", PackedJson, nullable=False),
-    sa.Column("tokens_before", sa.Integer, nullable=False),
-    sa.Column("tokens_after", sa.Integer, nullable=False),
+    sa.Column("tokens_before", BigCount, nullable=False),
+    sa.Column("tokens_after", BigCount, nullable=False),
     sa.Column("created_at", UtcDateTime, nullable=False),
     sa.UniqueConstraint("session_pk", "kind", "anchor_hash", name="uq_events_session_kind_anchor"),
     sa.Index("ix_events_session_created", "session_pk", "created_at"),
@@ -287,10 +322,10 @@ events = sa.Table(
 artifacts = sa.Table(
     "artifacts",
     metadata,
-    sa.Column("tenant", sa.Text, primary_key=True),
-    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("tenant", SafeText, primary_key=True),
+    sa.Column("id", SafeText, primary_key=True),
     sa.Column("session_pk", BigId, sa.ForeignKey("sessions.pk", ondelete="SET NULL"), nullable=True),
-    sa.Column("media_type", sa.Text, nullable=False),
+    sa.Column("media_type", SafeText, nullable=False),
     sa.Column("content", PackedText, nullable=False),
     sa.Column("size_bytes", sa.BigInteger, nullable=False),
     sa.Column("line_count", sa.Integer, nullable=False),
@@ -300,21 +335,21 @@ artifacts = sa.Table(
 requests = sa.Table(
     "requests",
     metadata,
-    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("id", SafeText, primary_key=True),
     sa.Column("session_pk", BigId, sa.ForeignKey("sessions.pk", ondelete="CASCADE"), nullable=False),
-    sa.Column("model", sa.Text, nullable=True),
+    sa.Column("model", SafeText, nullable=True),
     sa.Column("status", sa.Integer, nullable=False),
     sa.Column("latency_ms", sa.Float, nullable=False),
     sa.Column("stream", sa.Boolean, nullable=False),
     sa.Column("usage", JsonText, nullable=True),
     sa.Column("added_messages", sa.Integer, nullable=False),
     sa.Column("first_added_seq", sa.Integer, nullable=True),
-    sa.Column("tokens_client", sa.Integer, nullable=True),
-    sa.Column("tokens_forwarded", sa.Integer, nullable=True),
+    sa.Column("tokens_client", BigCount, nullable=True),
+    sa.Column("tokens_forwarded", BigCount, nullable=True),
     sa.Column("defenses", JsonText, nullable=False),
     sa.Column("event_ids", JsonText, nullable=False),
-    sa.Column("error", sa.Text, nullable=True),
-    sa.Column("finish_reason", sa.Text, nullable=True),
+    sa.Column("error", SafeText, nullable=True),
+    sa.Column("finish_reason", SafeText, nullable=True),
     sa.Column("created_at", UtcDateTime, nullable=False),
     sa.Index("ix_requests_session_created", "session_pk", "created_at"),
 )
@@ -322,12 +357,12 @@ requests = sa.Table(
 learned_limits = sa.Table(
     "learned_limits",
     metadata,
-    sa.Column("tenant", sa.Text, primary_key=True),
-    sa.Column("upstream", sa.Text, primary_key=True),
-    sa.Column("model", sa.Text, primary_key=True),
-    sa.Column("context_window_tokens", sa.Integer, nullable=True),
+    sa.Column("tenant", SafeText, primary_key=True),
+    sa.Column("upstream", SafeText, primary_key=True),
+    sa.Column("model", SafeText, primary_key=True),
+    sa.Column("context_window_tokens", BigCount, nullable=True),
     sa.Column("estimate_ratio", sa.Float, nullable=True),
-    sa.Column("source", sa.Text, nullable=True),
+    sa.Column("source", SafeText, nullable=True),
     sa.Column("updated_at", UtcDateTime, nullable=False),
     sa.Column("expires_at", UtcDateTime, nullable=True),
 )

@@ -309,3 +309,31 @@ async def test_the_direct_access_line_is_the_line_logging_writes(root_json) -> N
         logging.disable(logging.NOTSET)
     await asyncio.sleep(0)
     assert [(x["level"], x["msg"], x.get("k")) for x in lines()] == [("debug", "GET /healthz 200", None), ("info", "probe", 1)]
+
+
+def _integrity_error() -> BaseException:
+    import sqlalchemy.exc
+
+    return sqlalchemy.exc.IntegrityError("INSERT INTO t VALUES (?)", ("the secret value",), Exception("UNIQUE failed: the secret value"))
+
+
+@pytest.mark.parametrize("shape", ["alone", "cause", "group", "nested_group"])
+def test_a_database_error_s_text_is_withheld_wherever_it_sits_in_the_traceback(shape: str) -> None:
+    """Content logging off: a DB error's text (it quotes values) is withheld alone, as a cause,
+    and as a member of an ``ExceptionGroup`` (a ``TaskGroup``'s error), nested or not."""
+    from proxy.logging_setup import WITHHELD, format_exception
+
+    db = _integrity_error()
+    exc: BaseException
+    if shape == "alone":
+        exc = db
+    elif shape == "cause":
+        exc = RuntimeError("writing failed")
+        exc.__cause__ = db
+    elif shape == "group":
+        exc = ExceptionGroup("tasks failed", [ValueError("other"), db])
+    else:
+        exc = ExceptionGroup("outer", [ExceptionGroup("inner", [db])])
+    hidden = format_exception(exc, log_message_content=False)
+    assert "the secret value" not in hidden and WITHHELD in hidden and "IntegrityError" in hidden
+    assert "the secret value" in format_exception(exc, log_message_content=True)

@@ -38,16 +38,16 @@ async def test_upgrade_creates_schema_and_is_idempotent(empty_database_url: str)
     assert await _inspect(empty_database_url) == (set(), None, [])
     await upgrade(empty_database_url)
     tables, revision, diff = await _inspect(empty_database_url)
-    assert TABLES <= tables and revision == "0003"
+    assert TABLES <= tables and revision == "0004"
     assert diff == []  # storage/tables.py describes exactly what the migrations create
     await upgrade(empty_database_url)
-    assert await _inspect(empty_database_url) == (tables, "0003", [])
+    assert await _inspect(empty_database_url) == (tables, "0004", [])
 
 
 async def test_concurrent_upgrades_both_succeed(empty_database_url: str) -> None:
     await asyncio.gather(*(upgrade(empty_database_url) for _ in range(3)))
     tables, revision, _ = await _inspect(empty_database_url)
-    assert TABLES <= tables and revision == "0003"
+    assert TABLES <= tables and revision == "0004"
 
 
 async def test_upgrade_of_unreachable_database_raises_unavailable() -> None:
@@ -58,3 +58,85 @@ async def test_upgrade_of_unreachable_database_raises_unavailable() -> None:
 def test_migration_scripts_ship_without_alembic_ini() -> None:
     assert (MIGRATIONS_DIR / "env.py").is_file()
     assert (MIGRATIONS_DIR / "versions" / "0001_initial.py").is_file()
+
+
+async def test_0004_widens_the_token_columns_of_an_existing_database(empty_database_url: str) -> None:
+    """A database at 0003 keeps its rows and then stores token counts beyond 32 bits (a client's
+    ``max_tokens`` of 3e9 overflowed PostgreSQL's ``INTEGER``: issue 16, item 11)."""
+    from datetime import UTC, datetime
+
+    from storage.records import EventRecord, RequestRecord
+    from storage.store import Store
+
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    await upgrade(empty_database_url, "0003")
+    store = await Store.open(empty_database_url, pool_size=2)
+    try:
+        session = await store.get_or_create_session("t", "old", now)
+        def record(i: int, tokens: int) -> RequestRecord:
+            return RequestRecord(id=f"r{i}", session_pk=session.pk, model="m", status=200, latency_ms=1.0, stream=False,
+                                 usage=None, added_messages=0, first_added_seq=None, tokens_client=tokens,
+                                 tokens_forwarded=tokens, created_at=now)
+        await store.add_request(record(1, 2**31 - 1))
+    finally:
+        await store.close()
+    await upgrade(empty_database_url)
+    assert (await _inspect(empty_database_url))[1:] == ("0004", [])
+    store = await Store.open(empty_database_url, pool_size=2)
+    try:
+        await store.add_request(record(2, 3_000_000_000))
+        await store.add_event(EventRecord(id="e", session_pk=session.pk, kind="summary", anchor_hash="a" * 64,
+                                          payload={}, tokens_before=3_000_000_000, tokens_after=2**33, created_at=now))
+        assert await store.set_learned_window("t", "u", "m", 5_000_000_000, "overflow", now, None)
+        rows, _ = await store.list_requests(session.pk, 10, None)
+        assert [r.tokens_client for r in rows] == [2**31 - 1, 3_000_000_000]
+        assert [(e.tokens_before, e.tokens_after) for e in await store.list_events(session.pk)] == [(3_000_000_000, 2**33)]
+        limit = await store.get_learned_limit("t", "u", "m")
+        assert limit is not None and limit.context_window_tokens == 5_000_000_000
+        assert (await store.session_summary(session)).tokens_client_total == 2**31 - 1 + 3_000_000_000
+    finally:
+        await store.close()
+
+
+async def test_0004_escapes_the_older_text_values_that_hold_the_escape_mark(empty_database_url: str) -> None:
+    """Values stored before text was escaped that hold U+0010 (the mark of an escaped value) read
+    back and are found as written after 0004: a session id, a model, an artifact's id and its
+    content (on SQLite compressed, as the proxy wrote large ones), on both databases."""
+    import zlib
+    from datetime import UTC, datetime
+
+    from storage.store import Store
+
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    content = ("\x10 old content " * 100) + "\x10"
+    await upgrade(empty_database_url, "0003")
+    engine = create_engine(empty_database_url, pool_size=1)
+    try:
+        async with engine.begin() as conn:
+            pk = (await conn.execute(sa.text(
+                "INSERT INTO sessions (session_id, tenant, created_at, updated_at) VALUES (:s, :t, :n, :n) RETURNING pk"),
+                {"s": "a\x10b", "t": "t", "n": now})).scalar_one()
+            await conn.execute(sa.text(
+                "INSERT INTO requests (id, session_pk, model, status, latency_ms, stream, added_messages, defenses,"
+                " event_ids, created_at) VALUES (:i, :p, :m, 200, 1.0, false, 0, '[]', '[]', :n)"),
+                {"i": "r1", "p": pk, "m": "\x10a\x10b", "n": now})
+            stored: str | bytes = content
+            if conn.dialect.name == "sqlite":
+                stored = zlib.compress(content.encode(), 1)
+            await conn.execute(sa.text(
+                "INSERT INTO artifacts (tenant, id, session_pk, media_type, content, size_bytes, line_count, created_at)"
+                " VALUES ('t', :i, :p, 'text/plain', :c, 1, 1, :n)"), {"i": "\x10art", "p": pk, "c": stored, "n": now})
+    finally:
+        await engine.dispose()
+    await upgrade(empty_database_url)
+    store = await Store.open(empty_database_url, pool_size=2)
+    try:
+        session = await store.find_session("a\x10b", "t")
+        assert session is not None and session.pk == pk
+        assert (await store.get_or_create_session("t", "a\x10b", now)).pk == pk  # no second session
+        rows, _ = await store.list_requests(pk, 10, None)
+        assert [r.model for r in rows] == ["\x10a\x10b"]
+        artifact = await store.get_artifact("\x10art", "t")
+        assert artifact is not None and artifact.content == content
+    finally:
+        await store.close()
