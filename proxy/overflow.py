@@ -34,6 +34,8 @@ from typing import Any, Literal
 
 import orjson
 
+from proxy.json_text import parse_json
+
 
 @dataclass(frozen=True)
 class Overflow:
@@ -195,7 +197,7 @@ def _collect(node: Any, out: _Parsed, depth: int = 0) -> None:
 def _parse(body: bytes) -> _Parsed:
     out = _Parsed([], set(), None)
     try:
-        data = orjson.loads(body)
+        data = parse_json(body)  # a lone surrogate escape is read (``proxy.json_text``)
     except (orjson.JSONDecodeError, TypeError):
         out.texts.append(body[:_MESSAGE_CHARS * 4].decode("utf-8", "replace"))
         return out
@@ -370,7 +372,7 @@ def classify_stream_event(data: bytes, *, sent: Any = None) -> Overflow | None:
             payload = payload[5:].strip()
         if not payload.startswith(b"{"):
             return None
-        parsed = orjson.loads(payload)
+        parsed = parse_json(payload)
         if not isinstance(parsed, dict) or ("error" not in parsed and parsed.get("type") != "error"):
             return None
         return classify_error(400, payload, sent=sent)

@@ -8,19 +8,31 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class Settings(BaseSettings):
     """Runtime configuration of the proxy. Units are in the field names (``_s``, ``_tokens``, ...)."""
 
-    model_config = SettingsConfigDict(env_prefix="CONTEXT_PROXY_", extra="ignore")
+    # hide_input_in_errors: a bad value (a URL with credentials, a key) is never echoed in an error
+    model_config = SettingsConfigDict(env_prefix="CONTEXT_PROXY_", extra="ignore", hide_input_in_errors=True)
 
     # --- serving ---
     host: str = Field("127.0.0.1", description="Address to bind.")
     port: int = Field(8000, description="Port to bind.")
     upstream_url: str = Field("https://api.openai.com/v1", description="Base URL of the real provider (ends in /v1).")
+
+    @field_validator("upstream_url")
+    @classmethod
+    def _upstream_url_valid(cls, value: str) -> str:
+        """Normalised by ``proxy.upstream_urls.upstream_base``; its ``ValueError`` (no http/https,
+        no host, user info, a query or a fragment) stops the start with a message naming the problem."""
+        # imported here: the proxy's modules import settings, never the reverse at import time
+        from proxy.upstream_urls import upstream_base
+
+        return str(upstream_base(value))
+
     database_url: str = Field(
         "sqlite:///./context-proxy.db",
         description="sqlite:///PATH or postgresql://USER:PASS@HOST/DB; the async driver is picked for you.",
@@ -30,11 +42,33 @@ class Settings(BaseSettings):
 
     # --- upstream client ---
     upstream_pool_size: int = Field(256, description="Maximum open connections to the upstream.")
+    upstream_tenant_pool_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Share of upstream_pool_size one tenant may hold at once (a fraction; at least two connections, or the whole pool if smaller: a request may hold a stream while its summary call needs another). "
+        "A request that finds its share or the whole pool in use waits up to upstream_connect_timeout_s, then is "
+        "answered 503 proxy_busy with retry-after.",
+    )
     upstream_connect_timeout_s: float = Field(10.0, description="Seconds to open a connection to the upstream.")
     upstream_read_timeout_s: float = Field(
         600.0, description="Seconds to wait for the upstream between bytes (a stalled stream fails after this)."
     )
     max_body_bytes: int = Field(64 * 1024 * 1024, description="Largest request body accepted (413 above).")
+    stream_log_max_bytes: int = Field(
+        16 * 1024 * 1024,
+        gt=0,
+        description="Bytes of a streamed reply's event data reassembled for the log; past it the logged reply keeps "
+        "what came before and is marked x_context_proxy.truncated (the client still gets every byte).",
+    )
+    max_held_body_bytes: int = Field(
+        128 * 1024 * 1024,
+        gt=0,
+        description="Bytes of request bodies (as received) all requests of the process may hold at once, each until "
+        "its response ends; a body that does not fit is refused with 503 proxy_busy and retry-after. The process's "
+        "memory peaks at about 4-5 times this above its idle size (the body read, parsed, hashed, re-serialized and "
+        "logged: measured with 60 MB bodies).",
+    )
     database_pool_size: int = Field(
         10, description="Database connections per process (plus as many overflow); keep replicas x 2 x this under the server's max_connections."
     )
@@ -120,11 +154,43 @@ class Settings(BaseSettings):
         "openai SDK: 5 s) so the client always closes first: when both are 5 s, a request sent on a connection as the "
         "server closes it fails with a ReadError (seen under load). 75 s is nginx's default.",
     )
+    http_max_connections: int = Field(
+        1024,
+        gt=0,
+        description="Open client connections at most (lowered at start to fit the file-descriptor limit). Past it a "
+        "new connection closes the one that has waited longest without a request in progress; when every one has a "
+        "request in progress, the new one is answered 503 (retry-after: 1).",
+    )
+    http_max_header_bytes: int = Field(
+        64 * 1024, gt=0, description="Bytes of a request's request line and header fields at most (431 above)."
+    )
+    http_max_headers: int = Field(100, gt=0, description="Header fields of a request at most (431 above).")
+    http_header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a request's headers may take to arrive, from the connection (or a kept-alive "
+        "connection's next first byte); then 408 and the connection is closed.",
+    )
+    http_body_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds a request's body may take to arrive after its headers; then 408 and the connection is closed.",
+    )
 
     # --- the proxy's own tools (issue 4) ---
     read_tool_enabled: bool = Field(True, description="Offer the read tool when a forwarded request carries a stub or summary.")
     read_tool_name: str = Field("context_proxy_read", description="Name of the proxy's read tool.")
-    read_tool_max_rounds: int = Field(3, description="Rounds of read-tool calls the proxy serves per request.")
+    read_tool_max_rounds: int = Field(
+        8, ge=1, le=64, description="Rounds of read-tool calls the proxy serves per request at most (a backstop to the token budget)."
+    )
+    read_tool_budget_fraction: float = Field(
+        0.25, gt=0, le=0.9, description="Tokens the read tool's results may add to one request, as a fraction of the model's "
+        "context window (all rounds together); a result that would not fit is cut, saying how to continue."
+    )
+    read_tool_scope: Literal["session", "tenant"] = Field(
+        "session", description="What the read tool serves: 'session' (the current session's artifacts and archive) or "
+        "'tenant' (any artifact of the tenant that the conversation names)."
+    )
     compact_tool_enabled: bool = Field(
         False, description="Offer the manual compaction tool (also per request: header X-Context-Proxy-Compact-Tool: on)."
     )

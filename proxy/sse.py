@@ -16,6 +16,8 @@ from typing import Any
 
 import orjson
 
+from proxy.json_text import parse_json
+
 
 @dataclass(slots=True)
 class SSEEvent:
@@ -131,11 +133,18 @@ class ReplyAssembler:
     attributes. Events that are not JSON chunks (errors, keep-alives) are recorded in ``errors``
     (the first ``MAX_ERRORS``); ``upstream_error`` says an error event came (``event: error``, or
     a payload with an ``error`` member).
+
+    ``max_bytes``: once the events' data passed this many bytes, deltas are no longer kept (finish
+    reason and usage still are): ``truncated`` is set and ``message()`` carries
+    ``x_context_proxy: {"truncated": true}``. The relay is not affected (it never reads this).
     """
 
     MAX_ERRORS = 16
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int | None = None) -> None:
+        self.max_bytes = max_bytes
+        self.seen_bytes = 0
+        self.truncated = False
         self._content: list[str] = []
         self._saw_content = False
         self._tools: dict[int, _ToolCallAcc] = {}
@@ -153,11 +162,12 @@ class ReplyAssembler:
         """An error only in llama.cpp's ``error:`` field, which clients do not see (``_seen_by_clients``)."""
 
     def add(self, event: SSEEvent) -> None:
+        self.seen_bytes += len(event.data)
         if event.data == b"[DONE]":
             self.done = True
             return
         try:
-            chunk = orjson.loads(event.data)
+            chunk = parse_json(event.data)  # a lone surrogate escape is read (``proxy.json_text``)
         except orjson.JSONDecodeError:
             if event.event == "error":
                 self._flag(event)
@@ -201,6 +211,9 @@ class ReplyAssembler:
     def _add_delta(self, delta: dict[str, Any]) -> None:
         if delta.get("role"):
             self.role = delta["role"]
+        if self.max_bytes is not None and self.seen_bytes > self.max_bytes:
+            self.truncated = True
+            return
         text = delta.get("content")
         if isinstance(text, str):
             self._saw_content = self._saw_content or bool(text)
@@ -241,4 +254,6 @@ class ReplyAssembler:
                 for _, acc in sorted(self._tools.items())
             ]
         msg.update(self._extra)
+        if self.truncated:
+            msg["x_context_proxy"] = {"truncated": True, "kept_bytes": self.max_bytes}
         return msg

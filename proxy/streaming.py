@@ -31,6 +31,7 @@ import orjson
 
 from proxy.answers import DISCONNECTED
 from proxy.errors import ProxyError, UpstreamUnreachable
+from proxy.json_text import parse_json
 from proxy.overflow import Overflow, classify_error, classify_stream_event
 from proxy.sse import ReplyAssembler, SSEEvent, SSESplitter
 from proxy.upstream import TRANSPORT_ERRORS, translate
@@ -178,7 +179,7 @@ def _carried(event: SSEEvent) -> Literal["error", "nothing", "something"]:
     if event.event == "error":
         return "error"
     try:
-        chunk = orjson.loads(event.data)
+        chunk = parse_json(event.data)  # a lone surrogate escape is read (``proxy.json_text``)
     except orjson.JSONDecodeError:
         return "something"
     if not isinstance(chunk, dict):
@@ -277,7 +278,7 @@ def provider_error_event(body: bytes) -> bytes:
     """A provider's error response, for a stream under way: its JSON body as it came, in one event
     (a ``data:`` line per line); our 502 envelope when the body is not a JSON object."""
     try:
-        parsed = orjson.loads(body)
+        parsed = parse_json(body)
     except orjson.JSONDecodeError:
         parsed = None
     if not isinstance(parsed, dict):

@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import http.cookiejar
+import weakref
 import zlib
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import aiohttp
 import httpx
 import yarl
 
+from proxy.admission import PoolShare
 from proxy.errors import UpstreamTimeout, UpstreamUnreachable
+from proxy.upstream_urls import join, upstream_base
 
 HOP_BY_HOP = frozenset(
     {
@@ -48,6 +51,22 @@ PROXY_HEADERS = frozenset({"x-session-id"})
 OWN_RESPONSE_HEADERS = frozenset({"date", "server"})
 """Set by the proxy's own server; the upstream's copies would be duplicates."""
 
+OPERATOR_RESPONSE_HEADERS = frozenset({"openai-organization", "openai-project", "set-cookie"})
+OPERATOR_RESPONSE_PREFIXES = ("x-ratelimit-",)
+"""Response headers about the operator's account (its organization, project, rate limits, cookies):
+with a shared upstream key (``upstream_api_key``) they are the operator's, never passed to tenants."""
+
+
+def connection_tokens(pairs: Iterable[tuple[str, str]]) -> frozenset[str]:
+    """Header names (lower case) listed in the ``Connection`` headers of ``pairs``: hop-by-hop for
+    this one connection, so never forwarded (RFC 9110 section 7.6.1)."""
+    names: set[str] = set()
+    for name, value in pairs:
+        if name.lower() == "connection":
+            names.update(token.strip().lower() for token in value.split(","))
+    names.discard("")
+    return frozenset(names)
+
 URL_MEMO_PATHS = 256
 """Parsed upstream URLs kept per path (building one was ~2% of a small request's CPU)."""
 URL_MEMO_PATH_CHARS = 256
@@ -60,15 +79,18 @@ TRANSPORT_ERRORS = (httpx.HTTPError, aiohttp.ClientError, OSError, asyncio.Timeo
 def forward_request_headers(
     headers: Iterable[tuple[str, str]], *, upstream_api_key: str | None, identity: bool
 ) -> list[tuple[str, str]]:
-    """Client headers to send upstream: hop-by-hop and proxy headers dropped.
+    """Client headers to send upstream: hop-by-hop (those the ``Connection`` header names too) and
+    proxy headers dropped.
 
     With ``upstream_api_key`` the client's ``Authorization`` is replaced by the proxy's key. With
     ``identity`` the upstream is asked not to compress (the proxy reads chat replies to log them).
     """
+    headers = headers if isinstance(headers, (list, tuple)) else list(headers)
+    named = connection_tokens(headers)
     out: list[tuple[str, str]] = []
     for name, value in headers:
         low = name.lower()
-        if low in HOP_BY_HOP or low in PROXY_HEADERS or low.startswith("x-context-proxy-"):
+        if low in HOP_BY_HOP or low in PROXY_HEADERS or low.startswith("x-context-proxy-") or low in named:
             continue
         if upstream_api_key is not None and low in ("authorization", "api-key", "x-api-key", "openai-organization", "openai-project"):
             continue  # the proxy's key: the client chooses neither the credentials nor the billed project
@@ -82,16 +104,21 @@ def forward_request_headers(
     return out
 
 
-def response_headers(headers: Any, *, keep_encoding: bool) -> dict[str, str]:
+def response_headers(headers: Any, *, keep_encoding: bool, shared_key: bool = False) -> dict[str, str]:
     """Upstream response headers to pass back (content type, request id, rate limits, retry-after…).
 
     ``headers``: an ``httpx.Headers`` or aiohttp's ``CIMultiDictProxy`` (repeated names joined
-    with ``", "``)."""
+    with ``", "``). Hop-by-hop ones are dropped, those the ``Connection`` header names too; with
+    ``shared_key`` (the proxy's own upstream key) the operator's account headers as well
+    (``OPERATOR_RESPONSE_HEADERS``)."""
     out: dict[str, str] = {}
-    pairs = headers.multi_items() if isinstance(headers, httpx.Headers) else headers.items()
+    pairs = list(headers.multi_items() if isinstance(headers, httpx.Headers) else headers.items())
+    named = connection_tokens(pairs)
     for name, value in pairs:
         low = name.lower()
-        if low in HOP_BY_HOP or low in OWN_RESPONSE_HEADERS or (not keep_encoding and low == "content-encoding"):
+        if low in HOP_BY_HOP or low in OWN_RESPONSE_HEADERS or (not keep_encoding and low == "content-encoding") or low in named:
+            continue
+        if shared_key and (low in OPERATOR_RESPONSE_HEADERS or low.startswith(OPERATOR_RESPONSE_PREFIXES)):
             continue
         if low in out:
             out[low] += ", " + value
@@ -110,10 +137,11 @@ class AiohttpResponse:
     aiohttp's exceptions (``TRANSPORT_ERRORS``; ``translate`` maps them).
     """
 
-    __slots__ = ("_resp", "headers", "status_code")
+    __slots__ = ("__weakref__", "_release", "_resp", "headers", "status_code")
 
-    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+    def __init__(self, resp: aiohttp.ClientResponse, release: Callable[[], None] | None = None) -> None:
         self._resp = resp
+        self._release = release
         self.status_code = resp.status
         self.headers = resp.headers
 
@@ -142,6 +170,28 @@ class AiohttpResponse:
             resp.release()
         else:
             resp.close()
+        if self._release is not None:
+            self._release()  # the pool slot (``PoolShare``)
+
+
+class HeldHttpxResponse:
+    """An ``httpx.Response`` whose ``aclose`` also gives back its pool slot (``PoolShare``);
+    every other attribute is the response's."""
+
+    __slots__ = ("__weakref__", "_release", "_resp")
+
+    def __init__(self, resp: httpx.Response, release: Callable[[], None]) -> None:
+        self._resp = resp
+        self._release = release
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._resp, name)
+
+    async def aclose(self) -> None:
+        try:
+            await self._resp.aclose()
+        finally:
+            self._release()
 
 
 class Upstream:
@@ -150,6 +200,10 @@ class Upstream:
     ``send`` returns a streaming response (``AiohttpResponse``, or an ``httpx.Response`` with an
     injected ``transport``) that the caller reads or iterates and must ``aclose``. Raises
     ``UpstreamUnreachable`` or ``UpstreamTimeout``; never another library's exception.
+    Pool: ``pool_size`` requests at once (``PoolShare``), ``tenant_pool_share`` of them (a fraction,
+    at least one) for one tenant; a slot not free within ``connect_timeout_s`` raises ``ProxyBusy``
+    (503): the proxy is full, the provider did not time out. The slot is held until ``aclose``
+    (or, for a response nobody closes, until it is garbage).
     Timeouts: ``connect_timeout_s`` for a pooled connection (waiting for one included) and the
     TCP connect, ``read_timeout_s`` from the request's last byte to the response and between two
     reads of it (a stalled stream). Writing the request has no timeout of its own (as before,
@@ -165,9 +219,13 @@ class Upstream:
         connect_timeout_s: float,
         read_timeout_s: float,
         keepalive_s: float = 4.0,
+        tenant_pool_share: float = 1.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.slots = PoolShare(pool_size, int(pool_size * tenant_pool_share))
+        self._slot_timeout_s = connect_timeout_s
+        self.base = upstream_base(base_url)  # requests go there only (``proxy.upstream_urls``)
+        self.base_url = str(self.base)
         self._urls: dict[str, yarl.URL] = {}  # path -> parsed URL (the chat path, mostly)
         self._client: httpx.AsyncClient | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -195,13 +253,14 @@ class Upstream:
         )
 
     def url(self, path: str) -> str:
-        """The upstream URL for ``path`` (relative to ``/v1``, e.g. ``/chat/completions``)."""
-        return self.base_url + path
+        """The upstream URL for ``path`` (relative to ``/v1``, e.g. ``/chat/completions``; raises
+        ``BadRequest`` for one that would leave the upstream, see ``proxy.upstream_urls.join``)."""
+        return str(self._url(path))
 
     def _url(self, path: str) -> yarl.URL:
         url = self._urls.get(path)
         if url is None:
-            url = yarl.URL(self.url(path), encoded=True)
+            url = join(self.base, path)
             if len(path) <= URL_MEMO_PATH_CHARS:  # paths come from clients (the passthrough routes)
                 if len(self._urls) >= URL_MEMO_PATHS:
                     self._urls.clear()
@@ -215,18 +274,26 @@ class Upstream:
         *,
         headers: list[tuple[str, str]],
         content: bytes | None,
-    ) -> AiohttpResponse | httpx.Response:
-        """Send ``content`` to ``path`` (already percent-encoded, query included) with ``headers``."""
+        tenant: str | None = None,
+    ) -> AiohttpResponse | HeldHttpxResponse:
+        """Send ``content`` to ``path`` (already percent-encoded, query included) with ``headers``,
+        in a pool slot of ``tenant``'s share (``None``: of the pool only); raises ``ProxyBusy``
+        when no slot is free in time (see the class docstring)."""
+        release = await self.slots.acquire(tenant, self._slot_timeout_s)
         try:
             if self._session is not None:
                 resp = await self._session.request(method, self._url(path), headers=headers, data=content,
                                                    allow_redirects=False)
-                return AiohttpResponse(resp)
-            assert self._client is not None
-            request = self._client.build_request(method, self.url(path), headers=headers, content=content)
-            return await self._client.send(request, stream=True)
+                held: AiohttpResponse | HeldHttpxResponse = AiohttpResponse(resp, release)
+            else:
+                assert self._client is not None
+                request = self._client.build_request(method, self.url(path), headers=headers, content=content)
+                held = HeldHttpxResponse(await self._client.send(request, stream=True), release)
         except BaseException as exc:
+            release()
             raise translate(exc) from exc
+        weakref.finalize(held, release)  # a response dropped unclosed gives its slot back too
+        return held
 
     async def aclose(self) -> None:
         if self._session is not None:

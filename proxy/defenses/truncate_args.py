@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from proxy.json_text import without_lone_surrogates
+
 MARKER = "...(argument truncated)"
 
 
@@ -48,8 +50,9 @@ def shorten(value: Any, max_chars: int, keep_chars: int) -> tuple[Any, bool]:
 def truncate_arguments(arguments: str, max_chars: int, keep_chars: int) -> str:
     """Return ``arguments`` (a JSON string) with long string values shortened; the same object if unchanged.
 
-    Valid JSON stays valid JSON with the same keys; invalid JSON longer than ``max_chars`` is cut
-    as a raw string to ``keep_chars`` plus the marker.
+    Valid JSON stays valid JSON with the same keys (a lone surrogate escape in it comes back as
+    U+FFFD, ``proxy.json_text``); invalid JSON longer than ``max_chars`` is cut as a raw string to
+    ``keep_chars`` plus the marker.
     """
     if len(arguments) <= max_chars:
         return arguments  # no string inside can be longer than the whole
@@ -60,7 +63,7 @@ def truncate_arguments(arguments: str, max_chars: int, keep_chars: int) -> str:
     new, changed = shorten(parsed, max_chars, keep_chars)
     if not changed:
         return arguments
-    return json.dumps(new, ensure_ascii=False)
+    return json.dumps(without_lone_surrogates(new), ensure_ascii=False)  # orjson writes the body: none may be left
 
 
 def truncate_message(

@@ -2,12 +2,17 @@
 
 Nothing here is parsed or logged as chat. The body (size-limited like chat bodies) is sent as
 received and the response streamed back, content encoding included, so what the client gets is
-byte for byte the upstream's. With a proxy-held upstream key, only stateless paths are relayed.
+byte for byte the upstream's. With a proxy-held upstream key, only stateless paths are relayed,
+and the operator's account headers are not passed back. A path that could reach another host or
+another resource (``@``, encoded slashes, backslashes, dot segments) and a ``POST`` to chat
+completions spelt another way (it would skip the log) are refused with a 400
+(``proxy.upstream_urls.passthrough_target``).
 """
 
 from __future__ import annotations
 
 import re
+from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from starlette.responses import StreamingResponse
@@ -15,6 +20,7 @@ from starlette.responses import StreamingResponse
 from proxy.errors import Forbidden
 from proxy.routes.body import read_body
 from proxy.upstream import forward_request_headers, response_headers, translate
+from proxy.upstream_urls import passthrough_target
 
 router = APIRouter()
 
@@ -33,7 +39,12 @@ refused unless the caller is an admin (or the client sends its own key to the up
 
 async def passthrough(path: str, request: Request) -> StreamingResponse:
     state = request.app.state.proxy
-    state.auth.chat_tenant(request.headers)
+    tenant = state.auth.chat_tenant(request.headers)
+    # The path exactly as the client wrote it (percent-encoding kept: the decoded ``path`` loses
+    # ``%2F``), the query too (a client library would re-encode it: ``%20`` -> ``+``); checked so
+    # that it reaches the configured upstream only (``passthrough_target``, ``Upstream.url``).
+    raw_path = request.scope.get("raw_path") or quote("/v1/" + path).encode()  # a server without raw_path
+    target = passthrough_target(raw_path.decode("latin-1"), request.url.query, request.method)
     if state.settings.upstream_api_key is not None and state.auth.reader(request.headers) is not None:
         if not any(request.method == m and rx.fullmatch("/" + path) for m, rx in SHARED_KEY_ALLOWED):
             raise Forbidden(
@@ -42,13 +53,7 @@ async def passthrough(path: str, request: Request) -> StreamingResponse:
             )
     body = await read_body(request, state.settings.max_body_bytes)
     headers = forward_request_headers(request.headers.items(), upstream_api_key=state.settings.upstream_api_key, identity=False)
-    # The path and query exactly as the client wrote them (percent-encoding kept): a client
-    # library would re-encode a query (``%20`` -> ``+``) and the decoded ``path`` loses ``%2F``.
-    raw_path = request.scope.get("raw_path") or ("/v1/" + path).encode()
-    target = raw_path.decode("latin-1").removeprefix("/v1")
-    if request.url.query:
-        target += "?" + request.url.query
-    resp = await state.upstream.send(request.method, target, headers=headers, content=body or None)
+    resp = await state.upstream.send(request.method, target, headers=headers, content=body or None, tenant=tenant)
 
     async def relay():
         try:
@@ -59,7 +64,8 @@ async def passthrough(path: str, request: Request) -> StreamingResponse:
         finally:
             await resp.aclose()
 
-    return StreamingResponse(relay(), status_code=resp.status_code, headers=response_headers(resp.headers, keep_encoding=True))
+    return StreamingResponse(relay(), status_code=resp.status_code, headers=response_headers(
+        resp.headers, keep_encoding=True, shared_key=state.settings.upstream_api_key is not None))
 
 
 for _method in METHODS:  # one route per method: one shared route gives duplicate OpenAPI operation ids (a warning)

@@ -16,14 +16,25 @@ from typing import Any
 
 from tests.fakes.asgi import Exchange, finish, send_part, start
 from tests.fakes.responders import Reply, build_prompt, is_summary_request
+from tests.fakes.stream_overflow import overflow_frames
 from tests.fakes.styles import OverflowContext, OverflowStyle
 from tests.fakes.tokens import (
-    count_prompt_tokens, count_text_tokens, count_tools_tokens, encoding, message_text,
+    count_prompt_tokens,
+    count_text_tokens,
+    count_tools_tokens,
+    encoding,
+    message_text,
     requested_output_tokens,
 )
 from tests.fakes.validation import validate_chat_request
-from tests.fakes.stream_overflow import overflow_frames
-from tests.fakes.wire import SSE_DONE, completion_object, first_chunk, sse_data, stream_chunks, usage_object
+from tests.fakes.wire import (
+    SSE_DONE,
+    completion_object,
+    first_chunk,
+    sse_data,
+    stream_chunks,
+    usage_object,
+)
 
 SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
 KEEP_HEAD_TOKENS = 4

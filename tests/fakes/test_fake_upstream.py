@@ -76,7 +76,7 @@ def test_model_names_and_counting_rule() -> None:
 
 def expected_overflow(style: str, n: int, x: int, m: int) -> tuple[int, Any]:
     """The exact body each style must send for window n, prompt x, max_tokens m."""
-    openai_env = lambda msg: {"error": {"message": msg, "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}  # noqa: E731
+    openai_env = lambda msg: {"error": {"message": msg, "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}
     oa = openai_env(f"This model's maximum context length is {n} tokens. However, your messages resulted in {x} tokens. Please reduce the length of the messages.")
     requested = f"{x + m} tokens ({x} in the messages, {m} in the completion)"
     vllm = f"This model's maximum context length is {n} tokens. However, you requested {requested}. Please reduce the length of the messages or completion."
@@ -252,6 +252,28 @@ def test_roles_names_and_parameters(url: str, state: FakeState) -> None:
     assert error_of(url, {"messages": user, "max_completion_tokens": 300})[0] == 200
 
 
+@pytest.mark.parametrize(("tools", "where", "expected", "got"), [
+    ([{"type": "function", "function": {"name": "f", "parameters": "{}"}}], "tools[0].function.parameters", "an object", "a string"),
+    ([{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "g", "parameters": [1]}}],
+     "tools[1].function.parameters", "an object", "an array"),
+    ([{"type": "function", "function": {"name": 7}}], "tools[0].function.name", "a string", "an integer"),
+    ([{"type": "function", "function": "f"}], "tools[0].function", "an object", "a string"),
+    (["f"], "tools[0]", "an object", "a string"),
+    ({"f": 1}, "tools", "an array", "an object"),
+])
+def test_tools_of_a_wrong_type_get_openai_s_400(url: str, tools: Any, where: str, expected: str, got: str) -> None:
+    """Never a crash (a 500 the proxy would relay) for a tools shape a provider refuses."""
+    assert error_of(url, {"messages": [{"role": "user", "content": "hi"}], "tools": tools}) == (400, {"error": {
+        "message": f"Invalid type for '{where}': expected {expected}, but got {got} instead.",
+        "type": "invalid_request_error", "param": where, "code": "invalid_type"}})
+
+
+def test_tools_of_the_right_types_are_accepted(url: str) -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": None}}, {"type": "custom", "custom": {"name": "g"}},
+             {"type": "function", "function": {"name": "h", "parameters": {"type": "object", "properties": "odd"}}}]
+    assert error_of(url, {"messages": [{"role": "user", "content": "hi"}], "tools": tools})[0] == 200
+
+
 def test_anthropic_blocks(url: str) -> None:
     use = {"role": "assistant", "content": [{"type": "text", "text": "Checking."}, {"type": "tool_use", "id": "toolu_01", "name": "w", "input": {"city": "Oslo"}}]}
     result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01", "content": "FACT: oslo_temp=12C"}]}
@@ -289,7 +311,7 @@ def test_fact_question_everywhere(client: openai.OpenAI) -> None:
         {"role": "tool", "tool_call_id": "call_1", "content": "FACT: port=8443, open"},
         {"role": "user", "content": "QUESTION: port"},
     ]
-    ask = lambda key: client.chat.completions.create(  # noqa: E731
+    ask = lambda key: client.chat.completions.create(
         model="fake-8k-openai", messages=messages[:-1] + [{"role": "user", "content": f"QUESTION: {key}"}]).choices[0].message.content
     assert [ask(k) for k in ("port", "city", "colour", "missing")] == ["ANSWER: 8443", "ANSWER: Oslo", "ANSWER: blue", "ANSWER: unknown"]
 
@@ -347,7 +369,7 @@ async def test_scripted_replies_async_stream(url: str, state: FakeState) -> None
 
 def test_custom_responder_goes_first(client: openai.OpenAI, state: FakeState) -> None:
     state.responders.insert(0, lambda prompt, st: Reply("pong") if "ping" in prompt.last_user_text else None)
-    ask = lambda text: client.chat.completions.create(model="fake-8k-openai", messages=[{"role": "user", "content": text}]).choices[0].message.content  # noqa: E731
+    ask = lambda text: client.chat.completions.create(model="fake-8k-openai", messages=[{"role": "user", "content": text}]).choices[0].message.content
     assert (ask("ping"), ask("other")) == ("pong", "OK: other")
 
 
@@ -440,7 +462,7 @@ UNDER_THE_WINDOW = ("004", "019", "031", "032", "046")
 
 def expand(value: Any) -> Any:
     if isinstance(value, str):
-        return re.sub(r"\{\{repeat:(\d+):(.*?)\}\}", lambda m: m.group(2) * int(m.group(1)), value, flags=re.S)
+        return re.sub(r"\{\{repeat:(\d+):(.*?)\}\}", lambda m: m.group(2) * int(m.group(1)), value, flags=re.DOTALL)
     if isinstance(value, list):
         return [expand(v) for v in value]
     if isinstance(value, dict):

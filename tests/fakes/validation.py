@@ -13,6 +13,10 @@
   ``invalid_value``; as OpenAI answered in public reports and as independent OpenAI-compatible
   servers reproduce it);
   ``name`` on a non-user message under style ``xai`` (case 023);
+- tools: ``tools`` an array of objects, each ``function`` an object whose ``name`` is a string and
+  whose ``parameters`` (a JSON Schema) is an object when given, refused in OpenAI's wording for a
+  wrong type (``Invalid type for 'tools[0].function.parameters': expected an object, but got a
+  string instead.``, ``param`` the path, ``code`` ``invalid_type``);
 - content parts: OpenAI part types; Anthropic ``tool_use``/``tool_result`` blocks only under
   style ``anthropic`` (case 002), paired message to message as Anthropic requires (case 022);
 - tool pairing: each ``tool`` message answers an id of the nearest preceding assistant
@@ -73,6 +77,7 @@ def validate_chat_request(body: Any, style: str, policy: ValidationPolicy) -> Re
     """None when ``body`` is acceptable, else the provider's 400 (see module docstring)."""
     try:
         _check_params(body, policy)
+        _check_tools(body.get("tools"))
         messages = body["messages"]
         _check_roles_and_parts(messages, style, policy)
         _check_tool_pairing(messages, style)
@@ -118,6 +123,38 @@ def _check_params(body: Any, policy: ValidationPolicy) -> None:
             )
 
 
+def _type_name(value: Any) -> str:
+    """How OpenAI's wrong-type errors name ``value``'s JSON type (``a string``, ``null``...)."""
+    kinds = {bool: "a boolean", int: "an integer", float: "a decimal", str: "a string", list: "an array", dict: "an object"}
+    return kinds.get(type(value), "null")
+
+
+def _wrong_type(where: str, expected: str, value: Any) -> _Invalid:
+    return _Invalid(f"Invalid type for '{where}': expected {expected}, but got {_type_name(value)} instead.",
+                    param=where, code="invalid_type")
+
+
+def _check_tools(tools: Any) -> None:
+    """``tools`` absent or an array of objects whose ``function`` (when given) is an object with a
+    string ``name`` (when given) and an object ``parameters`` (when given, not null)."""
+    if tools is None:
+        return
+    if not isinstance(tools, list):
+        raise _wrong_type("tools", "an array", tools)
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise _wrong_type(f"tools[{i}]", "an object", tool)
+        fn = tool.get("function")
+        if fn is None:
+            continue
+        if not isinstance(fn, dict):
+            raise _wrong_type(f"tools[{i}].function", "an object", fn)
+        if fn.get("name") is not None and not isinstance(fn["name"], str):
+            raise _wrong_type(f"tools[{i}].function.name", "a string", fn["name"])
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+            raise _wrong_type(f"tools[{i}].function.parameters", "an object", fn["parameters"])
+
+
 def _check_roles_and_parts(messages: list[Any], style: str, policy: ValidationPolicy) -> None:
     allowed = ["system", "user", "assistant", "tool"] + (["developer"] if policy.allow_developer else []) + list(policy.extra_roles)
     for i, message in enumerate(messages):
@@ -154,9 +191,7 @@ def _role_refused(message: dict[str, Any], i: int, style: str) -> _Invalid:
     if "role" not in message:
         return _Invalid(f"Missing required parameter: 'messages[{i}].role'.", param=f"messages[{i}].role", code="missing_required_parameter")
     if not isinstance(role, str):  # OpenAI's pattern for a wrong type (its exact words for a role: not published)
-        kind = {bool: "a boolean", int: "an integer", float: "a decimal", list: "an array", dict: "an object"}.get(type(role), "null")
-        return _Invalid(f"Invalid type for 'messages[{i}].role': expected a string, but got {kind} instead.",
-                        param=f"messages[{i}].role", code="invalid_type")
+        return _wrong_type(f"messages[{i}].role", "a string", role)
     return _Invalid(
         f"Invalid value: '{role}'. Supported values are: 'system', 'assistant', 'user', 'function', 'tool', and 'developer'.",
         param=f"messages[{i}].role", code="invalid_value",

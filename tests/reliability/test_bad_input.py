@@ -59,7 +59,6 @@ REFUSED: dict[str, bytes] = {
     "stream not a boolean": orjson.dumps(user("x") | {"stream": "yes"}),
     "tools not a list": orjson.dumps(user("x") | {"tools": {"a": 1}}),
     "invalid UTF-8": b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "\xff\xfe\xfd"}]}',
-    "lone surrogate": b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "\\ud800"}]}',
     "NaN": b'{"model": "gpt-4o", "messages": [{"role": "user", "content": NaN}]}',
     "integer past 64 bits": b'{"model": "gpt-4o", "max_tokens": 1' + b"0" * 400 + b', "messages": [{"role": "user", "content": "x"}]}',
     "nested 300 deep": b'{"model": "gpt-4o", "messages": [{"role": "user", "content": ' + b"[" * 300 + b"]" * 300 + b"}]}",
@@ -78,6 +77,7 @@ FORWARDED: dict[str, bytes] = {
     "NUL characters": orjson.dumps(user("a\u0000b")),
     "nested 100 deep": orjson.dumps(user(nested(100))),
     "tool message without id": orjson.dumps({"model": "gpt-4o", "messages": [{"role": "tool", "content": "x"}]}),
+    "lone surrogate": b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "\\ud800"}]}',  # valid JSON (proxy.json_text)
 }
 """Bodies the proxy may forward (the provider validates them): any status but never a 5xx."""
 
@@ -147,9 +147,14 @@ MESSAGE = st.fixed_dictionaries(
     optional={"content": st.none() | st.text(max_size=200) | st.lists(PART, max_size=3) | JSON,
               "tool_calls": st.lists(CALL, max_size=2) | JSON, "tool_call_id": st.text(max_size=8) | JSON, "name": st.text(max_size=8) | JSON},
 )
+FUNCTION = st.fixed_dictionaries({"name": st.text(max_size=8) | JSON},
+                                  optional={"parameters": st.just({"type": "object"}) | JSON, "description": JSON, "strict": JSON})
+TOOLS = st.lists(st.fixed_dictionaries({"type": st.sampled_from(["function", "custom"]) | JSON}, optional={"function": FUNCTION | JSON})
+                 | JSON, max_size=3)
+"""``tools`` shapes (issue 16, item 12: a ``function`` that was a string, a list or a number was a 500)."""
 BODY = st.fixed_dictionaries(
     {"model": st.sampled_from(["gpt-4o", "fake-8k-openai", "fake-8k-vllm"]) | JSON, "messages": st.lists(MESSAGE, max_size=5) | JSON},
-    optional={"stream": st.booleans() | JSON, "max_tokens": st.integers(-5, 20_000) | JSON, "tools": JSON,
+    optional={"stream": st.booleans() | JSON, "max_tokens": st.integers(-5, 20_000) | JSON, "tools": TOOLS | JSON,
               "stream_options": JSON, "temperature": JSON},
 )
 GOOD_MESSAGE = st.fixed_dictionaries(
@@ -160,7 +165,8 @@ NEARLY_VALID = st.fixed_dictionaries(
      "messages": st.lists(GOOD_MESSAGE, min_size=1, max_size=4).map(lambda ms: [*ms, {"role": "user", "content": "go"}])
                  | st.lists(GOOD_MESSAGE | MESSAGE, min_size=1, max_size=5)},
     optional={"stream": st.booleans(), "max_tokens": st.integers(-5, 20_000), "stream_options": st.just({"include_usage": True}) | JSON,
-              "tools": st.just([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]) | JSON,
+              "tools": st.just([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]) | TOOLS | JSON,
+              "tool_choice": st.sampled_from(["none", "auto", "required"]) | JSON,
               "temperature": JSON, "n": st.integers(0, 3)},
 )
 RAW = st.one_of(
