@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy import __version__
+from proxy.admission import BodyBudget
 from proxy.auth import Authenticator
 from proxy.compaction import Compactor
 from proxy.errors import BadRequest, NotFound, ProxyError
@@ -95,6 +96,7 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
             connect_timeout_s=settings.upstream_connect_timeout_s,
             read_timeout_s=settings.upstream_read_timeout_s,
             keepalive_s=settings.upstream_keepalive_s,
+            tenant_pool_share=settings.upstream_tenant_pool_share,
             transport=upstream_transport,
         )
         pipeline = ChatPipeline(
@@ -129,6 +131,7 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
     for router in (health.router, read.router, limits.router, chat.router, passthrough.router):
         app.include_router(router)
     app.state.metrics = metrics
+    app.state.body_budget = BodyBudget(settings.max_held_body_bytes, settings.max_body_bytes)
     app.add_route("/metrics", metrics.endpoint, methods=["GET"], include_in_schema=False)
     _install_error_handlers(app)
     return app
@@ -160,6 +163,14 @@ class _ProxyApp(FastAPI):
         return MetricsMiddleware(ChatFastPath(super().build_middleware_stack()), metrics=self.state.metrics)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Every HTTP request with a body counted against ``max_held_body_bytes`` while it runs
+        (``BodyBudget.hold``), then ``_serve``."""
+        if scope["type"] == "http":
+            await self.state.body_budget.hold(self._serve, scope, receive, send)
+        else:
+            await self._serve(scope, receive, send)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The chat route straight to ``serve_chat_counted``, unless FastAPI traces requests (then
         through FastAPI, ``MetricsMiddleware`` and ``ChatFastPath``, as every other route). Its
         layers and the wrapped ``send`` were about 5% of a small chat request's CPU (cProfile,
@@ -175,7 +186,7 @@ class _ProxyApp(FastAPI):
 
 
 def _render(exc: ProxyError) -> Response:
-    return Response(exc.body(), status_code=exc.status, media_type="application/json")
+    return Response(exc.body(), status_code=exc.status, media_type="application/json", headers=dict(exc.headers) or None)
 
 
 def _install_error_handlers(app: FastAPI) -> None:

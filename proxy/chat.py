@@ -12,6 +12,7 @@ logs and the client's echo of it hash the same.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import hashlib
 import threading
@@ -148,6 +149,37 @@ def digests_and_chain(messages: list[dict[str, Any]]) -> tuple[list[str], list[s
     ``orjson.JSONEncodeError`` for a message orjson cannot serialize (nested deeper than 254).
     """
     return _MEMO.digests_and_chain(messages)
+
+
+OFF_LOOP_DIGEST_BYTES = 8 << 20
+"""Request bodies of at least this many bytes are hashed in a worker thread (``digests_off_loop``)."""
+OFF_LOOP_DIGEST_MESSAGES = 20_000
+"""Message lists of at least this many messages are hashed in a worker thread too (0.4 s of hashing
+on the event loop when cold; such a list is past ``MEMO_MAX_BYTES``, so the memo keeps it briefly)."""
+
+
+async def digests_off_loop(messages: list[dict[str, Any]], body_bytes: int) -> tuple[list[str], list[str]]:
+    """``digests_and_chain(messages)``, the same values; for a big request (``body_bytes``, the
+    request body's size, at least ``OFF_LOOP_DIGEST_BYTES``, or ``OFF_LOOP_DIGEST_MESSAGES``
+    messages) hashed in a worker thread without the memo (whose lock would stall the event loop's
+    other requests meanwhile; such a list is past the memo's bound anyway), so the loop keeps serving
+    other clients (hashlib releases the GIL on large buffers, and the Python loop yields it every
+    switch interval). Raises what ``digests_and_chain`` raises."""
+    if body_bytes < OFF_LOOP_DIGEST_BYTES and len(messages) < OFF_LOOP_DIGEST_MESSAGES:
+        return digests_and_chain(messages)
+    return await asyncio.to_thread(_hash_all, list(messages))
+
+
+def _hash_all(messages: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    digests: list[str] = []
+    chain: list[str] = []
+    parent: str | None = None
+    for message in messages:
+        d = message_digest(message)
+        parent = chain_hash(parent, d)
+        digests.append(d)
+        chain.append(parent)
+    return digests, chain
 
 
 MEMO_MAX_BYTES = 16 * 1024 * 1024

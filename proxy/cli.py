@@ -2,9 +2,9 @@
 
     context-proxy serve [--host H --port P --upstream-url URL --database-url URL --log-format json|text]
     context-proxy db upgrade
-    context-proxy sessions list [--limit N] [--json]
-    context-proxy sessions show SESSION_ID
-    context-proxy archive SESSION_ID            # the Markdown archive, as GET /sessions/{id}/archive
+    context-proxy sessions list [--limit N] [--tenant T] [--json]
+    context-proxy sessions show SESSION_ID [--tenant T]
+    context-proxy archive SESSION_ID [--tenant T --offset N --limit N]  # as GET /sessions/{id}/archive
     context-proxy retention [--max-age-days N] [--max-bytes-per-tenant N] [--dry-run]
     context-proxy replay TRACE.jsonl --model M [--window N] [--plot FILE.png]
 
@@ -40,8 +40,17 @@ DATABASE_HELP = "sqlite:///PATH or postgresql://… [env CONTEXT_PROXY_DATABASE_
 
 
 def load_settings(**overrides: Any) -> Settings:
-    """Settings from the environment, with the given non-None command-line values on top."""
-    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    """Settings from the environment, with the given non-None command-line values on top. An
+    invalid value exits (status 2) with one line per problem, naming the setting, not a traceback."""
+    from pydantic import ValidationError
+
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        for error in exc.errors():
+            name = ".".join(str(part) for part in error["loc"])
+            typer.echo(f"error: setting {name} (CONTEXT_PROXY_{name.upper()}): {error['msg']}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
@@ -65,6 +74,7 @@ def serve(
     import uvicorn
 
     from proxy.app import create_app
+    from proxy.http_guard import server_options
     from proxy.logging_setup import configure_logging
 
     settings = load_settings(host=host, port=port, upstream_url=upstream_url, database_url=database_url,
@@ -81,7 +91,7 @@ def serve(
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),
-        timeout_keep_alive=max(1, round(settings.http_keep_alive_s)),
+        **server_options(settings),  # header bounds and deadlines, connection cap, keep-alive
     )
 
 
@@ -119,10 +129,13 @@ def _with_store(database_url: str | None, use: Callable[[Any], Awaitable[T]]) ->
         raise typer.Exit(1) from exc
 
 
-async def _find(store: Any, session_id: str) -> Any:
-    session = await store.find_session(session_id, None)
+TENANT_HELP = "The session's tenant (t_…, as `sessions list` shows it); default: the newest session of that id."
+
+
+async def _find(store: Any, session_id: str, tenant: str | None = None) -> Any:
+    session = await store.find_session(session_id, tenant)
     if session is None:
-        typer.echo(f"error: no session {session_id!r}", err=True)
+        typer.echo(f"error: no session {session_id!r}" + (f" of tenant {tenant!r}" if tenant else ""), err=True)
         raise typer.Exit(1)
     return session
 
@@ -131,36 +144,53 @@ async def _find(store: Any, session_id: str) -> Any:
 def sessions_list(
     limit: int = typer.Option(20, min=1, max=1000, help="Sessions to show, newest first."),
     as_json: bool = typer.Option(False, "--json", help="Print the API's list object instead of a table."),
+    tenant: str | None = typer.Option(None, help="Only this tenant's sessions (t_…)."),
+    after: str | None = typer.Option(None, help="Start after this session: the cursor the previous page printed "
+                                     "(<tenant>:<session id>, as GET /sessions' last_id for admins)."),
     database_url: str | None = typer.Option(None, help=DATABASE_HELP),
 ) -> None:
-    """Sessions, newest first: id, messages, requests, compactions, tokens sent and forwarded."""
-    from proxy.routes.read import session_json
+    """Sessions, newest first: id, tenant, messages, requests, compactions, tokens sent and forwarded."""
+    from proxy.routes.read import admin_cursor, session_json, session_page
+    from storage.errors import InvalidCursor
 
-    rows, has_more = _with_store(database_url, lambda store: store.list_sessions(None, limit))
-    data = [session_json(s) for s in rows]
+    async def page(store: Any) -> tuple[list[Any], bool] | None:
+        try:
+            return await session_page(store, tenant, limit, after, True)
+        except InvalidCursor:  # a StorageError, which _with_store reports as an unreadable database
+            return None
+
+    found = _with_store(database_url, page)
+    if found is None:
+        typer.echo(f"error: --after {after!r} names no session" + (f" of tenant {tenant!r}" if tenant else ""), err=True)
+        raise typer.Exit(1)
+    rows, has_more = found
+    data = [session_json(s, admin=True) for s in rows]
+    cursors = [admin_cursor(s) for s in rows]
     if as_json:
-        typer.echo(orjson.dumps({"object": "list", "data": data, "has_more": has_more}, option=orjson.OPT_INDENT_2).decode())
+        listing = {"object": "list", "data": data, "first_id": cursors[0] if cursors else None,
+                   "last_id": cursors[-1] if cursors else None, "has_more": has_more}
+        typer.echo(orjson.dumps(listing, option=orjson.OPT_INDENT_2).decode())
         return
-    typer.echo(f"{'session':<40} {'msgs':>6} {'reqs':>6} {'events':>6} {'tokens client':>14} {'forwarded':>12}  last model")
+    typer.echo(f"{'session':<40} {'tenant':<36} {'msgs':>6} {'reqs':>6} {'events':>6} {'tokens client':>14} {'forwarded':>12}  last model")
     for s in data:
-        typer.echo(f"{s['id']:<40} {s['message_count']:>6} {s['request_count']:>6} {s['event_count']:>6} "
+        typer.echo(f"{s['id']:<40} {s['tenant']:<36} {s['message_count']:>6} {s['request_count']:>6} {s['event_count']:>6} "
                    f"{s['tokens_client_total']:>14,} {s['tokens_forwarded_total']:>12,}  {s['last_model'] or '-'}")
     if has_more:
-        typer.echo(f"(more sessions: raise --limit above {limit})")
+        typer.echo(f"(more sessions: --after '{cursors[-1]}')")
 
 
 @sessions_app.command("show")
 def sessions_show(
     session_id: str = typer.Argument(..., help="The session id (X-Session-Id or the derived sess_…)."),
+    tenant: str | None = typer.Option(None, help=TENANT_HELP),
     database_url: str | None = typer.Option(None, help=DATABASE_HELP),
 ) -> None:
     """One session as JSON: counts, tokens, timestamps, branches, and its compaction events."""
     from proxy.routes.read import event_json, session_json
 
     async def use(store: Any) -> dict[str, Any]:
-        session = await _find(store, session_id)
-        out = session_json(await store.session_summary(session))
-        out["tenant"] = session.tenant
+        session = await _find(store, session_id, tenant)
+        out = session_json(await store.session_summary(session), admin=True)
         out["events"] = [event_json(e) | {"payload": _short_payload(e.payload)} for e in await store.list_events(session.pk)]
         return out
 
@@ -221,20 +251,31 @@ def _short_payload(payload: dict[str, Any]) -> dict[str, Any]:
 def archive(
     session_id: str = typer.Argument(..., help="The session id."),
     leaf: str | None = typer.Option(None, help="Chain hash of the branch's last message (default: newest branch)."),
+    tenant: str | None = typer.Option(None, help=TENANT_HELP),
+    offset: int = typer.Option(0, min=0, help="First line to print (0-based)."),
+    limit: int | None = typer.Option(None, min=1, help="Lines to print (default: to the end)."),
     database_url: str | None = typer.Option(None, help=DATABASE_HELP),
 ) -> None:
-    """Print a session's archive (Markdown): the log, one section per compaction."""
-    from proxy.archive import render_archive
+    """Print a session's archive (Markdown, as GET /sessions/{id}/archive): the log in order, a
+    block per compaction where it happened; streamed page by page, lines numbered from 0."""
+    from proxy.archive import stream_archive_lines
 
-    async def use(store: Any) -> str:
-        session = await _find(store, session_id)
+    async def use(store: Any) -> None:
+        session = await _find(store, session_id, tenant)
         tip = await store.branch_leaf(session.pk, leaf)
-        messages = []
-        if tip is not None:
-            messages, _ = await store.list_branch_messages(session.pk, tip.chain_hash, None, 10**9)
-        return render_archive(session.session_id, messages, await store.list_events(session.pk))
+        if tip is None and leaf is not None:
+            typer.echo(f"error: no message {leaf!r} in session {session_id!r}", err=True)
+            raise typer.Exit(1)
+        end = None if limit is None else offset + limit
+        n = 0
+        async for line in stream_archive_lines(store, session.session_id, session.pk, None if tip is None else tip.chain_hash):
+            if end is not None and n >= end:
+                break
+            if n >= offset:
+                typer.echo(line)
+            n += 1
 
-    typer.echo(_with_store(database_url, use), nl=False)
+    _with_store(database_url, use)
 
 
 @app.command()

@@ -61,9 +61,13 @@ class Compactor:
     def usage_observed(self, ctx: ChatContext, usage: dict[str, Any] | None) -> bool:
         return False
 
+    def forget_artifacts(self, tenant: str, artifact_ids: list[str]) -> None:
+        """Drop what this process remembers of ``tenant``'s artifacts ``artifact_ids`` (deleted)."""
+        return
+
     def forget_limits(self, tenant: str | None, model: str | None) -> None:
         """Drop what this process remembers of learned limits (after a reset); ``None``: all."""
-        return None
+        return
 
     async def persist_observed(self, ctx: ChatContext) -> None:
         return None

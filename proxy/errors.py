@@ -16,6 +16,7 @@ CannotFit                  400     invalid_request_error / context_length_exceed
 UpstreamUnreachable        502     upstream_error / upstream_unreachable
 UpstreamTimeout            504     upstream_error / upstream_timeout
 StorageUnavailableError    503     service_unavailable / database_unavailable
+ProxyBusy                  503     service_unavailable / proxy_busy (+ ``retry-after``)
 =========================  ======  ==========================
 """
 
@@ -32,6 +33,8 @@ class ProxyError(Exception):
     status: int = 500
     type: str = "server_error"
     code: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    """Response headers sent with the envelope (lower-case names)."""
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -102,3 +105,13 @@ class StorageUnavailableError(ProxyError):
     status = 503
     type = "service_unavailable"
     code = "database_unavailable"
+
+
+class ProxyBusy(ProxyError):
+    """The proxy's own capacity is in use (upstream pool, body budget, connections): retry later.
+    ``headers``: what the response carries besides the envelope (``retry-after``, seconds)."""
+
+    status = 503
+    type = "service_unavailable"
+    code = "proxy_busy"
+    headers = (("retry-after", "1"),)

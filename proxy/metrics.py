@@ -34,7 +34,13 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    generate_latest,
+)
 from prometheus_client import metrics as prometheus_metrics
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString

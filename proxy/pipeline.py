@@ -26,22 +26,24 @@ from typing import Any
 import orjson
 
 from proxy.answers import DISCONNECTED, Buffered, Streamed, Turn
-from proxy.chat import digests_and_chain
+from proxy.chat import digests_off_loop
 from proxy.compaction import Compactor, Prepared
 from proxy.db_health import DatabaseHealth
-from proxy.errors import BadRequest, ProxyError, UpstreamUnreachable
+from proxy.errors import ProxyError, UpstreamUnreachable
+from proxy.json_text import parse_json
 from proxy.logging_setup import bind
 from proxy.metrics import Metrics
 from proxy.overflow import Overflow, classify_error
-from proxy.requests import MAX_JSON_DEPTH, parse_chat_request
+from proxy.requests import is_too_deep, parse_chat_request, too_deep
+from proxy.session_ids import client_session_id, header_value
 from proxy.session_log import (
-    MAX_SESSION_ID_CHARS,
     LoggedRequest,
     SessionLog,
     derive_session_id,
     new_id,
 )
 from proxy.settings import Settings
+from proxy.sse import ReplyAssembler
 from proxy.streaming import (
     Segment,
     provider_error_event,
@@ -59,6 +61,7 @@ from proxy.upstream import (
 )
 from storage.errors import StorageError, StorageUnavailable
 from storage.records import RequestRecord, SessionRecord
+from storage.refused import RequestWrites, track_writes, untrack_writes
 
 log = logging.getLogger("context_proxy.pipeline")
 
@@ -101,9 +104,15 @@ class ChatContext:
     """Messages of the proxy's own tool rounds in this request (logged as internal)."""
     read_rounds: int = 0
     expanded: bool = False
+    """``messages`` include internal rounds the client's history does not (forward them, not ``raw``)."""
     degraded: bool = False
     """The database failed and ``database_failure_mode`` is open: forwarded without compaction."""
-    """``messages`` include internal rounds the client's history does not (forward them, not ``raw``)."""
+    refused: bool = False
+    """The provider refused the client's own key (401/403, keys passed through): only the request
+    record is logged, none of the content (anyone can send a body under a made-up key)."""
+    writes: RequestWrites = field(default_factory=RequestWrites)
+    """The artifact and event rows this request's own inserts created (tracked while it is
+    handled: ``storage.refused.track_writes``), deleted if it is ``refused``."""
 
     @property
     def model(self) -> str:
@@ -114,7 +123,14 @@ class ChatContext:
         a request cancelled meanwhile (its client left) does not cancel the write."""
         if self.append_task is None:
             self.append_task = asyncio.ensure_future(self.session_log.append_request(self.session, self.messages, self.chain))
-        return await asyncio.shield(self.append_task)
+        logged = await asyncio.shield(self.append_task)
+        self.use_session(logged)
+        return logged
+
+    def use_session(self, logged: LoggedRequest) -> None:
+        """Go on in the session the messages went to (opened again if the request's was gone)."""
+        if logged.session is not None:
+            self.session = logged.session
 
 
 class ChatPipeline:
@@ -179,10 +195,12 @@ class ChatPipeline:
         body = parse_chat_request(raw)
         messages: list[dict[str, Any]] = body["messages"]
         try:
-            digests, chain = digests_and_chain(messages)
-        except orjson.JSONEncodeError:
-            raise BadRequest(f"The request body is nested deeper than {MAX_JSON_DEPTH} levels.") from None
-        session_id = (headers.get("x-session-id") or "").strip()[:MAX_SESSION_ID_CHARS] or derive_session_id(tenant, messages, chain)
+            digests, chain = await digests_off_loop(messages, len(raw))
+        except orjson.JSONEncodeError as exc:  # ``TypeError`` itself: only the depth limit is the client's
+            if not is_too_deep(exc):
+                raise
+            raise too_deep() from None
+        session_id = client_session_id(headers.get("x-session-id")) or derive_session_id(tenant, messages, chain)
         try:
             if not await self.health.usable():
                 raise StorageUnavailable("the database did not answer the last probe")
@@ -192,7 +210,7 @@ class ChatPipeline:
             self._storage_failed(exc)
             if self.settings.database_failure_mode != "open":
                 raise
-            return await self._forward_unlogged(raw, bool(body.get("stream")), header_items)
+            return await self._forward_unlogged(raw, bool(body.get("stream")), header_items, tenant)
         if expanded is not None:  # the proxy's earlier tool rounds, put back where they happened
             messages, digests, chain = expanded
         ctx = ChatContext(
@@ -214,6 +232,7 @@ class ChatPipeline:
             expanded=expanded is not None,
         )
         bind(request_id=ctx.request_id, session_id=session.session_id, model=ctx.model)
+        tracking = track_writes(ctx.writes)
         try:
             return await self._run(ctx)
         except BaseException as exc:  # every path logs the client's messages, errors included
@@ -221,12 +240,14 @@ class ChatPipeline:
                 status = exc.status if isinstance(exc, ProxyError) else 500
                 self._spawn_finish(ctx, status, None, None, error=str(exc)[:500] or type(exc).__name__)
             raise
+        finally:
+            untrack_writes(tracking)
 
     async def _run(self, ctx: ChatContext) -> Buffered | Streamed:
         """Prepare, then run the round loop (``_exchanges``): a complete answer, or a stream once
         its first bytes are ready (errors before them are answered with an HTTP status)."""
         await self._prepare(ctx, None)
-        turn = Turn()
+        turn = Turn(assembler=ReplyAssembler(self.settings.stream_log_max_bytes))
         steps = self._exchanges(ctx, turn)
         try:
             first = await anext(steps)
@@ -258,8 +279,10 @@ class ChatPipeline:
         """``ctx.prepared``: what to forward (the defenses; forced after an ``overflow``)."""
         try:
             ctx.prepared = await self.compactor.prepare(ctx, overflow=overflow)
-        except orjson.JSONEncodeError:
-            raise BadRequest(f"The request body is nested deeper than {MAX_JSON_DEPTH} levels.") from None
+        except orjson.JSONEncodeError as exc:  # ``TypeError`` itself: only the depth limit is the client's
+            if not is_too_deep(exc):
+                raise
+            raise too_deep() from None
         except StorageError as exc:
             self._storage_failed(exc)
             if self.settings.database_failure_mode != "open":
@@ -301,10 +324,11 @@ class ChatPipeline:
         return False
 
     def _client_headers(self, ctx: ChatContext, upstream: Any) -> dict[str, str]:
-        out = response_headers(upstream, keep_encoding=False) if upstream is not None else {}
+        shared_key = self.settings.upstream_api_key is not None  # the operator's account headers stay here
+        out = response_headers(upstream, keep_encoding=False, shared_key=shared_key) if upstream is not None else {}
         out.pop("content-length", None)
         p = ctx.prepared
-        out["x-context-proxy-session-id"] = ctx.session.session_id
+        out["x-context-proxy-session-id"] = header_value(ctx.session.session_id)
         out["x-context-proxy-request-id"] = ctx.request_id
         if p is not None:
             if p.tokens_client is not None:
@@ -322,13 +346,14 @@ class ChatPipeline:
             out["x-context-proxy-warning"] = DEGRADED_WARNING
         return out
 
-    async def _forward_unlogged(self, raw: bytes, stream: bool, header_items: list[tuple[str, str]]) -> Buffered | Streamed:
+    async def _forward_unlogged(self, raw: bytes, stream: bool, header_items: list[tuple[str, str]], tenant: str) -> Buffered | Streamed:
         """Fail open: relay the request as sent, without logging or compaction (database down)."""
         self.metrics.database_error("fail_open")
         log.warning("database unavailable: forwarding without logging or compaction (database_failure_mode=open)")
         headers = forward_request_headers(header_items, upstream_api_key=self.settings.upstream_api_key, identity=True)
-        resp = await self.upstream.send("POST", CHAT_PATH, headers=headers, content=raw)
-        out = response_headers(resp.headers, keep_encoding=False) | {"x-context-proxy-warning": DEGRADED_WARNING}
+        resp = await self.upstream.send("POST", CHAT_PATH, headers=headers, content=raw, tenant=tenant)
+        out = response_headers(resp.headers, keep_encoding=False, shared_key=self.settings.upstream_api_key is not None)
+        out["x-context-proxy-warning"] = DEGRADED_WARNING
         out.pop("content-length", None)
         if stream and resp.status_code < 400:
             return Streamed(resp.status_code, out, relay_unlogged(resp), resp.aclose)
@@ -356,10 +381,12 @@ class ChatPipeline:
                 if ctx.internal:
                     sent = sent | {"messages": [*sent["messages"], *ctx.internal]}
                 started = time.perf_counter()
-                resp = turn.resp = await self.upstream.send("POST", CHAT_PATH, headers=ctx.upstream_headers, content=ctx.prepared.body)
+                resp = turn.resp = await self.upstream.send("POST", CHAT_PATH, headers=ctx.upstream_headers, content=ctx.prepared.body,
+                                                            tenant=ctx.tenant)
                 self.metrics.upstream_answered(ctx.model, time.perf_counter() - started)
                 if resp.status_code >= 400:
                     data = await _read(resp)
+                    await resp.aclose()  # read whole: its pool slot is free for a summary call
                     overflow = classify_error(resp.status_code, data, resp.headers, sent=sent)
                     if overflow is not None:
                         if turn.committed:
@@ -418,8 +445,12 @@ class ChatPipeline:
         return Buffered(resp.status_code, self._client_headers(ctx, resp.headers), data)
 
     def _error_answer(self, ctx: ChatContext, status: int, headers: Any, data: bytes) -> Buffered:
-        """The provider's error response as it sent it (status, body, content type), logged."""
-        self._spawn_finish(ctx, status, None, None, error=data[:500].decode("utf-8", "replace"))
+        """The provider's error response as it sent it (status, body, content type), logged (a
+        401/403 to a client's own key: the record only, ``ChatContext.refused``)."""
+        ctx.refused = status in (401, 403) and self.settings.upstream_api_key is None and not ctx.internal
+        # (the provider's 401 text may quote the key: not kept for a refused one)
+        error = f"the upstream refused the client's key ({status})" if ctx.refused else data[:500].decode("utf-8", "replace")
+        self._spawn_finish(ctx, status, None, None, error=error)
         return Buffered(status, self._client_headers(ctx, headers), data)
 
     async def _stream_ended(self, ctx: ChatContext, turn: Turn, steps: AsyncIterator[Segment]) -> None:
@@ -445,7 +476,7 @@ class ChatPipeline:
         """Log the reply and the request record (``_finish``): queued at once when that needs no
         wait (``SessionLog.finish_nowait``: the usual case on SQLite), else in a task of its own."""
         ctx.finished = True
-        if ctx.append_task is None and not ctx.internal and self._finish_nowait(ctx, status, reply, usage, **kwargs):
+        if ctx.append_task is None and not ctx.internal and not ctx.refused and self._finish_nowait(ctx, status, reply, usage, **kwargs):
             return
         self.spawn(self._finish(ctx, status, reply, usage, **kwargs))
 
@@ -513,6 +544,7 @@ class ChatPipeline:
         if ctx.append_task is not None:
             try:
                 logged = await asyncio.shield(ctx.append_task)
+                ctx.use_session(logged)
             except asyncio.CancelledError:
                 if not ctx.append_task.cancelled():
                     raise  # this task itself is cancelled (shutdown)
@@ -522,9 +554,13 @@ class ChatPipeline:
                 self.metrics.database_error("log")
                 self._storage_failed(exc)
         try:
-            record = self._record(ctx, latency_ms, status, usage, logged, error, finish_reason)
+            record = self._record(ctx, latency_ms, status, usage, None if ctx.refused else logged, error, finish_reason)
             keep = _kept_reply(reply, status, partial, error)
-            await self.log.finish(ctx.session, ctx.messages, ctx.chain, ctx.internal, keep, record, with_request=logged is None)
+            if ctx.refused:  # only the record is kept: what the request stored itself goes, at once
+                gone = await self.log.finish_refused(ctx.session, record, logged, ctx.writes)
+                self.compactor.forget_artifacts(ctx.tenant, gone)
+            else:
+                await self.log.finish(ctx.session, ctx.messages, ctx.chain, ctx.internal, keep, record, with_request=logged is None)
             if self.compactor.usage_observed(ctx, usage):
                 await self.compactor.persist_observed(ctx)
         except Exception as exc:
@@ -574,7 +610,9 @@ def _kept_reply(reply: dict[str, Any] | None, status: int, partial: bool, error:
     """The reply as logged: none for an error status; a partial one marked with why it stopped."""
     if reply is None or status >= 400:
         return None
-    return reply | {"x_context_proxy": {"partial": True, "reason": error}} if partial else reply
+    if not partial:
+        return reply
+    return reply | {"x_context_proxy": reply.get("x_context_proxy", {}) | {"partial": True, "reason": error}}
 
 
 async def _read(resp: Any) -> bytes:
@@ -585,9 +623,10 @@ async def _read(resp: Any) -> bytes:
 
 
 def _reply_of(data: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str | None]:
-    """``(message, usage, finish_reason)`` of a chat.completion body (choice 0); Nones if unusable."""
+    """``(message, usage, finish_reason)`` of a chat.completion body (choice 0); Nones if unusable.
+    A lone surrogate escape in it is usable, replaced by U+FFFD (``proxy.json_text``)."""
     try:
-        parsed = orjson.loads(data)
+        parsed = parse_json(data)
         choice = parsed["choices"][0]
         message = dict(choice["message"])
         return message, parsed.get("usage"), choice.get("finish_reason")

@@ -23,6 +23,7 @@ import math
 import os
 import re
 import tempfile
+import threading
 from typing import Any
 
 import orjson
@@ -112,7 +113,7 @@ def _load_cached_encoding(encoding_name: str, cache_dir: str) -> tuple[Any, str 
             os.environ["TIKTOKEN_CACHE_DIR"] = previous
 
 
-from proxy.media_tokens import (  # noqa: E402  (re-exported: part of this module's API)
+from proxy.media_tokens import (
     ANTHROPIC_IMAGE_MAX_TOKENS,
     AUDIO_BYTES_PER_SECOND,
     AUDIO_TOKENS_PER_SECOND,
@@ -150,6 +151,12 @@ RECENT_TOOL_LISTS = 8
 different tools; a miss costs a comparison each, failing at the first difference)."""
 
 
+BUFFER_TEXT_CHARS = 1 << 20
+"""Texts of at least this many characters are counted through tiktoken's native token buffer
+instead of a Python list of tokens (same count; the list's creation holds the GIL)."""
+_NO_SPECIAL: frozenset[str] = frozenset()
+
+
 class TokenCounter:
     """Counts tokens of messages, tool schemas and requests with one encoding.
 
@@ -159,6 +166,10 @@ class TokenCounter:
     ``proxy.cache.MEMO_IDLE_S``) by ``key`` (e.g. ``proxy.chat.message_digest``)
     or, without a key, by a BLAKE2 hash of the message's JSON, so a request costs only the
     messages it adds (``memo_hits`` / ``memo_misses`` count lookups).
+
+    Thread-safe: the memos are guarded by one lock (held for lookups and stores only, never while
+    counting), so a big request can be counted in a worker thread (``proxy.compactor``) while the
+    event loop counts others; tiktoken releases the GIL while it encodes.
     """
 
     def __init__(
@@ -176,6 +187,8 @@ class TokenCounter:
                 encoding_name, cache_dir or _default_cache_dir()
             )
         self._enc = encoding
+        core = getattr(encoding, "_core_bpe", None)  # tiktoken's native encoder (absent in fakes)
+        self._buffer = getattr(core, "encode_to_tiktoken_buffer", None)
         self.exact = encoding is not None
         if not self.exact:
             log.warning(
@@ -184,6 +197,7 @@ class TokenCounter:
                 self.fallback_reason,
             )
         self._memo = Memo(memo_size)
+        self._lock = threading.Lock()
         self.memo_hits = 0
         self.memo_misses = 0
         self._histories = Memo(HISTORY_MEMO_MESSAGES, weight=len)
@@ -195,6 +209,10 @@ class TokenCounter:
             return 0
         if self._enc is None:
             return estimate_text_tokens(text)
+        if len(text) >= BUFFER_TEXT_CHARS and self._buffer is not None:
+            # the same tokens (no special tokens allowed = all plain text) into a native buffer:
+            # a list of millions of ints is built holding the GIL (0.3 s at 20 MB), this is not
+            return memoryview(self._buffer(text, _NO_SPECIAL)).nbytes // 4
         return len(self._enc.encode_ordinary(text))
 
     def _count_json(self, value: Any) -> int:
@@ -318,13 +336,15 @@ class TokenCounter:
             except TypeError:
                 return self._message_tokens(message)
             key = "j:" + hashlib.blake2b(raw, digest_size=16).hexdigest()
-        hit = self._memo.get(key)
+        with self._lock:
+            hit = self._memo.get(key)
         if hit is not None:
             self.memo_hits += 1
             return hit
         self.memo_misses += 1
         n = self._message_tokens(message)
-        self._memo.put(key, n)
+        with self._lock:
+            self._memo.put(key, n)
         return n
 
     def count_history(self, messages: list[dict[str, Any]], digests: list[str], chain: list[str]) -> list[int]:
@@ -343,13 +363,15 @@ class TokenCounter:
         if not n:
             return []
         histories = self._histories
-        counts, start = histories.pop_longest(chain, HISTORY_LOOKBACK)
+        with self._lock:
+            counts, start = histories.pop_longest(chain, HISTORY_LOOKBACK)
         if counts is None:
             counts = []
         if start < n:
             count = self.count_message
             counts += [count(m, d) for m, d in zip(messages[start:], digests[start:])]
-        histories.put(chain[-1], counts)
+        with self._lock:
+            histories.put(chain[-1], counts)
         return list(counts)
 
     def count_tools(self, tools: list[dict[str, Any]] | None) -> int:
@@ -382,13 +404,15 @@ class TokenCounter:
                 parts.append(tool)
         raw = orjson.dumps(parts, option=orjson.OPT_SORT_KEYS)
         key = "t:" + hashlib.blake2b(raw, digest_size=16).hexdigest()
-        hit = self._memo.get(key)
+        with self._lock:
+            hit = self._memo.get(key)
         if hit is not None:
             self.memo_hits += 1
             return hit
         self.memo_misses += 1
         n = TOKENS_PER_TOOLS_BLOCK + sum(TOKENS_PER_TOOL + self._count_json(p) for p in parts)
-        self._memo.put(key, n)
+        with self._lock:
+            self._memo.put(key, n)
         return n
 
     def count_messages(self, messages: list[dict[str, Any]], keys: list[str] | None = None) -> int:

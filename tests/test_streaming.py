@@ -7,7 +7,6 @@ chunking (an event split between a CR and its LF, an unterminated last event) is
 from __future__ import annotations
 
 import asyncio
-
 from collections.abc import AsyncIterator
 from typing import Any
 

@@ -26,6 +26,7 @@ from proxy.logging_setup import close_request_context, open_request_context
 from proxy.metrics import Metrics, served
 from proxy.pipeline import Buffered, Streamed
 from proxy.routes.body import read_asgi_body
+from proxy.session_ids import header_text
 from storage.errors import StorageError
 
 log = logging.getLogger("context_proxy.app")
@@ -80,6 +81,8 @@ async def serve_chat(scope: Scope, receive: Receive, send: Send) -> None:
     state = app_state.proxy
     items = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
     headers = dict(reversed(items))  # the first of repeated names, as Starlette's ``Headers.get``
+    if "x-session-id" in headers:  # UTF-8 when its bytes are (ASGI gives Latin-1)
+        headers["x-session-id"] = header_text(headers["x-session-id"])
     try:
         tenant = state.auth.chat_tenant(headers)
         raw = await read_asgi_body(receive, headers, state.settings.max_body_bytes)
@@ -89,7 +92,8 @@ async def serve_chat(scope: Scope, receive: Receive, send: Send) -> None:
     except Exception as exc:  # noqa: BLE001  (every failure answers in OpenAI's error envelope)
         error = error_of(exc, app_state.metrics)
         scope[STATUS_KEY] = error.status
-        await _send_whole(send, error.status, _JSON, error.body())
+        extra = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in error.headers]
+        await _send_whole(send, error.status, _JSON + extra if extra else _JSON, error.body())
         return
     scope[STATUS_KEY] = outcome.status
     if isinstance(outcome, Buffered):

@@ -14,7 +14,7 @@ Routes: ``POST /v1/chat/completions``, ``GET /v1/models``, ``POST /v1/embeddings
 ``POST /v1/responses``, ``* /v1/echo/{path}``; anything else is a 404 in OpenAI's envelope.
 Faults of ``state.fail_next`` apply to every route but ``GET /v1/models``:
 ``("status", code, body[, headers])`` answers at once; ``("sse", parts)`` answers HTTP 200 with
-an event stream of exactly ``parts`` (bytes); ``("delay", s)`` waits before handling; the others
+an event stream of exactly ``parts`` (bytes); ``("delay", s[, status_fault])`` waits before handling (or before that answer); the others
 (``cut_stream``, ``stall``) are applied by the chat route.
 """
 
@@ -24,7 +24,18 @@ import asyncio
 import json
 from typing import Any
 
-from tests.fakes.asgi import Exchange, Receive, Scope, Send, decode_headers, finish, read_body, send_bytes, send_part, start
+from tests.fakes.asgi import (
+    Exchange,
+    Receive,
+    Scope,
+    Send,
+    decode_headers,
+    finish,
+    read_body,
+    send_bytes,
+    send_part,
+    start,
+)
 from tests.fakes.completions import chat_completions
 from tests.fakes.endpoints import echo, embeddings, list_models, responses
 from tests.fakes.responders import DEFAULT_RESPONDERS, Prompt, Reply, Responder
@@ -61,6 +72,7 @@ class FakeUpstream:
         ex = Exchange(scope, send, self.state, record, raw, parsed, self.state.next_request_id(), fault)
         if fault and fault[0] == "delay":
             await asyncio.sleep(float(fault[1]))
+            fault = fault[2] if len(fault) > 2 else fault  # ("delay", s, ("status", ...)): then that answer
         if fault and fault[0] == "status":
             return await _status_fault(ex, fault)
         if fault and fault[0] == "sse":

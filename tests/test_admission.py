@@ -1,0 +1,84 @@
+"""``proxy.admission``: the upstream pool's per-tenant share and the body budget."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from proxy.admission import BodyBudget, PoolShare
+from proxy.errors import ProxyBusy
+
+
+async def test_a_tenant_holds_at_most_its_share_and_others_still_get_slots() -> None:
+    pool = PoolShare(pool_size=6, tenant_slots=3)
+    a = [await pool.acquire("a", 1.0) for _ in range(3)]
+    with pytest.raises(ProxyBusy, match="share"):
+        await pool.acquire("a", 0.05)  # over its share: refused after the timeout, as the proxy's
+    b = [await pool.acquire("b", 0.05) for _ in range(3)]  # b is not kept waiting by a
+    with pytest.raises(ProxyBusy, match="every upstream connection"):
+        await pool.acquire("c", 0.05)  # the pool is full
+    a[0]()
+    a[0]()  # idempotent
+    assert await pool.acquire("c", 0.05)
+    for release in [*a[1:], *b]:
+        release()
+    assert set(pool._tenants) == {"c"}  # a tenant's entry lives only while it holds or waits
+
+
+async def test_a_waiter_gets_the_slot_given_back_and_a_cancelled_one_leaves_nothing() -> None:
+    pool = PoolShare(pool_size=2, tenant_slots=2)
+    first, second = await pool.acquire("a", 1.0), await pool.acquire("a", 1.0)
+    waiter = asyncio.ensure_future(pool.acquire("a", 5.0))
+    await asyncio.sleep(0.01)
+    first()
+    third = await asyncio.wait_for(waiter, 1.0)
+    cancelled = asyncio.ensure_future(pool.acquire("a", 5.0))
+    await asyncio.sleep(0.01)
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    second()
+    third()
+    assert pool._tenants == {} and not pool._all.locked()
+
+
+def test_the_share_is_at_least_two_and_at_most_the_pool() -> None:
+    assert PoolShare(8, 0).tenant_slots == 2  # a stream's start and its summary call
+    assert PoolShare(1, 5).tenant_slots == 1
+
+
+def test_the_body_budget_refuses_past_its_limit_and_frees_what_is_given_back() -> None:
+    budget = BodyBudget(limit_bytes=100, max_body_bytes=80)
+    budget.take(60)
+    with pytest.raises(ProxyBusy) as refused:
+        budget.take(41)
+    assert refused.value.status == 503 and dict(refused.value.headers) == {"retry-after": "1"}
+    assert budget.held_bytes == 60
+    budget.give_back(60)
+    budget.take(100)
+    assert budget.held_bytes == 100
+
+
+async def test_the_body_budget_counts_bytes_received_not_bytes_declared() -> None:
+    budget = BodyBudget(limit_bytes=1000, max_body_bytes=800)
+    scope = {"type": "http", "headers": [(b"content-length", b"800")]}
+    parts = [b"a" * 300, b"b" * 300]
+    seen: list[int] = []
+
+    async def receive() -> dict:
+        body = parts.pop(0)
+        return {"type": "http.request", "body": body, "more_body": bool(parts)}
+
+    async def app(scope: dict, receive: object, send: object) -> None:
+        seen.append(budget.held_bytes)  # declared 800, nothing received: nothing held
+        await receive()  # type: ignore[operator]
+        seen.append(budget.held_bytes)
+        budget.take(450)  # another request receives 450 meanwhile
+        with pytest.raises(ProxyBusy):
+            await receive()  # type: ignore[operator]  # 300 + 450 + 300 > 1000: refused, holding nothing more
+        seen.append(budget.held_bytes)
+        budget.give_back(450)
+
+    await budget.hold(app, scope, receive, None)  # type: ignore[arg-type]
+    assert seen == [0, 300, 750] and budget.held_bytes == 0
