@@ -1,67 +1,266 @@
-"""The archive: a session's log rendered as Markdown, one timestamped section per compaction.
+"""The archive: a session's log as one Markdown document, paged by lines, that only ever grows.
 
 It is a *view* of the log (DESIGN.md section 3), rendered on each read from the stored messages and
-events, never a second copy. Messages up to each summary event's cutoff form that compaction's
-section; the messages after the last cutoff form a final "not summarized" section.
+events, never a second copy. The document is the branch's messages in order (``seq``), each
+rendered on its own, and one "## Compaction N" block per summary event, placed where the event
+happened: after its cutoff message and after every message stored before it (``created_at``).
+So a later compaction, like a later message, appends lines: it never renumbers what was there
+(the read tool and ``GET /sessions/{id}/archive?offset=`` name the same line numbers over time).
+The header has no counts for the same reason.
+
+Untrusted text (message content, names, roles, ids, tool names and arguments) cannot create
+structure: block text is fenced with more backticks than any run inside it and indented two
+spaces (so no untrusted line starts at column 0, even for a reader that does not parse
+Markdown), inline values are JSON-quoted in code spans, and headings and the "internal (served
+by context-proxy)" marker come only from our data. Lines are separated by ``\\n`` only (other line breaks ``str.splitlines``
+knows become ``\\n``; lone surrogates become ``\\udXXX``), and no line is longer than
+``LINE_CHARS`` characters (longer content lines continue on the next line), so splitting by
+``\\n`` and by ``str.splitlines`` gives the same numbering.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import re
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from proxy.chat import text_of
 from storage.records import EventRecord, MessageRecord
 
+if TYPE_CHECKING:
+    from storage.store import Store
 
-def _render_message(record: MessageRecord) -> str:
+LINE_CHARS = 2000
+"""Longest line of the document, in characters (the read tool's segment length, so that its line
+numbers and the REST view's are the same)."""
+INLINE_CHARS = 200
+"""Longest inline value (a name, id, role), in characters of its JSON quoting; longer ones are cut
+with a mark (the full value is in ``/sessions/{id}/messages``)."""
+PAGE_CHARS = 1_000_000
+"""Characters of messages aimed at per page read from the store while streaming: the next page's
+message count is this over the last page's mean size, between ``MIN_PAGE_MESSAGES`` and
+``PAGE_MESSAGES`` (so memory is about one page, whatever the messages' sizes)."""
+MIN_PAGE_MESSAGES = 10
+PAGE_MESSAGES = 500
+BLOCK_INDENT = "  "
+"""Every line of a fenced block starts with this: lines at column 0 are all ours."""
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+INTERNAL_MARK = "internal (served by context-proxy)"
+
+_ODD = re.compile("\r\n|[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]|[\ud800-\udfff]")
+_BACKTICKS = re.compile("`+")
+
+
+def _fix(match: re.Match[str]) -> str:
+    char = match.group(0)
+    return f"\\u{ord(char):04x}" if "\ud800" <= char <= "\udfff" else "\n"
+
+
+_BREAKS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+
+
+def _is_clean(text: str) -> bool:
+    """No line break but ``\\n`` and no lone surrogate (fast: no regex over clean text)."""
+    if any(c in text for c in _BREAKS):
+        return False
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _clean(text: str) -> str:
+    """``text`` with every line break as ``\\n`` and lone surrogates as visible escapes."""
+    return text if _is_clean(text) else _ODD.sub(_fix, text)
+
+
+def _span(text: str) -> str:
+    """``text`` (one line) as a Markdown code span that nothing inside can close."""
+    ticks = "`" * (max((len(m) for m in _BACKTICKS.findall(text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"
+
+
+def _escape_odd(text: str) -> str:
+    """``text`` with line breaks and lone surrogates as ``\\uXXXX`` escapes (it stays one line)."""
+    if _is_clean(text):
+        return text.replace("\n", "\\n")
+    return _ODD.sub(lambda m: "".join(f"\\u{ord(c):04x}" for c in m.group(0)), text.replace("\n", "\\n"))
+
+
+def _inline(value: Any) -> str:
+    """An untrusted value as a JSON-quoted code span on one line, cut at ``INLINE_CHARS``."""
+    try:
+        quoted = orjson.dumps(value).decode()
+    except TypeError:  # orjson.JSONEncodeError: lone surrogates, odd types
+        quoted = ascii(value)
+    quoted = _escape_odd(quoted)
+    if len(quoted) > INLINE_CHARS:
+        quoted = f"{quoted[:INLINE_CHARS]}… ({len(quoted)} chars)"
+    return _span(quoted)
+
+
+_WRAP_CHARS = LINE_CHARS - 8  # room for the fence and its info string on a line of their own
+
+
+def _wrapped(text: str) -> list[str]:
+    out: list[str] = []
+    for line in text.split("\n"):
+        if len(line) <= _WRAP_CHARS:
+            out.append(line)
+        else:
+            out.extend(line[i : i + _WRAP_CHARS] for i in range(0, len(line), _WRAP_CHARS))
+    return out
+
+
+def _block(text: str, info: str) -> Iterator[str]:
+    """``text`` as a fenced block: cleaned, long lines continued on the next line, fenced with
+    more backticks than any line inside holds (so no line inside can close it), fence and lines
+    indented by ``BLOCK_INDENT`` (Markdown strips it again: CommonMark removes a fence's own
+    indentation from its lines), so no untrusted line starts at column 0."""
+    lines = _wrapped(_clean(text))
+    fence = "`" * max(3, 1 + max((len(m) for line in lines if "`" in line for m in _BACKTICKS.findall(line)), default=0))
+    yield BLOCK_INDENT + fence + info
+    for line in lines:
+        yield BLOCK_INDENT + line
+    yield BLOCK_INDENT + fence
+
+
+def message_lines(record: MessageRecord) -> Iterator[str]:
+    """The lines of one message: a ``### [seq] role`` heading, then its fields, content and tool
+    calls, then a blank line. A function of the record alone (where it falls changes nothing)."""
     m: dict[str, Any] = record.message
-    role = m.get("role", "?")
-    head = f"### [{record.seq}] {role}"
-    if m.get("name"):
-        head += f" ({m['name']})"
-    if m.get("tool_call_id"):
-        head += f" — answer to `{m['tool_call_id']}`"
+    role = m.get("role")
+    head = f"### [{record.seq}] {role if role in ROLES else 'role ' + _inline(role)}"
     if record.internal:
-        head += " — internal (served by context-proxy)"
-    lines = [head, ""]
+        head += f" — {INTERNAL_MARK}"
+    yield head
+    fields = []
+    if m.get("name"):
+        fields.append(f"name {_inline(m['name'])}")
+    if m.get("tool_call_id"):
+        fields.append(f"answer to {_inline(m['tool_call_id'])}")
+    if fields:
+        yield " · ".join(fields)
+    yield ""
     content = m.get("content")
-    text = text_of(content)
     if isinstance(content, list):
-        others = [p for p in content if isinstance(p, dict) and not isinstance(p.get("text"), str)]
-        for part in others:
-            kind = part.get("type", "part")
-            lines.append(f"[{kind} part: {len(orjson.dumps(part))} bytes]")
+        for part in content:
+            if isinstance(part, dict) and not isinstance(part.get("text"), str) and not isinstance(part.get("content"), str):
+                yield f"[{_inline(part.get('type', 'part'))} part: {len(orjson.dumps(part))} bytes]"
+                yield ""
+    text = text_of(content)
     if text:
-        lines.append(text)
-    for call in m.get("tool_calls") or ():
-        fn = call.get("function") or {}
-        lines.append(f"\n**tool call** `{call.get('id')}` `{fn.get('name')}`:\n\n```json\n{fn.get('arguments', '')}\n```")
-    lines.append("")
-    return "\n".join(lines)
+        yield from _block(text, "text")
+        yield ""
+    calls = m.get("tool_calls")
+    for call in calls if isinstance(calls, list) else ():
+        call = call if isinstance(call, dict) else {}
+        fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+        arguments = fn.get("arguments", "")
+        yield f"**tool call** {_inline(call.get('id'))} {_inline(fn.get('name'))}:"
+        yield ""
+        yield from _block(arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode(), "json")
+        yield ""
+
+
+def _event_lines(n: int, event: EventRecord, first_seq: int, cutoff_seq: int) -> Iterator[str]:
+    yield f"## Compaction {n} — {event.created_at.isoformat()} (event `{event.id}`)"
+    yield ""
+    yield (f"Messages {first_seq} to {cutoff_seq} above were summarized; the model was given a summary "
+           "instead (it is in this session's events).")
+    yield ""
+
+
+class ArchiveRenderer:
+    """Renders the archive incrementally: ``head()``, then ``message(m)`` for each message of the
+    branch in ``seq`` order, then ``tail()``. Holds the summary events only (not the messages)."""
+
+    def __init__(self, session_id: str, events: Iterable[EventRecord]) -> None:
+        self.session_id = session_id
+        self._pending = sorted((e for e in events if e.kind == "summary"), key=lambda e: (e.created_at, e.id))
+        self._seen: dict[str, int] = {}  # anchor hash -> seq, for pending events' anchors only
+        self._anchors = {e.anchor_hash for e in self._pending}
+        self._count = 0
+        self._next_first = 0
+
+    def head(self) -> Iterator[str]:
+        shown = _escape_odd(self.session_id)
+        shown = shown if len(shown) <= INLINE_CHARS else f"{shown[:INLINE_CHARS]}… ({len(shown)} chars)"
+        yield f"# Archive of session {_span(shown)}"
+        yield ""
+        yield ("The session's log in order; a compaction is recorded where it happened, after the messages it "
+               "summarized. Lines keep their numbers as the session grows.")
+        yield ""
+
+    def _due(self, before: datetime | None) -> Iterator[str]:
+        """Blocks of pending events whose anchor was rendered and that happened before ``before``
+        (``None``: the end), in the order they happened. An event's place depends only on its
+        anchor and on when the messages around it were stored, so nothing added later moves it."""
+        kept: list[EventRecord] = []
+        for event in self._pending:
+            cutoff = self._seen.get(event.anchor_hash)
+            if cutoff is None or (before is not None and event.created_at >= before):
+                kept.append(event)
+                continue
+            self._count += 1
+            yield from _event_lines(self._count, event, self._next_first, cutoff)
+            self._next_first = cutoff + 1
+        self._pending = kept
+
+    def message(self, record: MessageRecord) -> Iterator[str]:
+        yield from self._due(record.created_at)
+        yield from message_lines(record)
+        if record.chain_hash in self._anchors:
+            self._seen[record.chain_hash] = record.seq
+
+    def tail(self) -> Iterator[str]:
+        """Events anchored in the branch not yet placed (those anchored elsewhere are not shown)."""
+        yield from self._due(None)
+        self._pending = []
+
+
+def archive_lines(session_id: str, messages: Iterable[MessageRecord], events: Iterable[EventRecord]) -> Iterator[str]:
+    """The archive's lines (without ``\\n``): ``messages`` are one branch, root first."""
+    renderer = ArchiveRenderer(session_id, events)
+    yield from renderer.head()
+    for record in messages:
+        yield from renderer.message(record)
+    yield from renderer.tail()
 
 
 def render_archive(session_id: str, messages: Sequence[MessageRecord], events: Sequence[EventRecord]) -> str:
-    """Markdown of ``messages`` (one branch, root first) sectioned by the summary ``events``."""
-    seq_of = {m.chain_hash: m.seq for m in messages}
-    summaries = sorted(
-        (e for e in events if e.kind == "summary" and e.anchor_hash in seq_of), key=lambda e: seq_of[e.anchor_hash]
-    )
-    out = [f"# Archive of session `{session_id}`", "", f"{len(messages)} messages, {len(summaries)} compactions.", ""]
-    start = 0
-    for n, event in enumerate(summaries, 1):
-        cutoff = seq_of[event.anchor_hash]
-        out.append(f"## Compaction {n} — {event.created_at.isoformat()} (event `{event.id}`)")
-        out.append("")
-        out.append(f"Messages {start} to {cutoff} were summarized; the model was given this summary instead.")
-        out.append("")
-        out.extend(_render_message(m) for m in messages if start <= m.seq <= cutoff)
-        start = cutoff + 1
-    rest = [m for m in messages if m.seq >= start]
-    if rest:
-        out.append("## Not summarized" if summaries else "## Messages")
-        out.append("")
-        out.extend(_render_message(m) for m in rest)
-    return "\n".join(out) + "\n"
+    """Markdown of ``messages`` (one branch, root first) with the summary ``events`` placed where
+    they happened; every line ends with ``\\n``. See the module docstring for the layout."""
+    return "".join(line + "\n" for line in archive_lines(session_id, messages, events))
+
+
+async def stream_archive_lines(
+    store: Store, session_id: str, session_pk: int, leaf_hash: str | None, *, page_messages: int = PAGE_MESSAGES
+) -> AsyncIterator[str]:
+    """The archive's lines for the branch ending at ``leaf_hash`` (a tip the caller resolved;
+    ``None``: an empty session). The branch's message ids are read once, then the messages in
+    pages by id of about ``PAGE_CHARS`` characters (at most ``page_messages`` messages), so memory
+    is one page, not the session, and each page is one indexed query. Raises what ``Store`` raises."""
+    renderer = ArchiveRenderer(session_id, await store.list_events(session_pk))
+    for line in renderer.head():
+        yield line
+    ids = [] if leaf_hash is None else await store.branch_message_ids(session_pk, leaf_hash)
+    start, size = 0, min(page_messages, MIN_PAGE_MESSAGES)
+    while start < len(ids):
+        page = await store.messages_by_ids(session_pk, ids[start : start + size])
+        start += size
+        chars = 0
+        for record in page:
+            for line in renderer.message(record):
+                chars += len(line)
+                yield line
+        size = max(MIN_PAGE_MESSAGES, min(page_messages, PAGE_CHARS * len(page) // max(chars, 1)))
+    for line in renderer.tail():
+        yield line

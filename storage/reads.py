@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from storage.errors import InvalidCursor
-from storage.records import MessageRecord, SessionRecord, SessionSummary
+from storage.records import MessageRecord, RequestRecord, SessionRecord, SessionSummary
 from storage.tables import events, is_hex_hash, messages, requests, sessions
 
 _children = messages.alias("children")
@@ -94,20 +94,23 @@ async def find_session(conn: AsyncConnection, session_id: str, tenant: str | Non
 
 
 async def list_sessions(
-    conn: AsyncConnection, tenant: str | None, limit: int, after: str | None
+    conn: AsyncConnection, tenant: str | None, limit: int, after: str | None, after_tenant: str | None = None
 ) -> tuple[list[SessionSummary], bool]:
     """A page of sessions, newest ``updated_at`` first (ties: higher pk first), and ``has_more``.
 
     ``after`` is the ``session_id`` of the last session of the previous page, resolved to its
-    ``(updated_at, pk)`` as the caller sees it (``find_session``). Raises ``InvalidCursor`` if it
-    names no session visible to ``tenant``. A session updated between two pages moves to the
-    front and is not listed again on later pages.
+    ``(updated_at, pk)`` as the caller sees it (``find_session``); ``after_tenant``, if given, is
+    that session's tenant (an admin's cursor: several tenants may use one id, and without it the
+    newest session of the id is meant). Raises ``InvalidCursor`` if they name no session visible
+    to ``tenant``. A session updated between two pages moves to the front and is not listed
+    again on later pages.
     """
     query = sa.select(*sessions.c, *_summary_columns(sessions.c.pk))
     if tenant is not None:
         query = query.where(sessions.c.tenant == tenant)
     if after is not None:
-        cursor = await find_session(conn, after, tenant)
+        owner = tenant if after_tenant is None else after_tenant
+        cursor = None if tenant not in (None, owner) else await find_session(conn, after, owner)
         if cursor is None:
             raise InvalidCursor(f"after={after!r} names no session")
         query = query.where(
@@ -186,3 +189,61 @@ async def list_branch_messages(
     )
     rows = (await conn.execute(query)).all()
     return [MessageRecord(**r._mapping) for r in rows[:limit]], len(rows) > limit
+
+
+def _branch(session_pk: int, leaf_hash: str) -> sa.CTE:
+    """Recursive CTE of ``(id, parent_hash, seq)`` from ``leaf_hash`` up to the root."""
+    anchor = sa.select(messages.c.id, messages.c.parent_hash, messages.c.seq).where(
+        messages.c.session_pk == session_pk, messages.c.chain_hash == leaf_hash
+    )
+    branch = anchor.cte("branch_ids", recursive=True)
+    parent = messages.alias("parent")
+    return branch.union_all(
+        sa.select(parent.c.id, parent.c.parent_hash, parent.c.seq).where(
+            parent.c.session_pk == session_pk, parent.c.chain_hash == branch.c.parent_hash
+        )
+    )
+
+
+async def branch_message_ids(conn: AsyncConnection, session_pk: int, leaf_hash: str) -> list[int]:
+    """The ids of the messages from the root to ``leaf_hash``, by ``seq`` (empty if unknown): one
+    walk of the branch reading three small columns, so a reader can then fetch the messages in
+    pages by id (``messages_by_ids``) instead of walking from the leaf for every page."""
+    if not is_hex_hash(leaf_hash):
+        return []
+    branch = _branch(session_pk, leaf_hash)
+    rows = await conn.execute(sa.select(branch.c.id).order_by(branch.c.seq))
+    return [r[0] for r in rows]
+
+
+async def messages_by_ids(conn: AsyncConnection, session_pk: int, ids: list[int]) -> list[MessageRecord]:
+    """The messages of ``session_pk`` with these ids, by ``seq`` (ids of other sessions name nothing)."""
+    if not ids:
+        return []
+    query = sa.select(*messages.c).where(messages.c.session_pk == session_pk, messages.c.id.in_(ids)).order_by(messages.c.seq)
+    return [MessageRecord(**r._mapping) for r in (await conn.execute(query)).all()]
+
+
+async def list_requests(
+    conn: AsyncConnection, session_pk: int, limit: int, after: str | None
+) -> tuple[list[RequestRecord], bool]:
+    """The session's request records, oldest first (keyset on ``(created_at, id)``), and ``has_more``.
+
+    ``after`` is the id of the last record of the previous page, looked up in this session only
+    (so request ids of other sessions or tenants cannot be probed). Raises ``InvalidCursor`` if it
+    names no request of the session.
+    """
+    query = sa.select(*requests.c).where(requests.c.session_pk == session_pk)
+    if after is not None:
+        found = sa.select(requests.c.created_at).where(requests.c.session_pk == session_pk, requests.c.id == after)
+        anchor = None if "\x00" in after else (await conn.execute(found)).first()
+        if anchor is None:
+            raise InvalidCursor(f"after={after!r} names no request of this session")
+        query = query.where(
+            sa.or_(
+                requests.c.created_at > anchor.created_at,
+                sa.and_(requests.c.created_at == anchor.created_at, requests.c.id > after),
+            )
+        )
+    rows = (await conn.execute(query.order_by(requests.c.created_at, requests.c.id).limit(limit + 1))).all()
+    return [RequestRecord(**r._mapping) for r in rows[:limit]], len(rows) > limit

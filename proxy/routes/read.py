@@ -7,26 +7,37 @@ indistinguishable from one that does not exist.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
-from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from proxy.archive import render_archive
+from proxy.archive import stream_archive_lines
 from proxy.errors import BadRequest, NotFound
 from storage.errors import InvalidCursor
-from storage.records import EventRecord, MessageRecord, RequestRecord, SessionRecord, SessionSummary
+from storage.records import (
+    EventRecord,
+    MessageRecord,
+    RequestRecord,
+    SessionRecord,
+    SessionSummary,
+)
+from storage.store import Store
 
 router = APIRouter(tags=["read"])
 
 
-def _list(data: list[dict[str, Any]], has_more: bool) -> JSONResponse:
+def _list(data: list[dict[str, Any]], has_more: bool, cursors: list[str] | None = None) -> JSONResponse:
+    """OpenAI's list object; ``first_id``/``last_id`` are the first and last item's ``id``, or of
+    ``cursors`` (one per item) where an id alone does not name one item."""
+    ids = [d["id"] for d in data] if cursors is None else cursors
     return JSONResponse(
         {
             "object": "list",
             "data": data,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
+            "first_id": ids[0] if ids else None,
+            "last_id": ids[-1] if ids else None,
             "has_more": has_more,
         }
     )
@@ -36,8 +47,9 @@ def _ts(value: Any) -> int:
     return int(value.timestamp())
 
 
-def session_json(s: SessionSummary) -> dict[str, Any]:
-    return {
+def session_json(s: SessionSummary, *, admin: bool = False) -> dict[str, Any]:
+    """A session's JSON; for an admin it also names its ``tenant`` (the salted key hash, as stored)."""
+    out = {
         "id": s.session.session_id,
         "object": "session",
         "created_at": _ts(s.session.created_at),
@@ -50,6 +62,9 @@ def session_json(s: SessionSummary) -> dict[str, Any]:
         "tokens_forwarded_total": s.tokens_forwarded_total,
         "last_model": s.last_model,
     }
+    if admin:
+        out["tenant"] = s.session.tenant
+    return out
 
 
 def message_json(m: MessageRecord) -> dict[str, Any]:
@@ -77,30 +92,72 @@ def event_json(e: EventRecord) -> dict[str, Any]:
     }
 
 
-async def _session(request: Request, session_id: str) -> SessionRecord:
+TENANT_QUERY = Query(None, max_length=200, description="Admins: the tenant (hash, as listed) whose session to address; "
+                     "default the newest session of that id. Others: only their own tenant.")
+
+
+def _scope(request: Request, tenant: str | None) -> tuple[str | None, bool]:
+    """The tenant a call may see (``None``: every tenant) and whether the caller is an admin.
+    ``tenant`` (the query parameter) narrows an admin's view; for anyone else it must be their own
+    tenant, or nothing is visible (``""`` names no tenant)."""
+    own = request.app.state.proxy.auth.reader(request.headers)
+    if own is None:
+        return tenant, True
+    return (own if tenant in (None, own) else ""), False
+
+
+async def _session(request: Request, session_id: str, tenant: str | None = None) -> SessionRecord:
     state = request.app.state.proxy
-    tenant = state.auth.reader(request.headers)
-    session = await state.store.find_session(session_id, tenant)
+    scope, _ = _scope(request, tenant)
+    session = None if scope == "" else await state.store.find_session(session_id, scope)
     if session is None:
         raise NotFound(f"No session '{session_id}'.")
     return session
 
 
+def admin_cursor(s: SessionSummary) -> str:
+    """An admin's cursor for a session, ``<tenant>:<session id>``: several tenants may use one
+    session id, and a tenant (``t_`` + hex, or ``anonymous``) holds no colon."""
+    return f"{s.session.tenant}:{s.session.session_id}"
+
+
+async def session_page(
+    store: Store, scope: str | None, limit: int, after: str | None, admin: bool
+) -> tuple[list[SessionSummary], bool]:
+    """A page of ``scope``'s sessions (``None``: every tenant) after the session ``after`` names:
+    its id, or for an admin ``admin_cursor``'s ``<tenant>:<session id>``, and a plain id (the
+    newest session of that id) where that names none. Raises ``InvalidCursor``."""
+    if admin and after is not None and ":" in after:
+        tenant, _, session_id = after.partition(":")
+        try:
+            return await store.list_sessions(scope, limit, session_id, tenant)
+        except InvalidCursor:
+            pass
+    return await store.list_sessions(scope, limit, after)
+
+
 @router.get("/sessions", summary="Sessions, newest first")
-async def list_sessions(request: Request, limit: int = Query(20, ge=1, le=100), after: str | None = None) -> JSONResponse:
+async def list_sessions(
+    request: Request, limit: int = Query(20, ge=1, le=100), tenant: str | None = TENANT_QUERY,
+    after: str | None = Query(None, description="The previous page's last_id: a session id; for admins "
+                              "<tenant>:<session id> (a plain id there means the newest session of that id)"),
+) -> JSONResponse:
     state = request.app.state.proxy
-    tenant = state.auth.reader(request.headers)
+    scope, admin = _scope(request, tenant)
+    if scope == "":
+        return _list([], False)
     try:
-        rows, has_more = await state.store.list_sessions(tenant, limit, after)
+        rows, has_more = await session_page(state.store, scope, limit, after, admin)
     except InvalidCursor:
         raise BadRequest(f"'after' is not a session id you can see: {after}", param="after") from None
-    return _list([session_json(s) for s in rows], has_more)
+    return _list([session_json(s, admin=admin) for s in rows], has_more, [admin_cursor(s) for s in rows] if admin else None)
 
 
 @router.get("/sessions/{session_id}", summary="One session: counts, tokens, timestamps, branches")
-async def get_session(request: Request, session_id: str) -> JSONResponse:
-    session = await _session(request, session_id)
-    return JSONResponse(session_json(await request.app.state.proxy.store.session_summary(session)))
+async def get_session(request: Request, session_id: str, tenant: str | None = TENANT_QUERY) -> JSONResponse:
+    session = await _session(request, session_id, tenant)
+    admin = _scope(request, tenant)[1]
+    return JSONResponse(session_json(await request.app.state.proxy.store.session_summary(session), admin=admin))
 
 
 @router.get("/sessions/{session_id}/messages", summary="The log in order (one branch: the newest by default)")
@@ -110,9 +167,10 @@ async def list_messages(
     limit: int = Query(100, ge=1, le=1000),
     after: str | None = None,
     leaf: str | None = Query(None, description="Chain hash of the branch's last message (default: newest branch)"),
+    tenant: str | None = TENANT_QUERY,
 ) -> JSONResponse:
     store = request.app.state.proxy.store
-    session = await _session(request, session_id)
+    session = await _session(request, session_id, tenant)
     tip = await store.branch_leaf(session.pk, leaf)
     if tip is None:
         if leaf is not None:
@@ -137,30 +195,85 @@ def request_json(r: RequestRecord) -> dict[str, Any]:
 
 @router.get("/sessions/{session_id}/requests", summary="Request records: model, status, latency, usage, finish reason, defenses")
 async def list_requests(
-    request: Request, session_id: str, limit: int = Query(100, ge=1, le=1000), after: str | None = None
+    request: Request, session_id: str, limit: int = Query(100, ge=1, le=1000), after: str | None = None,
+    tenant: str | None = TENANT_QUERY,
 ) -> JSONResponse:
-    session = await _session(request, session_id)
-    rows, has_more = await request.app.state.proxy.store.list_requests(session.pk, limit, after)
+    session = await _session(request, session_id, tenant)
+    try:
+        rows, has_more = await request.app.state.proxy.store.list_requests(session.pk, limit, after)
+    except InvalidCursor:
+        raise BadRequest(f"'after' is not a request id of this session: {after}", param="after") from None
     return _list([request_json(r) for r in rows], has_more)
 
 
 @router.get("/sessions/{session_id}/events", summary="Compaction events")
-async def list_events(request: Request, session_id: str) -> JSONResponse:
-    session = await _session(request, session_id)
+async def list_events(request: Request, session_id: str, tenant: str | None = TENANT_QUERY) -> JSONResponse:
+    session = await _session(request, session_id, tenant)
     events = await request.app.state.proxy.store.list_events(session.pk)
     return _list([event_json(e) for e in events], False)
 
 
-@router.get("/sessions/{session_id}/archive", summary="The log rendered as Markdown", response_class=PlainTextResponse)
-async def archive(request: Request, session_id: str, leaf: str | None = None) -> PlainTextResponse:
+ARCHIVE_CHUNK_BYTES = 64 * 1024
+"""The archive is sent in chunks of about this many bytes (lines are never split)."""
+
+
+async def _chunks(lines: AsyncIterator[str], offset: int, limit: int | None) -> AsyncIterator[bytes]:
+    """Lines ``offset`` to ``offset + limit - 1`` (all from ``offset`` if no limit), each with its
+    ``\n``, UTF-8, in chunks of about ``ARCHIVE_CHUNK_BYTES``."""
+    buffer: list[bytes] = []
+    size = 0
+    try:
+        n = 0
+        async for line in lines:
+            if n >= offset:
+                if limit is not None and n >= offset + limit:
+                    break
+                data = (line + "\n").encode("utf-8", "backslashreplace")
+                buffer.append(data)
+                size += len(data)
+                if size >= ARCHIVE_CHUNK_BYTES:
+                    yield b"".join(buffer)
+                    buffer, size = [], 0
+            n += 1
+        if buffer:
+            yield b"".join(buffer)
+    finally:
+        await lines.aclose()  # type: ignore[attr-defined]
+
+
+@router.get(
+    "/sessions/{session_id}/archive",
+    summary="The log as one Markdown document (streamed), or a page of its lines; line numbers never change",
+    response_class=PlainTextResponse,
+)
+async def archive(
+    request: Request,
+    session_id: str,
+    leaf: str | None = Query(None, description="Chain hash of the branch's last message (default: newest branch)"),
+    offset: int = Query(0, ge=0, le=10**9, description="First line (0-based)"),
+    limit: int | None = Query(None, ge=1, le=100_000, description="Number of lines (default: to the end); "
+                              "a page with fewer lines is the last"),
+    tenant: str | None = TENANT_QUERY,
+) -> StreamingResponse:
     store = request.app.state.proxy.store
-    session = await _session(request, session_id)
+    session = await _session(request, session_id, tenant)
     tip = await store.branch_leaf(session.pk, leaf)
-    messages: list[MessageRecord] = []
-    if tip is not None:
-        messages, _ = await store.list_branch_messages(session.pk, tip.chain_hash, None, 10**9)
-    text = render_archive(session.session_id, messages, await store.list_events(session.pk))
-    return PlainTextResponse(text, media_type="text/markdown; charset=utf-8")
+    if tip is None and leaf is not None:
+        raise NotFound(f"No message '{leaf}' in this session.")
+    lines = stream_archive_lines(store, session.session_id, session.pk, None if tip is None else tip.chain_hash)
+    chunks = _chunks(lines, offset, limit)
+    first = await anext(chunks, b"")  # storage errors before the response starts answer as errors
+    return StreamingResponse(_then(first, chunks), media_type="text/markdown; charset=utf-8")
+
+
+async def _then(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    try:
+        if first:
+            yield first
+        async for chunk in rest:
+            yield chunk
+    finally:
+        await rest.aclose()  # type: ignore[attr-defined]
 
 
 @router.get("/artifacts/{artifact_id}", summary="Stored content by line range")
