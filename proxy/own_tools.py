@@ -4,8 +4,9 @@ The client only ever sees a normal answer: content, or calls to *its own* tools.
 response that calls the proxy's tools:
 
 - only the proxy's tools: the proxy serves the calls itself, appends the round (the assistant's
-  calls and the tool results) to the forwarded messages, and asks the model again, up to
-  ``read_tool_max_rounds`` rounds; the last round is sent without the proxy's tools, so the
+  calls and the tool results) to the forwarded messages, and asks the model again while the
+  read budget (``read_tool_budget_fraction`` of the window, in tokens) and
+  ``read_tool_max_rounds`` allow; the last round is sent without the proxy's tools, so the
   model must answer;
 - the proxy's tools *and* the client's in one response: the client's calls are returned (in
   streams they may already have been relayed), the proxy's calls are dropped unserved; the read

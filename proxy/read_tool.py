@@ -1,35 +1,71 @@
-"""The proxy's own tools: read back offloaded or summarized content, and (opt-in) compact.
+"""The proxy's own tools: search and read back offloaded or summarized content, and (opt-in) compact.
 
 Behind a proxy the model has no tool that reaches the proxy's storage, so a stub that names an
 artifact would be a dead end. When a forwarded request carries a stub or a summary, the proxy
 appends one function tool of its own after the client's tools (same position and form every
 time, so the prompt prefix stays cacheable) and serves calls to it itself, from the database.
 
-References are accepted as the model sees them: an artifact id (``art_…``), its read URL
-(``/artifacts/art_…?offset=…``), or the archive URL (``/sessions/{id}/archive``). A reference is
-served only if it appears in the request the model was given (so a model cannot read another
-session's or tenant's data by guessing ids) and, for artifacts, belongs to the tenant.
+A call searches (``query``: words, or a pattern with ``regex``; see ``proxy.read_search``) all
+the stored items the request names, or one (``reference``), or reads one by lines
+(``reference`` with ``offset``/``limit``). References are accepted as the model sees them: an
+artifact id (``art_…``), its read URL (``/artifacts/art_…?offset=…``), or the archive URL
+(``/sessions/{id}/archive``, the id percent-encoded as the summary names it, or raw).
+
+Scope: a reference is served only if it appears in the request the model was given (so ids
+cannot be guessed) and belongs to the current session: the archive is this session's only; an
+artifact is served when it was stored for this session, or when the client's messages of this
+request hold its very content (ids are content-addressed per tenant, so content that another
+session of the tenant offloaded first is stored under that session). An id of another session
+that text in the conversation merely names reads nothing, unless the setting
+``read_tool_scope`` is ``tenant`` (any artifact of the tenant that the request names).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from proxy.archive import render_archive
+from proxy.archive import stream_archive_lines
 from proxy.chat import text_of
-from storage.records import SessionRecord
+from proxy.json_text import parse_json
+from proxy.read_search import (
+    DEFAULT_MATCHES,
+    MAX_MATCHES,
+    MAX_SEARCH_OFFSET,
+    SEARCH_BUDGET_S,
+    Query,
+    Searcher,
+    archive_url,
+    compile_query,
+    split_lines,
+)
+from storage.records import ArtifactRecord, SessionRecord
 from storage.store import Store
 
 ARTIFACT_RE = re.compile(r"\bart_[0-9a-f]{32}\b")
 ARCHIVE_RE = re.compile(r"/sessions/([^/\s`'\"?]+)/archive")
+"""Any archive URL (to tell whether a request names stored content at all); which session's
+archive a request may read is decided by exact match with the current session's (``archive_urls``)."""
 DEFAULT_LIMIT_LINES = 200
 MAX_LIMIT_LINES = 2000
+MAX_SEARCH_ITEMS = 64
+"""Artifacts one search without a reference reads at most (the most recently named)."""
+SEARCH_BATCH_LINES = 2000
+"""Archive lines searched per batch (in a worker thread), so memory is about one batch."""
+
+
+def archive_urls(session_id: str) -> tuple[str, ...]:
+    """The forms of the session's archive URL the model may see or pass: encoded, then raw."""
+    encoded, raw = archive_url(session_id), f"/sessions/{session_id}/archive"
+    return (encoded,) if encoded == raw else (encoded, raw)
 
 
 @functools.lru_cache(maxsize=8)
@@ -41,20 +77,22 @@ def read_tool_schema(name: str) -> dict[str, Any]:
         "function": {
             "name": name,
             "description": (
-                "Read content that context-proxy moved out of this conversation to keep it inside the "
-                "context window: an offloaded tool result or message (its artifact id, e.g. art_…, or its "
-                "/artifacts/… URL) or the archive of summarized earlier messages (/sessions/…/archive). "
-                "Use it when you need details that a '[context-proxy]' stub or summary says were stored. "
-                "Read in parts with offset (first line, from 0) and limit (number of lines)."
+                "Search and read content that context-proxy moved out of this conversation to keep it inside "
+                "the context window: offloaded tool results or messages (artifact ids, e.g. art_…, or "
+                "/artifacts/… URLs) and the archive of summarized earlier messages (/sessions/…/archive). "
+                "Search first: pass query (words; a line matches when it contains them) to find lines in all "
+                "stored content, or in one reference; then read around a match with reference, offset "
+                "(first line, from 0) and limit (number of lines)."
             ),
             "parameters": {
                 "type": "object",
                 "properties": {
-                    "reference": {"type": "string", "description": "Artifact id, /artifacts/… URL, or /sessions/…/archive URL."},
-                    "offset": {"type": "integer", "description": "First line to read, counted from 0.", "minimum": 0},
-                    "limit": {"type": "integer", "description": f"Lines to read (default {DEFAULT_LIMIT_LINES}).", "minimum": 1},
+                    "query": {"type": "string", "description": "Words to search for (case-insensitive); best matches first."},
+                    "regex": {"type": "boolean", "description": "Treat query as a regular expression."},
+                    "reference": {"type": "string", "description": "Artifact id, /artifacts/… URL, or /sessions/…/archive URL; without query, read it by lines."},
+                    "offset": {"type": "integer", "description": "First line to read (from 0), or with query the first match to list.", "minimum": 0},
+                    "limit": {"type": "integer", "description": f"Lines to read (default {DEFAULT_LIMIT_LINES}), or with query matches to list (default {DEFAULT_MATCHES}).", "minimum": 1},
                 },
-                "required": ["reference"],
             },
         },
     }
@@ -78,69 +116,208 @@ def compact_tool_schema(name: str) -> dict[str, Any]:
 
 def references_in(messages: Sequence[dict[str, Any]]) -> tuple[set[str], set[str]]:
     """Artifact ids and archive session ids named anywhere in ``messages``' text."""
-    artifacts: set[str] = set()
-    archives: set[str] = set()
+    artifacts, archives = ordered_references(messages)
+    return set(artifacts), set(archives)
+
+
+def ordered_references(messages: Sequence[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """Artifact ids and archive session ids named in ``messages``' text, each once, in the order
+    they are first named (oldest first)."""
+    artifacts: dict[str, None] = {}
+    archives: dict[str, None] = {}
     for m in messages:
         text = text_of(m.get("content"))
         if "art_" in text:
-            artifacts.update(ARTIFACT_RE.findall(text))
+            artifacts.update(dict.fromkeys(ARTIFACT_RE.findall(text)))
         if "/archive" in text:
-            archives.update(ARCHIVE_RE.findall(text))
-    return artifacts, archives
+            archives.update(dict.fromkeys(ARCHIVE_RE.findall(text)))
+    return list(artifacts), list(archives)
+
+
+@dataclass(frozen=True, slots=True)
+class Visible:
+    """What one read may serve. ``artifacts``: ids the request names, oldest first; ``archives``:
+    archive session ids it names; ``client``: the client's messages (an artifact of another
+    session is this session's too when one of them holds its very content); ``scope``:
+    ``session`` or ``tenant`` (setting ``read_tool_scope``)."""
+
+    artifacts: tuple[str, ...] = ()
+    archives: frozenset[str] = frozenset()
+    client: Sequence[dict[str, Any]] = ()
+    scope: str = "session"
+
+    def holds(self, content: str) -> bool:
+        """Does a message of the client's hold ``content`` (a text, a part's text or data URL)?"""
+        return any(text == content for text in _texts(self.client, len(content)))
+
+
+def _texts(messages: Sequence[dict[str, Any]], size: int) -> Any:
+    """The texts of ``messages`` (strings, parts' text/content, media URLs) of length ``size``."""
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, str):
+            if len(content) == size:
+                yield content
+        elif isinstance(content, list):
+            for part in content:
+                if not isinstance(part, dict):
+                    continue
+                media = part.get("image_url")
+                for text in (part.get("text"), part.get("content"), media.get("url") if isinstance(media, dict) else None):
+                    if isinstance(text, str) and len(text) == size:
+                        yield text
+
+
+def visible_in(forwarded: Sequence[dict[str, Any]], client: Sequence[dict[str, Any]], scope: str, session_id: str) -> Visible:
+    """``Visible`` for a request of session ``session_id`` that forwarded ``forwarded`` (internal
+    rounds included) for the client's ``client`` messages. The archive is visible when a message
+    names this session's archive URL exactly (``archive_urls``: any session id, quotes, spaces
+    and ``%`` included)."""
+    artifacts, _ = ordered_references(forwarded)
+    urls = archive_urls(session_id)
+    named = any(url in text for m in forwarded for text in (text_of(m.get("content")),) if "/archive" in text for url in urls)
+    return Visible(tuple(artifacts), frozenset({session_id} if named else ()), client, scope)
 
 
 @dataclass(frozen=True, slots=True)
 class ReadRequest:
-    """Arguments of one read call, checked."""
+    """Arguments of one read call, checked. ``query`` ``None``: read ``reference`` by lines."""
 
-    reference: str
+    reference: str | None
     offset: int
     limit: int
+    query: Query | None = None
 
 
 def parse_arguments(arguments: str) -> ReadRequest | str:
     """The call's arguments, or an error text for the model."""
     try:
-        args = orjson.loads(arguments or "{}")
+        args = parse_json(arguments or "{}")
     except orjson.JSONDecodeError:
-        return "[context-proxy] The arguments were not valid JSON; pass {\"reference\": \"art_…\"}."
-    if not isinstance(args, dict) or not isinstance(args.get("reference"), str):
-        return "[context-proxy] 'reference' (a string) is required."
+        return "[context-proxy] The arguments were not valid JSON; pass {\"query\": \"words\"} or {\"reference\": \"art_…\"}."
+    if not isinstance(args, dict):
+        return "[context-proxy] Pass an object: {\"query\": \"words\"} or {\"reference\": \"art_…\"}."
+    reference = args.get("reference")
+    query_text = args.get("query")
+    if reference is not None and not isinstance(reference, str):
+        return "[context-proxy] 'reference' must be a string (art_… or /sessions/…/archive)."
+    if query_text is not None and not isinstance(query_text, str):
+        return "[context-proxy] 'query' must be a string of words."
+    if not (reference or "").strip() and not (query_text or "").strip():
+        return "[context-proxy] Pass 'query' (words to search for) and/or 'reference' (art_… or /sessions/…/archive)."
+    query = None
+    if query_text is not None and query_text.strip():
+        compiled = compile_query(query_text, args.get("regex") is True)
+        if isinstance(compiled, str):
+            return compiled
+        query = compiled
+    default, most = (DEFAULT_MATCHES, MAX_MATCHES) if query is not None else (DEFAULT_LIMIT_LINES, MAX_LIMIT_LINES)
     offset = args.get("offset", 0)
-    limit = args.get("limit", DEFAULT_LIMIT_LINES)
-    offset = offset if isinstance(offset, int) and offset >= 0 else 0
-    limit = min(limit, MAX_LIMIT_LINES) if isinstance(limit, int) and limit > 0 else DEFAULT_LIMIT_LINES
-    return ReadRequest(args["reference"].strip(), offset, limit)
+    limit = args.get("limit", default)
+    offset = offset if isinstance(offset, int) and not isinstance(offset, bool) and 0 <= offset < 10**9 else 0
+    if query is not None:
+        offset = min(offset, MAX_SEARCH_OFFSET)
+    limit = min(limit, most) if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else default
+    ref = reference.strip() if isinstance(reference, str) and reference.strip() else None
+    return ReadRequest(ref, offset, limit, query)
 
 
-SEGMENT_CHARS = 2000
-"""Lines longer than this are read as consecutive segments of this many characters, each counted
-as one line, so a single 100k-character line (minified JSON) can be read in parts too."""
-
-
-def _lines(text: str) -> list[str]:
-    out: list[str] = []
-    for line in text.splitlines():
-        if len(line) <= SEGMENT_CHARS:
-            out.append(line)
-        else:
-            out.extend(line[i : i + SEGMENT_CHARS] for i in range(0, len(line), SEGMENT_CHARS))
-    return out
-
-
-def _slice(text: str, offset: int, limit: int, max_chars: int, what: str) -> str:
-    lines = _lines(text)
-    part = lines[offset : offset + limit]
-    body = "\n".join(part)
-    if len(body) > max_chars:
-        body = body[:max_chars]
+def _slice(lines: Sequence[str], total: int | None, offset: int, max_chars: int, what: str, more: bool = False) -> str:
+    """Lines ``offset``.. of a document (``lines``: those asked for; ``total``: its line count,
+    or ``None`` when not counted, then ``more``: lines follow), at most ``max_chars`` characters."""
+    body = "\n".join(lines)
+    room = max(0, max_chars - len(what) - 120)  # the head line's own length, at most
+    if len(body) > room:
+        body = body[:room]
         shown = body.count("\n") + 1
-        note = f"(cut at {max_chars} characters; continue with offset={offset + shown - 1})"
+        note = f"(cut at {room} characters; continue with offset={offset + shown - 1})"
     else:
-        shown = len(part)
-        note = f"continue with offset={offset + shown}" if offset + shown < len(lines) else "end of content"
-    head = f"[context-proxy] {what}, lines {offset}-{offset + max(shown, 1) - 1} of {len(lines)} ({note}):"
-    return head + "\n" + body
+        shown = len(lines)
+        follows = more if total is None else offset + shown < total
+        note = f"continue with offset={offset + shown}" if follows else "end of content"
+    of = f" of {total}" if total is not None else ""
+    head = f"[context-proxy] {what}, lines {offset}-{offset + max(shown, 1) - 1}{of} ({note}):"
+    return (head + "\n" + body)[:max_chars]
+
+
+UNKNOWN = "[context-proxy] Unknown reference; pass an artifact id (art_…) or the archive URL named in this conversation."
+
+
+class _Loader:
+    """Loads what a read may serve (``Visible``), for the current session only (module docstring)."""
+
+    def __init__(self, store: Store, tenant: str, session: SessionRecord, visible: Visible) -> None:
+        self.store, self.tenant, self.session, self.visible = store, tenant, session, visible
+
+    async def artifact(self, art_id: str) -> ArtifactRecord | None:
+        if art_id not in self.visible.artifacts:
+            return None
+        record = await self.store.get_artifact(art_id, self.tenant)
+        if record is None:
+            return None
+        v = self.visible
+        if v.scope == "tenant" or record.session_pk == self.session.pk or v.holds(record.content):
+            return record
+        return None
+
+    def _archive_stream(self) -> Any:
+        store, session = self.store, self.session
+
+        async def lines() -> Any:
+            leaf = await store.branch_leaf(session.pk, None)
+            stream = stream_archive_lines(store, session.session_id, session.pk, leaf.chain_hash if leaf else None)
+            async with contextlib.aclosing(stream):
+                async for line in stream:
+                    yield line
+        return lines()
+
+    async def archive_lines(self, offset: int, limit: int) -> tuple[list[str], bool]:
+        """``(lines offset..offset+limit-1 of the session's archive, more lines follow)``: the
+        rendering ``GET /sessions/{id}/archive`` serves, read in pages from the store and no
+        further than the line after the last asked for."""
+        kept: list[str] = []
+        n = 0
+        stream = self._archive_stream()
+        try:
+            async for line in stream:
+                if n >= offset + limit:
+                    return kept, True
+                if n >= offset:
+                    kept.append(line)
+                n += 1
+        finally:
+            await stream.aclose()
+        return kept, False
+
+    async def search_archive(self, searcher: Searcher, source: int) -> None:
+        """Feed the archive's lines to ``searcher`` in batches of ``SEARCH_BATCH_LINES`` (each
+        searched in a worker thread); only one batch is held at a time."""
+        batch: list[str] = []
+        first = 0
+        stream = self._archive_stream()
+        try:
+            async for line in stream:
+                batch.append(line)
+                if len(batch) >= SEARCH_BATCH_LINES:
+                    if not await asyncio.to_thread(searcher.feed, source, self.archive_ref, batch, first):
+                        return
+                    first += len(batch)
+                    batch = []
+        finally:
+            await stream.aclose()
+        if batch or not first:
+            await asyncio.to_thread(searcher.feed, source, self.archive_ref, batch, first)
+
+    def archive_named(self) -> bool:
+        return self.session.session_id in self.visible.archives
+
+    def is_archive(self, ref: str) -> bool:
+        """Is ``ref`` this session's archive URL (encoded or raw, possibly with ``?…`` after it)?"""
+        return any(ref == url or ref.startswith(url + "?") for url in archive_urls(self.session.session_id))
+
+    @property
+    def archive_ref(self) -> str:
+        return archive_url(self.session.session_id)
 
 
 async def serve_read(
@@ -148,32 +325,71 @@ async def serve_read(
     tenant: str,
     session: SessionRecord,
     arguments: str,
-    visible: tuple[set[str], set[str]],
+    visible: Visible,
     max_chars: int,
+    deadline: float | None = None,
 ) -> str:
-    """The tool result for one read call: the requested lines, or a short explanation.
-
-    ``visible`` are the references present in the request the model saw; anything else reads
-    nothing (same answer as a missing id, so ids cannot be probed).
-    """
+    """The tool result for one call (at most ``max_chars`` characters): search matches, the
+    requested lines, or a short explanation. References outside ``visible`` or the session read
+    nothing (the same answer as a missing id, so ids cannot be probed). ``deadline``: monotonic
+    time a search stops at (default ``SEARCH_BUDGET_S`` from now; a round shares one)."""
     request = parse_arguments(arguments)
     if isinstance(request, str):
         return request
-    artifacts, archives = visible
+    loader = _Loader(store, tenant, session, visible)
     ref = request.reference
+    deadline = time.monotonic() + SEARCH_BUDGET_S if deadline is None else deadline
+    if ref is None:
+        assert request.query is not None
+        return await _search_all(loader, request, max_chars, deadline)
     art = ARTIFACT_RE.search(ref)
     if art is not None:
-        if art.group(0) in artifacts:
-            record = await store.get_artifact(art.group(0), tenant)
-            if record is not None:
-                return _slice(record.content, request.offset, request.limit, max_chars, f"artifact {record.id}")
-        return f"[context-proxy] Nothing stored under {art.group(0)} for this conversation."
-    archive = ARCHIVE_RE.search(ref)
-    if archive is not None and archive.group(1) == session.session_id and archive.group(1) in archives:
-        leaf = await store.branch_leaf(session.pk, None)
-        messages = []
-        if leaf is not None:
-            messages, _ = await store.list_branch_messages(session.pk, leaf.chain_hash, None, 10**9)
-        text = render_archive(session.session_id, messages, await store.list_events(session.pk))
-        return _slice(text, request.offset, request.limit, max_chars, f"archive of session {session.session_id}")
-    return "[context-proxy] Unknown reference; pass an artifact id (art_…) or the archive URL named in this conversation."
+        record = await loader.artifact(art.group(0))
+        if record is None:
+            return f"[context-proxy] Nothing stored under {art.group(0)} for this conversation."
+        lines = split_lines(record.content)
+        if request.query is not None:
+            searcher = _searcher(request, deadline)
+            await asyncio.to_thread(searcher.feed, 0, record.id, lines)
+            return searcher.render(request.offset, request.limit, max_chars)
+        part = lines[request.offset : request.offset + request.limit]
+        return _slice(part, len(lines), request.offset, max_chars, f"artifact {record.id}")
+    if loader.is_archive(ref) and loader.archive_named():
+        if request.query is not None:
+            searcher = _searcher(request, deadline)
+            await loader.search_archive(searcher, 0)
+            return searcher.render(request.offset, request.limit, max_chars)
+        part, more = await loader.archive_lines(request.offset, request.limit)
+        return _slice(part, None, request.offset, max_chars, f"archive {loader.archive_ref}", more)
+    return UNKNOWN
+
+
+def _searcher(request: ReadRequest, deadline: float) -> Searcher:
+    assert request.query is not None
+    return Searcher(request.query, min(request.offset, MAX_SEARCH_OFFSET) + request.limit, deadline)
+
+
+async def _search_all(loader: _Loader, request: ReadRequest, max_chars: int, deadline: float) -> str:
+    """A query over everything the request names: the archive (oldest), then the artifacts in
+    the order they are named (the last named ranks as the most recent), one item in memory at a
+    time besides the best matches kept."""
+    searcher = _searcher(request, deadline)
+    source = 0
+    if loader.archive_named():
+        await loader.search_archive(searcher, source)
+        source += 1
+    for art_id in loader.visible.artifacts[-MAX_SEARCH_ITEMS:]:
+        if searcher.stopped:
+            break
+        record = await loader.artifact(art_id)
+        if record is not None:
+            await asyncio.to_thread(_feed_text, searcher, source, record.id, record.content)
+            source += 1
+            del record
+    if not source:
+        return "[context-proxy] Nothing stored for this conversation to search."
+    return searcher.render(request.offset, request.limit, max_chars)
+
+
+def _feed_text(searcher: Searcher, source: int, reference: str, content: str) -> None:
+    searcher.feed(source, reference, split_lines(content))

@@ -30,7 +30,13 @@ import orjson
 from proxy.chat import digests_and_chain
 from proxy.compactor import MAX_PLAN_ROUNDS
 from proxy.defenses.config import SUMMARY_HEADER_TOKENS
-from proxy.defenses.summarize import PROMPT_OVERHEAD_TOKENS, chunk_budget_tokens, render_message, render_transcript, summary_chunks
+from proxy.defenses.summarize import (
+    PROMPT_OVERHEAD_TOKENS,
+    chunk_budget_tokens,
+    render_message,
+    render_transcript,
+    summary_chunks,
+)
 from proxy.models import ModelProfiles
 from proxy.projection import DefenseConfig, Projection, SummaryPlan, project
 from proxy.settings import Settings

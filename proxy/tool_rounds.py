@@ -14,13 +14,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from proxy.json_text import parse_json
 from proxy.own_tools import StreamToolFilter, split_calls
-from proxy.read_tool import references_in, serve_read
+from proxy.read_tool import Visible, serve_read, visible_in
 from proxy.sse import SSEEvent
 from proxy.streaming import in_band
 from proxy.upstream import TRANSPORT_ERRORS
@@ -38,15 +40,31 @@ log = logging.getLogger("context_proxy.tools")
 HELD_MAX_EVENTS = 16
 """Finish and usage events of a round held at most (an upstream sends one or two of each)."""
 KEEPALIVE = b": context-proxy is serving its own tool call\n\n"
-CHARS_PER_TOKEN = 4
-"""Size budget of one read result: a quarter of the window at ~4 characters a token (DESIGN.md)."""
-CONSERVATIVE_CHARS_PER_TOKEN = 3
-"""Characters per token assumed when measuring room left (code and logs run below 4)."""
+CHARS_PER_TOKEN = 3
+"""Characters per token a read result is first sized at (then counted, and cut until it fits)."""
+MIN_READ_TOKENS = 250
+"""Below this many tokens of budget left, no further read round is offered."""
 MIN_READ_CHARS = 1000
+MESSAGE_FRAME_TOKENS = 32
+"""Tokens counted per round message on top of the estimate (its frame: role, ids; providers count
+more than tiktoken's estimate of the content), so the budget is not overrun."""
+MAX_CALLS_PER_ROUND = 8
+"""Calls of one round served at most; the rest are dropped from the round (the last result says
+so), as each call and its result add to the prompt whatever the budget."""
+ROUND_SEARCH_S = 3.0
+"""Wall time the searches of one round may take in all (seconds); a search past it stops and says so."""
+BUDGET_SPENT = "[context-proxy] Not served: the read budget of this request is spent; answer with what you have read."
 
 
 class ToolRounds:
-    """Serves calls to the proxy's read and compaction tools for the pipeline."""
+    """Serves calls to the proxy's read and compaction tools for the pipeline.
+
+    Budget: the read rounds of one request may add at most ``read_tool_budget_fraction`` of the
+    window (tokens: the rounds' assistant calls and results, counted as forwarded) and never more
+    than half the room the window has left; ``read_tool_max_rounds`` is the backstop. A round
+    after which less than ``MIN_READ_TOKENS`` of budget is left is the last: the next request goes
+    without the proxy's tools, so the model answers.
+    """
 
     def __init__(self, settings: Settings, store: Store, compactor: Any) -> None:
         self.settings = settings
@@ -54,27 +72,47 @@ class ToolRounds:
         self.compactor: ProjectingCompactor | Any = compactor
 
     def may_continue(self, ctx: ChatContext) -> bool:
-        return ctx.read_rounds < self.settings.read_tool_max_rounds
+        if ctx.read_rounds >= self.settings.read_tool_max_rounds:
+            return False
+        return ctx.prepared is None or self._budget_left(ctx) >= MIN_READ_TOKENS
 
     async def serve(self, ctx: ChatContext, assistant: dict[str, Any], calls: list[dict[str, Any]]) -> None:
         """Answer ``calls`` (all the proxy's own), record the round, and prepare the next body."""
         assert ctx.prepared is not None and ctx.prepared.forwarded is not None
         forwarded = ctx.prepared.forwarded
-        visible = references_in([*forwarded["messages"], *ctx.internal])
-        max_chars = self._read_budget_chars(ctx)
+        visible = visible_in([*forwarded["messages"], *ctx.internal], ctx.messages, self.settings.read_tool_scope,
+                             ctx.session.session_id)
+        dropped = max(0, len(calls) - MAX_CALLS_PER_ROUND)
+        calls = calls[:MAX_CALLS_PER_ROUND]
+        message = {"role": "assistant", "content": assistant.get("content"), "tool_calls": calls}
+        counter = self.compactor.counter
+        spent = counter.count_message(message) + MESSAGE_FRAME_TOKENS  # the round's call, added to the prompt too
+        left = self._budget_left(ctx)
+        deadline = time.monotonic() + ROUND_SEARCH_S
         results = []
-        for call in calls:
+        for i, call in enumerate(calls):
             fn = call.get("function") or {}
+            available = left - spent - MESSAGE_FRAME_TOKENS
+            budget = min(available, max(MIN_READ_TOKENS // 2, available // (len(calls) - i)))
             try:
                 if fn.get("name") == self.settings.compact_tool_name:
                     text = await self.compactor.compact_now(ctx)
+                elif available < MIN_READ_TOKENS // 2:
+                    text = BUDGET_SPENT
                 else:
-                    text = await self._read(ctx, fn.get("arguments", ""), visible, max_chars)
+                    text = await self._read(ctx, fn.get("arguments", ""), visible, budget, deadline)
             except StorageError:
                 log.error("serving %s failed: database error", fn.get("name"))
                 text = "[context-proxy] The stored content could not be read right now (database unavailable); nothing was changed."
-            results.append({"role": "tool", "tool_call_id": call.get("id"), "content": text})
-        message = {"role": "assistant", "content": assistant.get("content"), "tool_calls": calls}
+            except MemoryError:
+                log.error("serving %s failed: out of memory", fn.get("name"))
+                text = "[context-proxy] This read needed too much memory; narrow it (a simpler query, or a reference)."
+            if dropped and i == len(calls) - 1:
+                text += (f"\n[context-proxy] {dropped} more calls of this round were not served (at most "
+                         f"{MAX_CALLS_PER_ROUND} per round); call again for those you still need.")
+            result = {"role": "tool", "tool_call_id": call.get("id"), "content": text}
+            spent += counter.count_message(result) + MESSAGE_FRAME_TOKENS
+            results.append(result)
         ctx.internal += [message, *results]
         ctx.read_rounds += 1
         body = forwarded | {"messages": [*forwarded["messages"], *ctx.internal]}
@@ -85,41 +123,41 @@ class ToolRounds:
                 body["tool_choice"] = forwarded["tool_choice"]
         ctx.prepared = dataclasses.replace(ctx.prepared, body=orjson.dumps(body))
 
-    async def _read(self, ctx: ChatContext, arguments: str, visible: tuple[set[str], set[str]], max_chars: int) -> str:
-        """One read, cut (by re-reading fewer characters) until it fits the token budget."""
-        budget = self._read_budget_tokens(ctx)
+    async def _read(self, ctx: ChatContext, arguments: str, visible: Visible, budget: int, deadline: float) -> str:
+        """One read, at most ``budget`` tokens: served at ``budget * CHARS_PER_TOKEN`` characters,
+        counted, re-read once at fewer characters if over (while the round's search time lasts),
+        then cut to the budget (its last line, how to continue, kept)."""
         counter = self.compactor.counter
-        for _ in range(4):
-            text = await serve_read(self.store, ctx.tenant, ctx.session, arguments, visible, max_chars)
+        max_chars = max(MIN_READ_CHARS, budget * CHARS_PER_TOKEN)
+        text = await serve_read(self.store, ctx.tenant, ctx.session, arguments, visible, max_chars, deadline)
+        tokens = counter.count_text(text)
+        if tokens > budget and deadline - time.monotonic() > ROUND_SEARCH_S / 4:
+            max_chars = max(MIN_READ_CHARS // 4, int(max_chars * budget / tokens * 0.9))
+            text = await serve_read(self.store, ctx.tenant, ctx.session, arguments, visible, max_chars, deadline)
             tokens = counter.count_text(text)
-            if tokens <= budget or max_chars <= MIN_READ_CHARS:
-                return text
-            max_chars = max(MIN_READ_CHARS, int(max_chars * budget / tokens * 0.9))
-        return text
+        return text if tokens <= budget else fit_tokens(text, tokens, budget, counter.count_text)
 
-    def _read_budget_tokens(self, ctx: ChatContext) -> int:
-        """Tokens one read may add: half the room left in the window, at most a quarter of the window."""
+    def _window(self, ctx: ChatContext) -> int:
         assert ctx.prepared is not None
-        window = ctx.prepared.window_tokens or self.settings.fallback_trigger_tokens
+        return ctx.prepared.window_tokens or self.settings.fallback_trigger_tokens
+
+    def spent_tokens(self, ctx: ChatContext) -> int:
+        """Tokens this request's read rounds added to the prompt so far (calls and results)."""
         counter = self.compactor.counter
-        used = (ctx.prepared.tokens_forwarded or 0) + sum(counter.count_message(m) for m in ctx.internal)
-        return max(MIN_READ_CHARS // 4, min((window - used) // 2, window // 4))
+        return sum(counter.count_message(m) + MESSAGE_FRAME_TOKENS for m in ctx.internal)
 
-    def _read_budget_chars(self, ctx: ChatContext) -> int:
-        """Characters one read may return: half the room left in the window, at most a quarter of it.
-
-        Room = window - the forwarded estimate - what earlier rounds added (counted at
-        ``CONSERVATIVE_CHARS_PER_TOKEN``), so a few reads in a row never overflow the window.
-        """
+    def _budget_left(self, ctx: ChatContext) -> int:
+        """Tokens further reads may add: the budget's rest, at most half the room left in the window."""
         assert ctx.prepared is not None
-        window = ctx.prepared.window_tokens or self.settings.fallback_trigger_tokens
-        used = (ctx.prepared.tokens_forwarded or 0) + len(orjson.dumps(ctx.internal)) // CONSERVATIVE_CHARS_PER_TOKEN
-        room_chars = (window - used) // 2 * CONSERVATIVE_CHARS_PER_TOKEN
-        return max(MIN_READ_CHARS, min(room_chars, window * CHARS_PER_TOKEN // 4))
+        window = self._window(ctx)
+        spent = self.spent_tokens(ctx)
+        total = int(window * self.settings.read_tool_budget_fraction)
+        room = window - (ctx.prepared.tokens_forwarded or 0) - spent
+        return max(0, min(total - spent, room // 2))
 
     def strip(self, data: bytes, reply: dict[str, Any], client_calls: list[dict[str, Any]]) -> tuple[bytes, dict[str, Any]]:
         """A non-streaming response with the proxy's calls removed (the client's kept)."""
-        parsed = orjson.loads(data)
+        parsed = parse_json(data)  # as ``_reply_of`` read it (``proxy.json_text``)
         choice = parsed["choices"][0]
         message = dict(choice["message"])
         if client_calls:
@@ -151,7 +189,7 @@ class ToolRounds:
                     assembler.add(event)
                     continue
                 try:
-                    chunk = orjson.loads(event.data)
+                    chunk = parse_json(event.data)  # as the assembler reads it (``proxy.json_text``)
                 except orjson.JSONDecodeError:
                     assembler.add(event)  # an error event's text, say: recorded, relayed as it came
                     yield event.raw + b"\n\n"
@@ -185,6 +223,24 @@ class ToolRounds:
     def serves(self, ctx: ChatContext, own_calls: list[dict[str, Any]], client_calls: int) -> bool:
         """Does the round loop serve these calls and ask again? Only the proxy's calls, rounds left."""
         return bool(own_calls) and not client_calls and self.may_continue(ctx)
+
+
+def fit_tokens(text: str, tokens: int, budget: int, count: Any) -> str:
+    """``text`` (``tokens`` long) cut to at most ``budget`` tokens by ``count``: its start and, when
+    it fits, its last line (a result's way to continue); nothing but a marker when even that is over."""
+    last = text.rsplit("\n", 1)[-1] if "\n" in text else ""
+    tail = "…\n" + last if last and count(last) * 2 < budget else "…"
+    room = budget - count(tail)
+    for _ in range(6):
+        if room <= 0:
+            break
+        chars = int(len(text) * room / max(tokens, 1) * 0.9)
+        cut = text[: max(0, chars)]
+        tokens = count(cut)
+        if tokens <= room:
+            return cut + tail
+        text = cut
+    return "[context-proxy] Cut: the result did not fit the read budget."
 
 
 async def _events(state: StreamState) -> AsyncIterator[SSEEvent]:

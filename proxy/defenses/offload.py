@@ -4,7 +4,8 @@ DESIGN.md section 2: a tool result over ``offload_tool_tokens`` (20,000, or a qu
 window, see ``DefenseConfig.offload_tool_threshold_tokens``) and a user message over
 ``offload_user_tokens`` (50,000) become a stub naming the artifact id and read URL
 (``/artifacts/{id}``), how to read it in parts, its size, and a preview of the first and last 5
-lines, each cut at 1,000 chars, with a ``... [N lines truncated] ...`` marker.
+lines, each cut at 1,000 chars, with a ``... [N lines truncated] ...`` marker; with the read
+tool offered, a sentence saying to search the artifact with its ``query`` before paging.
 
 Offload is applied as soon as a message is first seen and is a pure function of its content, so
 the same message always shows the same stub (prefix stability) and needs no event. A ``tool``
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.defenses.config import DefenseConfig
+from proxy.read_search import search_hint
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,11 +65,13 @@ def stub_text(art_id: str, text: str, what: str, config: DefenseConfig) -> str:
     """The stub that replaces offloaded ``text`` (``what``: e.g. "tool result", "user message")."""
     line_count = text.count("\n") + 1
     tool_hint = f" or call the `{config.read_tool_name}` tool with this id" if config.read_tool_name else ""
+    search = search_hint(config.read_tool_name, art_id) + "\n" if config.read_tool_name else ""
     return (
         f"[context-proxy] This {what} was too large for the context window and was offloaded "
         f"({line_count} lines, {len(text)} chars) to artifact {art_id}.\n"
         f"Read the full content at /artifacts/{art_id}{tool_hint}; read it in parts with "
         f"/artifacts/{art_id}?offset=LINE&limit=LINES (offset = first line, counted from 0).\n"
+        + search +
         f"Preview (first {config.preview_lines} and last {config.preview_lines} lines):\n"
         + preview(text, config.preview_lines, config.preview_line_chars)
     )

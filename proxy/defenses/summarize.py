@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from proxy.read_search import archive_url, search_hint
+
 SUMMARY_PHRASE = "summarize the conversation"
 """Literal phrase in every summary request (the fake upstream recognizes summary calls by it)."""
 
@@ -186,7 +188,7 @@ def summary_message(
     """The ``user`` message that stands for the summarized messages in a projection.
 
     Starts with a header saying that ``message_count`` earlier messages were summarized by
-    context-proxy and where the full archive is (``/sessions/{session_id}/archive``), then the
+    context-proxy and where the full archive is (``/sessions/{session_id}/archive``, the id percent-encoded), then the
     summary. ``pinned_user_text``: the user's latest request when it lies inside the summarized
     span, repeated verbatim so the agent still sees it. Never ``system``/``developer``, no ``name``.
     """
@@ -194,8 +196,10 @@ def summary_message(
     header = (
         f"[context-proxy] The earlier conversation ({message_count} messages) was summarized by "
         f"context-proxy to fit the model's context window (compaction event {event_id}). "
-        f"The full archive of those messages can be read at /sessions/{session_id}/archive{tool_hint}."
+        f"The full archive of those messages can be read at {archive_url(session_id)}{tool_hint}."
     )
+    if read_tool_name:
+        header += " " + search_hint(read_tool_name)
     text = header + "\n\n" + summary_text.strip()
     if pinned_user_text:
         text += "\n\n[context-proxy] The user's latest request, verbatim:\n" + pinned_user_text

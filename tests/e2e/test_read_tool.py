@@ -98,8 +98,8 @@ def test_answer_recovered_from_the_archive(proxy_factory: Any, upstream: Upstrea
     upstream.state.requests.clear()
     reply = client.chat.completions.create(model="fake-4k-openai", messages=history)
     assert reply.choices[0].message.content == "ANSWER: 4242"
-    calls = [m for r in upstream.state.chat_requests for m in r.json["messages"] if m.get("tool_calls")]
-    assert any("/sessions/arch/archive" in c["tool_calls"][0]["function"]["arguments"] for c in calls)
+    results = [m["content"] for r in upstream.state.chat_requests for m in r.json["messages"] if m["role"] == "tool"]
+    assert any("/sessions/arch/archive · line" in c and "hidden_pin=4242" in c for c in results)  # found by a search of the archive
 
 
 def respond_mixed(prompt: Prompt, state: Any) -> Reply | None:
@@ -158,7 +158,7 @@ def test_read_works_after_a_restart(proxy_factory: Any, upstream: Upstream, mode
 
 def test_rounds_are_bounded_when_the_model_keeps_reading(proxy_factory: Any, upstream: Upstream, models_file: str) -> None:
     upstream.state.read_tool_loop = True
-    proxy = proxy_factory(models_file=models_file, read_tool_max_rounds=3)
+    proxy = proxy_factory(models_file=models_file, read_tool_max_rounds=3, read_tool_budget_fraction=0.9)  # the round cap binds first
     reply = proxy.client().chat.completions.create(model=MODEL, messages=history_with_offload("FACT: build_id=B-9"), tools=TOOLS)
     assert not reply.choices[0].message.tool_calls
     assert reply.choices[0].message.content == "ANSWER: B-9"
@@ -228,14 +228,16 @@ def test_manual_compaction_tool_is_opt_in_and_needs_half_the_trigger(proxy_facto
 
 def test_a_single_huge_line_is_read_in_parts(proxy_factory: Any, upstream: Upstream, models_file: str) -> None:
     """Minified JSON: one line of about 30k characters (over the offload threshold), the fact near its end, still reachable."""
-    proxy = proxy_factory(models_file=models_file)
+    upstream.state.read_tool_search = False  # paging, not searching (a search finds it in one round)
+    proxy = proxy_factory(models_file=models_file, read_tool_budget_fraction=0.9)  # pages past the default budget
     line = '{"rows": [' + ",".join(f'{{"id": {i}, "v": "x{i}"}}' for i in range(1300)) + '], "note": "FACT: build_id=B-LONG"}'
     messages = history_with_offload("x")
     messages[3] = {"role": "tool", "tool_call_id": "c1", "content": line}
     reply = proxy.client().chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)
     assert reply.choices[0].message.content == "ANSWER: B-LONG"
     first, *rounds = upstream.state.chat_requests
-    assert "B-LONG" not in first.body.decode() and len(rounds) >= 2  # offloaded, then read in segments
+    assert "B-LONG" not in first.body.decode() and rounds  # offloaded, then read back as 2,000-character segments
+    assert "lines 0-" in rounds[0].json["messages"][-1]["content"]
 
 
 def test_read_tool_is_offered_only_while_the_messages_name_stored_content(proxy_factory: Any, upstream: Upstream, models_file: str) -> None:

@@ -119,6 +119,7 @@ def test_a_read_round_that_overflows_is_compacted_and_retried(streamed: bool, pr
     models = tmp_path / "models.yaml"
     models.write_text(f'"{READ_MODEL}":\n  context_window_tokens: 32768\n')
     upstream.state.windows[READ_MODEL] = 7000
+    upstream.state.read_tool_search = False  # the model pages: a page is large enough to overflow
     proxy = proxy_factory(models_file=str(models))
     tools = [{"type": "function", "function": {"name": "fetch_log", "description": "Fetch a log.", "parameters": {"type": "object", "properties": {}}}}]
     body = {"model": READ_MODEL, "messages": offloaded_history("FACT: build_id=B-3141"), "tools": tools}

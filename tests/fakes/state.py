@@ -95,6 +95,8 @@ class FakeState:
     """Lines containing this are left out of summaries (details only the archive keeps)."""
     read_tool_loop: bool = False
     """The model keeps calling the proxy's read tool whenever it is offered (bounded-rounds tests)."""
+    read_tool_search: bool = True
+    """The model searches with the read tool's ``query`` when offered (False: it only pages)."""
     chunk_delay_s: float = 0.0
     stream_gate: Any = None
     stream_gate_after_chunks: int = 1
