@@ -1,12 +1,14 @@
 """Regenerate RELIABILITY.md: run the reliability tests and the full-size load run, write the figures.
 
-    python -m tests.reliability --out RELIABILITY.md [--concurrency 200] [--duration-s 180] [--skip-load]
+    python -m tests.reliability --out RELIABILITY.md [--concurrency 200] [--duration-s 180] [--skip-load] [--skip-adversarial]
 
 1. ``pytest tests/reliability tests/storage/test_retention.py`` with larger fuzz budgets
    (``CONTEXT_PROXY_FUZZ_EXAMPLES``, ``CONTEXT_PROXY_SCHEMA_EXAMPLES``); the tests add their figures
    to a tally file (``CONTEXT_PROXY_RELIABILITY_TALLY``), outcomes come from a JUnit XML report.
 2. The load run: a PostgreSQL cluster of its own, the fake upstream in a process of its own, one
    ``context-proxy serve`` process, ``--concurrency`` streaming sessions for ``--duration-s``.
+3. The adversarial run (``tests.reliability.adversarial``, issue 16) against this tree on SQLite and
+   PostgreSQL, shown next to the before figures kept in ``adversarial_before_<db>.json``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 import httpx
 
 from tests.conftest import REPO_DIR, SHARED_DIR, _free_port
+from tests.reliability.adversarial_report import before_path, render_section
 from tests.reliability.load import as_json, run_load
 from tests.reliability.probes import PgCluster, ServeProcess, log_consistency, query
 
@@ -85,6 +88,20 @@ def run_full_load(tmp: Path, concurrency: int, duration_s: float) -> dict[str, A
         cluster.remove()
 
 
+def run_adversarial(tmp: Path) -> dict[str, tuple[dict[str, Any] | None, dict[str, Any] | None]]:
+    """database -> (before, after) reports; after: this tree, each database in a process of its own."""
+    runs: dict[str, tuple[dict[str, Any] | None, dict[str, Any] | None]] = {}
+    for db in ("sqlite", "postgresql"):
+        out = tmp / f"adversarial-{db}.json"
+        subprocess.run([sys.executable, "-m", "tests.reliability.adversarial", "--tree", str(REPO_DIR), "--db", db,
+                        "--json", str(out)], cwd=REPO_DIR, env=os.environ | {"TIKTOKEN_CACHE_DIR": str(SHARED_DIR / "tiktoken")},
+                       check=False)
+        before = before_path(db)
+        runs[db] = (json.loads(before.read_text()) if before.exists() else None,
+                    json.loads(out.read_text()) if out.exists() else None)
+    return runs
+
+
 SECTIONS = [
     ("1. Isolation", "test_isolation", ["isolation_probes"]),
     ("2. Secrets", "test_secrets", ["secret_keys_searched", "secrets_searched_chars"]),
@@ -99,7 +116,8 @@ SECTIONS = [
 ]
 
 
-def render(tests: dict[str, Any], load: dict[str, Any] | None, args: argparse.Namespace) -> str:
+def render(tests: dict[str, Any], load: dict[str, Any] | None, args: argparse.Namespace,
+           adversarial: dict[str, tuple[dict[str, Any] | None, dict[str, Any] | None]] | None = None) -> str:
     outcomes, counts, notes = tests["outcomes"], tests["tally"]["counts"], tests["tally"]["notes"]
     passed = sum(1 for o in outcomes.values() if o == "passed")
     failed = sorted(n for n, o in outcomes.items() if o == "failed")
@@ -167,6 +185,8 @@ def render(tests: dict[str, Any], load: dict[str, Any] | None, args: argparse.Na
         ]
         if load["error_samples"]:
             lines += ["Error samples:", ""] + [f"- `{e}`" for e in load["error_samples"]] + [""]
+    if adversarial:
+        lines += ["", *render_section(adversarial)]
     return "\n".join(lines) + "\n"
 
 
@@ -179,11 +199,13 @@ def main() -> None:
     parser.add_argument("--fuzz-examples", type=int, default=1000)
     parser.add_argument("--schema-examples", type=int, default=100)
     parser.add_argument("--skip-load", action="store_true", help="Only the tests (no full-size load run).")
+    parser.add_argument("--skip-adversarial", action="store_true", help="No adversarial run (issue 16's attacks).")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="context-proxy-reliability-") as tmp:
         tests = run_tests(Path(tmp), args.fuzz_examples, args.schema_examples)
         load = None if args.skip_load else run_full_load(Path(tmp), args.concurrency, args.duration_s)
-    args.out.write_text(render(tests, load, args))
+        adversarial = None if args.skip_adversarial else run_adversarial(Path(tmp))
+    args.out.write_text(render(tests, load, args, adversarial))
     print(f"wrote {args.out}")
 
 
