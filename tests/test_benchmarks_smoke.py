@@ -12,7 +12,14 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.benchmarks import TRACES_DIR, compression, overhead, pipeline, report, storage_growth
+from tests.benchmarks import (
+    TRACES_DIR,
+    compression,
+    overhead,
+    pipeline,
+    report,
+    storage_growth,
+)
 from tests.benchmarks.config import BenchConfig
 from tests.benchmarks.stats import percentile, spread
 

@@ -17,9 +17,19 @@ from proxy.chat import digests_and_chain
 from proxy.defenses.config import DefenseConfig
 from proxy.defenses.offload import artifact_id
 from proxy.defenses.plans import MediaPlan, SummaryPlan, TruncatePlan
-from proxy.defenses.summarize import build_summary_request_messages, render_transcript, summary_chunks
+from proxy.defenses.summarize import (
+    build_summary_request_messages,
+    render_transcript,
+    summary_chunks,
+)
 from proxy.defenses.truncate_args import MARKER
-from tests.defenses.helpers import T0, fabricate_event, load_case, project_once, run_plans
+from tests.defenses.helpers import (
+    T0,
+    fabricate_event,
+    load_case,
+    project_once,
+    run_plans,
+)
 from tests.strict import validate_chat_messages
 
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from proxy.settings import Settings
-from proxy.settings_doc import MARKER_END, MARKER_START, REGENERATE_COMMAND, extract_block, main, render_table
+from proxy.settings_doc import (
+    MARKER_END,
+    MARKER_START,
+    REGENERATE_COMMAND,
+    extract_block,
+    main,
+    render_table,
+)
 
 REPO_DIR = Path(__file__).resolve().parent.parent
 

@@ -78,7 +78,7 @@ class Server:
         if upstream:
             cmd += ["--upstream", upstream]
         self.kind = kind
-        self.log = open(workdir / f"{kind}.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.log = open(workdir / f"{kind}.log", "wb")
         self.proc = subprocess.Popen(cmd, cwd=REPO_DIR, stdout=subprocess.PIPE, stderr=self.log, env=os.environ.copy())
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().decode()

@@ -326,7 +326,7 @@ def update_readme(readme: Path, section: str) -> bool:
     if not readme.is_file():
         return False
     text = readme.read_text()
-    pattern = re.compile(re.escape(README_START) + r".*?" + re.escape(README_END), re.S)
+    pattern = re.compile(re.escape(README_START) + r".*?" + re.escape(README_END), re.DOTALL)
     if not pattern.search(text):
         return False
     readme.write_text(pattern.sub(lambda _m: f"{README_START}\n{section}{README_END}", text, count=1))

@@ -22,7 +22,7 @@ from proxy.projection import Projection, project
 from storage.records import EventRecord
 
 CASES_DIR = Path(__file__).resolve().parents[3] / "shared" / "cases"
-_REPEAT = re.compile(r"\{\{repeat:(\d+):(.*?)\}\}", re.S)
+_REPEAT = re.compile(r"\{\{repeat:(\d+):(.*?)\}\}", re.DOTALL)
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
 

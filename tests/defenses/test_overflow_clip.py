@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 
 from proxy.defenses.config import DefenseConfig
-from proxy.defenses.overflow_clip import CLIP_MIN_TOKENS, clip_trailing_results, trailing_batch
+from proxy.defenses.overflow_clip import (
+    CLIP_MIN_TOKENS,
+    clip_trailing_results,
+    trailing_batch,
+)
 from tests.defenses.test_pairs import SYS, TOOL_RESULT, TOOL_USE, USER, asst, tool
 from tests.strict import validate_chat_messages
 

@@ -7,7 +7,13 @@ import itertools
 
 import pytest
 
-from proxy.defenses.pairs import CANCELLED_TEXT, dangling_calls, is_tool_answer, patch_dangling, safe_start
+from proxy.defenses.pairs import (
+    CANCELLED_TEXT,
+    dangling_calls,
+    is_tool_answer,
+    patch_dangling,
+    safe_start,
+)
 from tests.strict import validate_chat_messages
 
 

@@ -8,7 +8,12 @@ import shlex
 
 import pytest
 
-from tests.deploy.conftest import HEALTH_PATHS, REPO_DIR, check_settings_values, unknown_settings
+from tests.deploy.conftest import (
+    HEALTH_PATHS,
+    REPO_DIR,
+    check_settings_values,
+    unknown_settings,
+)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy.conftest import DEFAULT_PORT, HEALTH_PATHS, REPO_DIR, check_settings_values, unknown_settings
+from tests.deploy.conftest import (
+    DEFAULT_PORT,
+    HEALTH_PATHS,
+    REPO_DIR,
+    check_settings_values,
+    unknown_settings,
+)
 
 K8S_DIR = REPO_DIR / "deploy" / "k8s"
 SHAPES = ("gateway", "sidecar")

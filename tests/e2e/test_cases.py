@@ -28,7 +28,7 @@ CASES_DIR = SHARED_DIR / "cases"
 def expand(value: Any) -> Any:
     """Expand the cases' ``{{repeat:N:TEXT}}`` placeholders."""
     if isinstance(value, str):
-        return re.sub(r"\{\{repeat:(\d+):(.*?)\}\}", lambda m: m.group(2) * int(m.group(1)), value, flags=re.S)
+        return re.sub(r"\{\{repeat:(\d+):(.*?)\}\}", lambda m: m.group(2) * int(m.group(1)), value, flags=re.DOTALL)
     if isinstance(value, list):
         return [expand(v) for v in value]
     if isinstance(value, dict):
