@@ -61,8 +61,9 @@ class Compactor:
     def usage_observed(self, ctx: ChatContext, usage: dict[str, Any] | None) -> bool:
         return False
 
-    def forget_artifacts(self, tenant: str, artifact_ids: list[str]) -> None:
-        """Drop what this process remembers of ``tenant``'s artifacts ``artifact_ids`` (deleted)."""
+    def forget_refused(self, session_pk: int, tenant: str, artifact_ids: list[str], events_deleted: bool) -> None:
+        """Drop what this process remembers of a refused request's deleted rows: ``tenant``'s
+        artifacts ``artifact_ids`` and (``events_deleted``) the session's events."""
         return
 
     def forget_limits(self, tenant: str | None, model: str | None) -> None:

@@ -482,9 +482,15 @@ class ProjectingCompactor(Compactor):
     def forget_limits(self, tenant: str | None, model: str | None) -> None:
         self.limits.forget(tenant, model)
 
-    def forget_artifacts(self, tenant: str, artifact_ids: list[str]) -> None:
+    def forget_refused(self, session_pk: int, tenant: str, artifact_ids: list[str], events_deleted: bool) -> None:
+        """Forget what this process cached of a refused request's deleted rows: its artifacts (else
+        a later request would think them stored and not store them again) and, when it had
+        events, the session's cached events (else for ``EVENTS_TTL_S`` requests would apply an
+        event whose row is gone)."""
         for artifact_id in artifact_ids:
-            self._stored.pop((tenant, artifact_id))
+            self._stored.pop((tenant, artifact_id), None)  # (it may have expired or been evicted)
+        if events_deleted:
+            self._events.pop(session_pk, None)
 
     async def persist_observed(self, ctx: ChatContext) -> None:
         """Store what ``usage_observed`` changed. Never raises."""

@@ -181,17 +181,22 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _slowest_body(self) -> GuardedHttpToolsProtocol | None:
         """The connection in ``_receiving`` with the lowest body rate below
-        ``EVICT_BELOW_BYTES_PER_S`` (the oldest of equals), not counting one whose reading is
-        paused (the proxy has not read what came); ``None`` if none."""
+        ``EVICT_BELOW_BYTES_PER_S`` (the oldest of equals), among bodies begun ``EVICT_GRACE_S`` or
+        more ago if any qualifies, else among all; not counting one whose reading is paused (the
+        proxy has not read what came); ``None`` if none."""
         now = self.loop.time()
-        slowest, lowest = None, float(EVICT_BELOW_BYTES_PER_S)
-        for conn in self._receiving:
-            if conn is self or conn.flow.read_paused:
-                continue
-            rate = conn._body_bytes / max(now - conn._body_since, EVICT_GRACE_S)
-            if rate < lowest:
-                slowest, lowest = conn, rate
-        return slowest
+        candidates = [conn for conn in self._receiving if conn is not self and not conn.flow.read_paused]
+        # bodies older than the grace first: one whose headers came a moment ago rates 0 until its
+        # first bytes come, and must not go before a body that has trickled for a minute (review)
+        for judged in ([c for c in candidates if now - c._body_since >= EVICT_GRACE_S], candidates):
+            slowest, lowest = None, float(EVICT_BELOW_BYTES_PER_S)
+            for conn in judged:
+                rate = conn._body_bytes / max(now - conn._body_since, EVICT_GRACE_S)
+                if rate < lowest:
+                    slowest, lowest = conn, rate
+            if slowest is not None:
+                return slowest
+        return None
 
     # --- deadlines ---
     def _arm(self, what: str) -> None:

@@ -558,7 +558,7 @@ class ChatPipeline:
             keep = _kept_reply(reply, status, partial, error)
             if ctx.refused:  # only the record is kept: what the request stored itself goes, at once
                 gone = await self.log.finish_refused(ctx.session, record, logged, ctx.writes)
-                self.compactor.forget_artifacts(ctx.tenant, gone)
+                self.compactor.forget_refused(ctx.session.pk, ctx.tenant, gone, bool(ctx.writes.event_ids))
             else:
                 await self.log.finish(ctx.session, ctx.messages, ctx.chain, ctx.internal, keep, record, with_request=logged is None)
             if self.compactor.usage_observed(ctx, usage):

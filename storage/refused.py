@@ -11,8 +11,10 @@ rows stored and used them (same messages, same content-addressed artifacts); the
 - a message with a child outside the deleted rows (another request's message or reply built on
   it), and its ancestors;
 - an event another request's record applied (``requests.event_ids``);
-- the artifacts, when a message of the request stays or another request of the session recorded
-  since they were stored offloaded content too (``OFFLOADING``: it may reference them).
+- the artifacts, when a message of the request stays or another request of the tenant (any of its
+  sessions: artifacts are content-addressed per tenant, so another session may have found them
+  stored) recorded since they were stored offloaded content too (``OFFLOADING``: it may reference
+  them).
 
 A request still in flight that uses a deleted row and is recorded after this write can miss it.
 """
@@ -28,7 +30,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 
 from storage.records import RequestRecord
-from storage.tables import artifacts, events, messages, requests
+from storage.tables import artifacts, events, messages, requests, sessions
 
 T = TypeVar("T")
 
@@ -151,6 +153,13 @@ def _other_records(conn: sa.Connection, session_pk: int, request_id: str, since:
     return list(conn.execute(query))
 
 
+def _tenant_offloaded(conn: sa.Connection, tenant: str, request_id: str, since: datetime) -> bool:
+    """Did another request of ``tenant`` (any session) recorded since ``since`` offload content?"""
+    query = (sa.select(requests.c.defenses).select_from(requests.join(sessions, sessions.c.pk == requests.c.session_pk))
+             .where(sessions.c.tenant == tenant, requests.c.created_at >= since, requests.c.id != request_id))
+    return any(OFFLOADING.intersection(row.defenses or ()) for row in conn.execute(query))
+
+
 def _forget_events(conn: sa.Connection, session_pk: int, request_id: str, event_ids: Sequence[str]) -> None:
     if not event_ids:
         return
@@ -171,7 +180,7 @@ def _forget_artifacts(conn: sa.Connection, session_pk: int, request_id: str, ten
     created = _earliest(conn, artifacts, mine, artifacts.c.id, artifact_ids)
     if created is None:
         return []
-    if any(OFFLOADING.intersection(row.defenses or ()) for row in _other_records(conn, session_pk, request_id, created)):
+    if _tenant_offloaded(conn, tenant, request_id, created):
         return []
     gone: list[str] = []
     for batch in _batches(artifact_ids):

@@ -82,3 +82,26 @@ async def test_the_body_budget_counts_bytes_received_not_bytes_declared() -> Non
 
     await budget.hold(app, scope, receive, None)  # type: ignore[arg-type]
     assert seen == [0, 300, 750] and budget.held_bytes == 0
+
+
+def test_a_body_just_begun_is_not_evicted_before_one_that_has_trickled_for_long() -> None:
+    """At the connection cap the slowest body goes, but a body whose headers came a moment ago
+    (0 bytes yet: an httpx-style client writes headers and body separately) is judged after every
+    body older than the grace, so a slowloris trickling 1 byte/s for a minute goes first (review)."""
+    from types import SimpleNamespace
+
+    from proxy.http_guard import EVICT_GRACE_S, GuardedHttpToolsProtocol
+
+    class Conn(SimpleNamespace):
+        __hash__ = object.__hash__
+
+    now = 1000.0
+    flow = SimpleNamespace(read_paused=False)
+    trickler = Conn(_body_bytes=60, _body_since=now - 60, flow=flow)
+    fresh = Conn(_body_bytes=0, _body_since=now - 0.002, flow=flow)
+    me = SimpleNamespace(loop=SimpleNamespace(time=lambda: now), _receiving={fresh: None, trickler: None})
+    assert GuardedHttpToolsProtocol._slowest_body(me) is trickler  # type: ignore[arg-type]
+    # with only young bodies, the slowest of them still goes (a flood of fresh silent bodies)
+    young = Conn(_body_bytes=5, _body_since=now - EVICT_GRACE_S / 2, flow=flow)
+    me._receiving = {young: None, fresh: None}
+    assert GuardedHttpToolsProtocol._slowest_body(me) is fresh  # type: ignore[arg-type]

@@ -168,3 +168,21 @@ def test_a_refused_request_s_cleanup_keeps_a_concurrent_accepted_request_s_conte
     # what A's forwarded body names is there to read
     forwarded = [q for q in upstream.state.requests if q.path == "/v1/chat/completions"][1].body.decode()
     assert [i for i in texts if i in forwarded]
+
+
+def test_a_refused_request_s_cached_rows_are_forgotten_even_when_the_cache_let_them_go() -> None:
+    """What the process cached of a refused request's deleted rows is dropped: its artifacts
+    (even when the cache already let them go: no KeyError that would fail the log write after the
+    record) and the session's cached events, so no later request applies an event whose row is
+    gone (review)."""
+    from proxy.compactor import ProjectingCompactor
+    from proxy.settings import Settings
+
+    upstream = type("Upstream", (), {"base_url": "http://upstream.invalid/v1"})()
+    compactor = ProjectingCompactor(Settings(), store=None, upstream=upstream)  # type: ignore[arg-type]
+    compactor._stored.put(("t", "art_kept"), True)
+    compactor._events.put(7, ["an event"])
+    compactor._events.put(8, ["another session's"])
+    compactor.forget_refused(7, "t", ["art_kept", "art_never_cached"], events_deleted=True)
+    assert compactor._stored.fresh(("t", "art_kept")) is None
+    assert compactor._events.fresh(7) is None and compactor._events.fresh(8) == ["another session's"]

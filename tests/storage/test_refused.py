@@ -95,6 +95,21 @@ async def test_what_another_request_of_the_session_used_since_stays(store: Store
     assert await _column(store, events.c.id) == ({"e"} if used else set())
 
 
+@pytest.mark.parametrize("where", ["another session of the tenant", "another tenant"])
+async def test_an_artifact_another_session_of_the_tenant_may_use_stays(store: Store, where: str) -> None:
+    """Artifacts are content-addressed per tenant: another session of the tenant that offloaded the
+    same content found the refused request's row stored and its stubs name it (review: only the
+    refused request's own session was checked, and that row was deleted under the other session)."""
+    session = await store.get_or_create_session("t", "s", T0)
+    other = await store.get_or_create_session("t" if where == "another session of the tenant" else "t2", "s2", T0)
+    await store.put_artifacts([_artifact(session.pk, "shared")])
+    await store.add_request(_record(other.pk, "accepted", 200, defenses=("offload",), at=5))
+    gone = await store.record_refused(_record(session.pk, "r"), T0, "t", (), ["shared"], ())
+    kept = where == "another session of the tenant"
+    assert gone == ([] if kept else ["shared"])
+    assert await _column(store, artifacts.c.id) == ({"shared"} if kept else set())
+
+
 async def test_the_deletion_and_the_record_commit_together(store: Store) -> None:
     """A record that cannot be written (its id taken) leaves the content as it was: never the
     content gone without the record, nor the record there with the content."""
