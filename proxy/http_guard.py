@@ -151,8 +151,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _evict_one(self) -> bool:
         """Close one connection to make room for ``self``: a lingering one, else one waiting (no
-        request) for ``EVICT_GRACE_S`` or more, else the slowest body, else the longest waiting
-        (one just connected is not evicted before a body that stalls). False if none qualifies."""
+        request) for ``EVICT_GRACE_S`` or more, else the slowest body begun ``EVICT_GRACE_S`` or
+        more ago, else the longest waiting, else the slowest body just begun (an idle connection
+        loses nothing; a body in progress would get a 503). False if none qualifies."""
         for victim in self._closing:
             self._closing.pop(victim)
             self._drop(victim)
@@ -161,7 +162,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if oldest is not None and self.loop.time() - oldest._waiting_since >= EVICT_GRACE_S:
             self._close_waiting(oldest)
             return True
-        victim = self._slowest_body()
+        victim = self._slowest_body(young=False)
+        if victim is None and oldest is not None:  # an idle connection loses nothing: before a body just begun
+            self._close_waiting(oldest)
+            return True
+        victim = victim or self._slowest_body(young=True)
         if victim is not None:
             log.warning("connection cap reached: closing a connection whose body arrives at %.0f bytes/s",
                         victim._body_bytes / max(self.loop.time() - victim._body_since, EVICT_GRACE_S))
@@ -179,24 +184,22 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         victim._disarm()
         self._drop(victim)
 
-    def _slowest_body(self) -> GuardedHttpToolsProtocol | None:
+    def _slowest_body(self, *, young: bool) -> GuardedHttpToolsProtocol | None:
         """The connection in ``_receiving`` with the lowest body rate below
-        ``EVICT_BELOW_BYTES_PER_S`` (the oldest of equals), among bodies begun ``EVICT_GRACE_S`` or
-        more ago if any qualifies, else among all; not counting one whose reading is paused (the
-        proxy has not read what came); ``None`` if none."""
+        ``EVICT_BELOW_BYTES_PER_S`` (the oldest of equals) among bodies begun less than
+        ``EVICT_GRACE_S`` ago (``young``) or longer ago; not counting one whose reading is paused
+        (the proxy has not read what came); ``None`` if none."""
         now = self.loop.time()
-        candidates = [conn for conn in self._receiving if conn is not self and not conn.flow.read_paused]
-        # bodies older than the grace first: one whose headers came a moment ago rates 0 until its
-        # first bytes come, and must not go before a body that has trickled for a minute (review)
-        for judged in ([c for c in candidates if now - c._body_since >= EVICT_GRACE_S], candidates):
-            slowest, lowest = None, float(EVICT_BELOW_BYTES_PER_S)
-            for conn in judged:
-                rate = conn._body_bytes / max(now - conn._body_since, EVICT_GRACE_S)
-                if rate < lowest:
-                    slowest, lowest = conn, rate
-            if slowest is not None:
-                return slowest
-        return None
+        # a body whose headers came a moment ago rates 0 until its first bytes come: it must not go
+        # before a body that has trickled for a minute, nor before an idle connection (review)
+        slowest, lowest = None, float(EVICT_BELOW_BYTES_PER_S)
+        for conn in self._receiving:
+            if conn is self or conn.flow.read_paused or (now - conn._body_since < EVICT_GRACE_S) != young:
+                continue
+            rate = conn._body_bytes / max(now - conn._body_since, EVICT_GRACE_S)
+            if rate < lowest:
+                slowest, lowest = conn, rate
+        return slowest
 
     # --- deadlines ---
     def _arm(self, what: str) -> None:

@@ -100,8 +100,11 @@ def test_a_body_just_begun_is_not_evicted_before_one_that_has_trickled_for_long(
     trickler = Conn(_body_bytes=60, _body_since=now - 60, flow=flow)
     fresh = Conn(_body_bytes=0, _body_since=now - 0.002, flow=flow)
     me = SimpleNamespace(loop=SimpleNamespace(time=lambda: now), _receiving={fresh: None, trickler: None})
-    assert GuardedHttpToolsProtocol._slowest_body(me) is trickler  # type: ignore[arg-type]
-    # with only young bodies, the slowest of them still goes (a flood of fresh silent bodies)
+    assert GuardedHttpToolsProtocol._slowest_body(me, young=False) is trickler  # type: ignore[arg-type]
+    assert GuardedHttpToolsProtocol._slowest_body(me, young=True) is fresh  # type: ignore[arg-type]
+    # with only young bodies, none is judged among the old (an idle connection goes first) and
+    # the slowest young one is the last resort
     young = Conn(_body_bytes=5, _body_since=now - EVICT_GRACE_S / 2, flow=flow)
     me._receiving = {young: None, fresh: None}
-    assert GuardedHttpToolsProtocol._slowest_body(me) is fresh  # type: ignore[arg-type]
+    assert GuardedHttpToolsProtocol._slowest_body(me, young=False) is None  # type: ignore[arg-type]
+    assert GuardedHttpToolsProtocol._slowest_body(me, young=True) is fresh  # type: ignore[arg-type]
