@@ -19,16 +19,16 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy import __version__
 from proxy.admission import BodyBudget
-from proxy.auth import Authenticator
-from proxy.compaction import Compactor
+from proxy.compaction.base import Compactor
 from proxy.errors import BadRequest, NotFound, ProxyError
-from proxy.metrics import Metrics, MetricsMiddleware
-from proxy.pipeline import ChatPipeline
+from proxy.forward.pipeline import ChatPipeline
+from proxy.forward.session_log import SessionLog
 from proxy.routes import chat, health, limits, passthrough, read
+from proxy.routes.auth import Authenticator
 from proxy.routes.chat_fast import CHAT_PATH, ChatFastPath, error_of, serve_chat_counted
-from proxy.session_log import SessionLog
 from proxy.settings import Settings
-from proxy.upstream import Upstream
+from proxy.telemetry.metrics import Metrics, MetricsMiddleware
+from proxy.upstream.client import Upstream
 from storage.errors import StorageError
 from storage.migrate import upgrade
 from storage.store import Store
@@ -75,7 +75,7 @@ def build_compactor(settings: Settings, store: Store, upstream: Upstream, metric
     """The defenses when enabled, else the pass-through compactor."""
     if not settings.compaction_enabled:
         return Compactor()
-    from proxy.compactor import ProjectingCompactor
+    from proxy.compaction.compactor import ProjectingCompactor
 
     return ProjectingCompactor(settings, store, upstream, metrics=metrics)
 

@@ -74,8 +74,8 @@ def serve(
     import uvicorn
 
     from proxy.app import create_app
-    from proxy.http_guard import server_options
-    from proxy.logging_setup import configure_logging
+    from proxy.server.http_guard import server_options
+    from proxy.telemetry.logs import configure_logging
 
     settings = load_settings(host=host, port=port, upstream_url=upstream_url, database_url=database_url,
                              log_format=log_format, shutdown_grace_s=shutdown_grace_s)
@@ -258,7 +258,7 @@ def archive(
 ) -> None:
     """Print a session's archive (Markdown, as GET /sessions/{id}/archive): the log in order, a
     block per compaction where it happened; streamed page by page, lines numbered from 0."""
-    from proxy.archive import stream_archive_lines
+    from proxy.tools.archive import stream_archive_lines
 
     async def use(store: Any) -> None:
         session = await _find(store, session_id, tenant)
@@ -321,8 +321,8 @@ def replay(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from proxy.replay import OFFLINE_LABEL, load_trace
-    from proxy.replay import replay as run_replay
+    from proxy.offline.replay import OFFLINE_LABEL, load_trace
+    from proxy.offline.replay import replay as run_replay
 
     settings = load_settings()
     try:
@@ -338,7 +338,7 @@ def replay(
     _print_report(report, trace, turns, OFFLINE_LABEL)
     if plot is not None:
         try:
-            from proxy.plot import plot_replay
+            from proxy.offline.plot import plot_replay
         except ImportError as exc:  # pragma: no cover - matplotlib is the optional 'plot' extra
             typer.echo("error: --plot needs matplotlib (pip install 'context-proxy[plot]')", err=True)
             raise typer.Exit(1) from exc

@@ -10,7 +10,7 @@ too) becomes U+FFFD (the replacement character): orjson, which writes every valu
 hashes, logs and projects, cannot write a lone surrogate, and a reply and the history that
 repeats it must hash the same. This is lossy only for the lone surrogate, which is not a
 character; a body that no defense changed is forwarded as the client's raw bytes, escape
-included (``proxy.compactor``), so only a rewritten body carries U+FFFD upstream.
+included (``proxy.compaction.compactor``), so only a rewritten body carries U+FFFD upstream.
 
 Everything else orjson refuses is still refused the same way: invalid UTF-8 (raw surrogate
 bytes included), ``NaN``/``Infinity``, a number beyond a double's range, nesting past orjson's

@@ -31,7 +31,7 @@ from itertools import compress
 from typing import Any
 
 from proxy.cache import Memo
-from proxy.chat import message_digest, text_of
+from proxy.conversation.canonical import message_digest, text_of
 from proxy.defenses.config import DefenseConfig
 from proxy.defenses.cutoff import last_user_turn, leading_system_count, tail_start
 from proxy.defenses.media import offload_media
@@ -216,9 +216,9 @@ def project(
 ) -> Projection:
     """Project the client's ``messages`` through the stored ``events`` and the defenses.
 
-    ``digests``/``chain_hashes``: from ``proxy.chat.digests_and_chain(messages)``. ``events``:
+    ``digests``/``chain_hashes``: from ``proxy.conversation.canonical.digests_and_chain(messages)``. ``events``:
     the session's ``storage.records.EventRecord``s (any order; an event applies iff its
-    ``anchor_hash`` is in ``chain_hashes``). ``counter``: a ``proxy.tokens.TokenCounter``.
+    ``anchor_hash`` is in ``chain_hashes``). ``counter``: a ``proxy.tokens.counter.TokenCounter``.
     ``force``: an overflow happened, compact even below the trigger (pass it once per overflow:
     after storing the planned event, re-project with ``force=False``; a forced projection may
     plan a summary that keeps only the last turn; as over the trigger, old tool arguments are

@@ -26,10 +26,10 @@ class Settings(BaseSettings):
     @field_validator("upstream_url")
     @classmethod
     def _upstream_url_valid(cls, value: str) -> str:
-        """Normalised by ``proxy.upstream_urls.upstream_base``; its ``ValueError`` (no http/https,
+        """Normalised by ``proxy.upstream.urls.upstream_base``; its ``ValueError`` (no http/https,
         no host, user info, a query or a fragment) stops the start with a message naming the problem."""
         # imported here: the proxy's modules import settings, never the reverse at import time
-        from proxy.upstream_urls import upstream_base
+        from proxy.upstream.urls import upstream_base
 
         return str(upstream_base(value))
 

@@ -6,14 +6,14 @@
 - ``InvalidCursor(StorageError)``: a keyset-pagination cursor (``after``) names no row the caller
   may see; a read route answers it with 400.
 - ``MissingRow(StorageError)``: a write referred to a row that is gone (a foreign key failed:
-  retention deleted the session meanwhile); ``proxy.session_log`` opens the session again.
+  retention deleted the session meanwhile); ``proxy.forward.session_log`` opens the session again.
 
 The messages of these errors never quote a value: a driver's or the server's error text may
 (asyncpg's "invalid input for query argument $10: <the value>", PostgreSQL's "Key (id)=(...)"),
 so a data or integrity error's message names the operation, the error classes and the SQLSTATE
 or SQLite error code only; connection failures keep their text (it names hosts, not values).
 SQLAlchemy's own text (the statement, ``[parameters: ...]``) stays in ``__cause__``, whose
-parameters every engine hides (``storage.engine``); ``proxy.logging_setup`` writes no database
+parameters every engine hides (``storage.engine``); ``proxy.telemetry.logs`` writes no database
 error's text unless content logging is on.
 """
 

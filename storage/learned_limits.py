@@ -1,4 +1,4 @@
-"""The learned-limit queries of ``storage.store.Store`` (``proxy.limits`` is their one user).
+"""The learned-limit queries of ``storage.store.Store`` (``proxy.compaction.limits`` is their one user).
 
 A row per (tenant, upstream, model): the learned window (with its source and expiry) and the
 estimate ratio, each written on its own so that two replicas learning one part each keep both.

@@ -1,7 +1,7 @@
 """Frozen records returned by storage. No dependencies: the proxy and storage both import these.
 
 Times are timezone-aware UTC ``datetime``s. Message JSON is the message as first seen (a dict in
-OpenAI's chat shape); ``chain_hash`` is the hex SHA-256 chain hash of ``proxy.chat.chain_hash``.
+OpenAI's chat shape); ``chain_hash`` is the hex SHA-256 chain hash of ``proxy.conversation.canonical.chain_hash``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The refused-request write of ``storage.store.Store``: the record, and none of the request's content.
 
 When the provider refuses a client's own key (401/403), the proxy keeps only that request's record
-(``proxy.pipeline``); whatever the request itself stored before the answer came is deleted in the
+(``proxy.forward.pipeline``); whatever the request itself stored before the answer came is deleted in the
 same transaction that writes the record, so none of it is visible once the record is. Only rows
 the request's own inserts created count (``RequestWrites``; message ids from its early append):
 never rows it found stored, nor rows matched by time, and of its own rows none another request

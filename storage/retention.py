@@ -74,7 +74,7 @@ class RetentionReport:
     requests: int = 0
     artifacts: int = 0
     learned_limits: int = 0
-    """Learned-limit rows not updated within ``max_age_days`` (``proxy.limits``: learned again)."""
+    """Learned-limit rows not updated within ``max_age_days`` (``proxy.compaction.limits``: learned again)."""
     bytes_freed: int = 0
     batches: int = 0
     by_reason: dict[str, int] = field(default_factory=lambda: {"age": 0, "size": 0})

@@ -6,7 +6,7 @@ Concurrent writers are safe by constraint, not by locking: inserts use ``ON CONF
 NOTHING`` on the natural keys, so racing appends or compactions converge on one row.
 Every SQLAlchemy/driver error is raised as ``StorageError`` or ``StorageUnavailable``.
 
-On a SQLite file, the hot-path methods run through ``storage.sqlite_file.SqliteFile`` (small
+On a SQLite file, the hot-path methods run through ``storage.sqlite.file.SqliteFile`` (small
 transactions inline on the event loop's thread, others on store threads); the read API's queries
 and PostgreSQL use the async engine. See ``Store._transact``.
 """
@@ -46,7 +46,7 @@ from storage.records import (
     SessionSummary,
 )
 from storage.refused import RefusedRequestQueries, tracked
-from storage.sqlite_file import Done, DriverStatement, SqliteFile, settle, small_rows
+from storage.sqlite.file import Done, DriverStatement, SqliteFile, settle, small_rows
 from storage.tables import (
     artifacts,
     events,
@@ -347,7 +347,7 @@ class Store(LearnedLimitQueries, RefusedRequestQueries):
     ) -> bool:
         """``append_and_record`` without waiting for it, when it can be deferred (a SQLite file and
         a small write): queued, and ``done(new message count, None)`` or ``done(None, error)``
-        once it ended (``storage.sqlite_file.Done``). ``False``, with nothing
+        once it ended (``storage.sqlite.file.Done``). ``False``, with nothing
         queued, otherwise (PostgreSQL, SQLite in memory, many or large messages): the caller then
         awaits ``append_and_record``. Must be called on the event loop's thread.
 

@@ -90,7 +90,7 @@ class JsonText(TypeDecorator[Any]):
 
 
 HASH_HEX_CHARS = 64
-"""Length of a chain hash as callers see it: hex SHA-256 (``proxy.chat.chain_hash``)."""
+"""Length of a chain hash as callers see it: hex SHA-256 (``proxy.conversation.canonical.chain_hash``)."""
 
 _HEX_DIGITS = "0123456789abcdef"
 

@@ -90,7 +90,7 @@ def test_a_body_just_begun_is_not_evicted_before_one_that_has_trickled_for_long(
     body older than the grace, so a slowloris trickling 1 byte/s for a minute goes first (review)."""
     from types import SimpleNamespace
 
-    from proxy.http_guard import EVICT_GRACE_S, GuardedHttpToolsProtocol
+    from proxy.server.http_guard import EVICT_GRACE_S, GuardedHttpToolsProtocol
 
     class Conn(SimpleNamespace):
         __hash__ = object.__hash__

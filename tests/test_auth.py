@@ -1,11 +1,11 @@
-"""proxy/auth.py: tenant ids from keys."""
+"""proxy/routes/auth.py: tenant ids from keys."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 
-from proxy.auth import ANONYMOUS, keyed, tenant_of
+from proxy.routes.auth import ANONYMOUS, keyed, tenant_of
 
 
 def test_a_keyed_salt_gives_the_tenant_ids_of_the_salt_itself() -> None:

@@ -1,4 +1,4 @@
-"""Canonical form and chain hashes (proxy/chat.py): what SDK echoes may change must not change the hash."""
+"""Canonical form and chain hashes (proxy/conversation/canonical.py): what SDK echoes may change must not change the hash."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from proxy.chat import (
+from proxy.conversation.canonical import (
     DigestMemo,
     canonical,
     chain_hash,
@@ -68,7 +68,7 @@ def test_text_of_content_forms() -> None:
 
 
 # Digests and chain hashes are the stored log's identity: these values were computed before the
-# memo existed (proxy/chat.py at cd5c4d1) and must never change.
+# memo existed (proxy/conversation/canonical.py at cd5c4d1) and must never change.
 KNOWN = [
     ({"role": "system", "content": "You are terse."},
      "25baa00042f1fa72e4522f76c653aec97c5c7294a41e0d13b0bcf031c610f25a",

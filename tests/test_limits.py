@@ -1,4 +1,4 @@
-"""Learned limits (proxy/limits.py): evidence, scope, floor, expiry, calibration, hostile input.
+"""Learned limits (proxy/compaction/limits.py): evidence, scope, floor, expiry, calibration, hostile input.
 
 On a real store (SQLite and PostgreSQL). ``gpt-4o`` has a 128,000-token profile; ``fake-unknown``
 has none.
@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from proxy import limits as limits_module
-from proxy.limits import MAX_MODEL_CHARS, LearnedLimits, Sent
-from proxy.metrics import Metrics
-from proxy.models import ModelProfiles
-from proxy.overflow import Overflow
+from proxy.compaction import limits as limits_module
+from proxy.compaction.limits import MAX_MODEL_CHARS, LearnedLimits, Sent
+from proxy.compaction.models import ModelProfiles
+from proxy.compaction.overflow import Overflow
+from proxy.telemetry.metrics import Metrics
 from storage.store import Store
 
 UP = "https://upstream.example/v1"
@@ -247,7 +247,7 @@ async def test_with_tiktoken_the_ratio_stays_at_or_over_the_exact_floor(store: S
 
 
 def test_a_usage_window_is_never_enlarged_by_a_ratio_under_one() -> None:
-    from proxy.limits import WindowView
+    from proxy.compaction.limits import WindowView
 
     assert WindowView(2048, 0.5, "session").estimate_window() == 2048
     assert WindowView(2048, 0.5, "usage").estimate_window() == 2048

@@ -1,4 +1,4 @@
-"""proxy/logging_setup.py: one JSON object per line, request/session ids, no content, no keys."""
+"""proxy/telemetry/logs.py: one JSON object per line, request/session ids, no content, no keys."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from proxy.logging_setup import (
+from proxy.telemetry.logs import (
     JsonFormatter,
     LoopBatchingHandler,
     TextFormatter,
@@ -102,7 +102,7 @@ def test_never_keys_and_no_content_unless_asked() -> None:
 def test_masking_matches_the_pattern_with_or_without_its_shortcut(text: str) -> None:
     """``mask_secrets`` skips the pattern for ASCII text that cannot match; it masks exactly what
     the pattern masks, non-ASCII look-alikes of the letters included."""
-    from proxy.logging_setup import _SECRET_PATTERN, mask_secrets
+    from proxy.telemetry.logs import _SECRET_PATTERN, mask_secrets
 
     assert mask_secrets(text) == _SECRET_PATTERN.sub(lambda m: (m.group(1) or "") + "***", text)
     # the shortcut names the pattern's literals ("bearer", "sk-"): a new form of key needs both changed
@@ -242,7 +242,7 @@ async def test_the_direct_access_line_is_the_line_logging_writes(root_json) -> N
     filter on the way it goes through ``logging`` (and the filter applies); below the level, no line."""
     import asyncio
 
-    from proxy.metrics import Metrics, access_log, served
+    from proxy.telemetry.metrics import Metrics, access_log, served
 
     stream = root_json("info")
     metrics = Metrics()
@@ -321,7 +321,7 @@ def _integrity_error() -> BaseException:
 def test_a_database_error_s_text_is_withheld_wherever_it_sits_in_the_traceback(shape: str) -> None:
     """Content logging off: a DB error's text (it quotes values) is withheld alone, as a cause,
     and as a member of an ``ExceptionGroup`` (a ``TaskGroup``'s error), nested or not."""
-    from proxy.logging_setup import WITHHELD, format_exception
+    from proxy.telemetry.logs import WITHHELD, format_exception
 
     db = _integrity_error()
     exc: BaseException

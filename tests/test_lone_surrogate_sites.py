@@ -7,14 +7,14 @@ import json
 
 import orjson
 
+from proxy.compaction.overflow import classify_stream_event
+from proxy.conversation.chat_request import parse_chat_request
 from proxy.defenses.truncate_args import MARKER, truncate_arguments
-from proxy.overflow import classify_stream_event
-from proxy.pipeline import _reply_of
-from proxy.read_tool import parse_arguments
-from proxy.requests import parse_chat_request
-from proxy.sse import ReplyAssembler, SSEEvent
-from proxy.streaming import provider_error_event
-from proxy.tool_rounds import ToolRounds
+from proxy.forward.pipeline import _reply_of
+from proxy.forward.sse import ReplyAssembler, SSEEvent
+from proxy.forward.streaming import provider_error_event
+from proxy.forward.tool_rounds import ToolRounds
+from proxy.tools.read_tool import parse_arguments
 
 LONE = b"half \\ud83d here"
 READ = "half \ufffd here"

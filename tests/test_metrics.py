@@ -1,4 +1,4 @@
-"""proxy/metrics.py: a registry per app, and the counters moving during a real session through the
+"""proxy/telemetry/metrics.py: a registry per app, and the counters moving during a real session through the
 proxy (fake upstream, real uvicorn, SQLite and PostgreSQL)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.metrics import Metrics
+from proxy.telemetry.metrics import Metrics
 from tests.e2e.conftest import Proxy, Upstream, proxy_factory, upstream  # noqa: F401 - fixtures
 
 MODEL = "fake-4k-openai"
@@ -158,7 +158,7 @@ async def test_a_stream_that_fails_after_its_start_is_counted_with_the_status_it
 
     import pytest
 
-    from proxy.pipeline import Streamed
+    from proxy.forward.pipeline import Streamed
     from proxy.routes.chat_fast import serve_chat_counted
 
     async def chunks():  # type: ignore[no-untyped-def]
@@ -202,7 +202,7 @@ def test_request_path_metrics_are_exposed_as_prometheus_client_exposes_its_own()
 
     from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-    from proxy.metrics import LATENCY_BUCKETS_S
+    from proxy.telemetry.metrics import LATENCY_BUCKETS_S
 
     ours = Metrics()
     reference = CollectorRegistry()
@@ -249,7 +249,7 @@ def test_model_labels_are_bounded() -> None:
     """Model names are client-chosen: at most ``MODEL_LABELS`` label values over every metric, long
     names never one (``other``), so ``/metrics`` stays small whatever clients send (2,000 distinct
     20 KB names grew it to 924 MB before)."""
-    from proxy.metrics import MODEL_LABEL_CHARS, MODEL_LABELS
+    from proxy.telemetry.metrics import MODEL_LABEL_CHARS, MODEL_LABELS
 
     m = Metrics()
     for i in range(MODEL_LABELS + 50):

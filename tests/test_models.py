@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.models import ModelProfile, ModelProfiles, candidate_names
+from proxy.compaction.models import ModelProfile, ModelProfiles, candidate_names
 
 
 @pytest.fixture(scope="module")

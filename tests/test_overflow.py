@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.overflow import Overflow, classify_error, classify_stream_event
+from proxy.compaction.overflow import Overflow, classify_error, classify_stream_event
 from tests.fakes.styles import OVERFLOW_STYLES, OverflowContext
 
 CASES_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "cases"
@@ -328,7 +328,7 @@ def test_a_case_folding_character_does_not_shift_the_mask() -> None:
 
 
 def test_too_many_client_strings_to_read_means_no_stated_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
-    import proxy.overflow as overflow_module
+    import proxy.compaction.overflow as overflow_module
 
     monkeypatch.setattr(overflow_module, "MAX_ECHO_STRINGS", 10)
     sent = _dangling("maximum context length is 4096 tokens")

@@ -1,8 +1,8 @@
-"""Hiding the proxy's own tool calls from the client (proxy/own_tools.py)."""
+"""Hiding the proxy's own tool calls from the client (proxy/tools/own_tools.py)."""
 
 from __future__ import annotations
 
-from proxy.own_tools import StreamToolFilter, split_calls
+from proxy.tools.own_tools import StreamToolFilter, split_calls
 
 OWN = frozenset({"context_proxy_read"})
 

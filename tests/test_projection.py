@@ -13,7 +13,7 @@ import time
 import orjson
 import pytest
 
-from proxy.chat import digests_and_chain
+from proxy.conversation.canonical import digests_and_chain
 from proxy.defenses.config import DefenseConfig
 from proxy.defenses.offload import artifact_id
 from proxy.defenses.plans import MediaPlan, SummaryPlan, TruncatePlan
@@ -35,7 +35,7 @@ from tests.strict import validate_chat_messages
 
 @pytest.fixture(scope="module")
 def counter():
-    from proxy.tokens import TokenCounter
+    from proxy.tokens.counter import TokenCounter
 
     return TokenCounter("o200k_base")
 
@@ -264,7 +264,7 @@ def test_cases_023_026_no_role_or_name_the_client_did_not_use(case_id, counter):
 
 
 def test_projection_is_byte_identical_across_calls_and_counters(counter):
-    from proxy.tokens import TokenCounter
+    from proxy.tokens.counter import TokenCounter
 
     req = load_case("005")["request"]
     cfg = DefenseConfig(context_window_tokens=4096)
@@ -361,7 +361,7 @@ def test_force_with_a_last_message_too_large_to_fit_says_why(counter):
 
 
 def _fresh_counter():
-    from proxy.tokens import TokenCounter
+    from proxy.tokens.counter import TokenCounter
 
     return TokenCounter("o200k_base")
 
@@ -414,7 +414,7 @@ def test_shortcut_for_untouched_requests_agrees_with_the_full_projection(counter
     thresholds, that answer equals the full projection's: the same request with an event of
     another branch (it never applies, but it takes the full path) projects identically."""
     import proxy.projection as projection_module
-    from proxy.replay import load_trace, request_indices
+    from proxy.offline.replay import load_trace, request_indices
     from storage.records import EventRecord
 
     full_runs = []

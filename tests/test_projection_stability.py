@@ -27,7 +27,7 @@ WORDS = "alpha beta gamma delta epsilon config value service request handler mod
 
 @pytest.fixture(scope="module")
 def counter():
-    from proxy.tokens import TokenCounter
+    from proxy.tokens.counter import TokenCounter
 
     return TokenCounter("o200k_base")
 

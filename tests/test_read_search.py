@@ -1,18 +1,18 @@
-"""Issue 17, items 1 and 3: the read tool's search (``proxy.read_search``) and its arguments."""
+"""Issue 17, items 1 and 3: the read tool's search (``proxy.tools.search``) and its arguments."""
 
 from __future__ import annotations
 
 import time
 
-from proxy.read_search import (
+from proxy.defenses.hints import search_hint
+from proxy.tools.read_tool import parse_arguments, read_tool_schema
+from proxy.tools.search import (
     MAX_QUERY_CHARS,
     Source,
     compile_query,
     render,
-    search_hint,
     split_lines,
 )
-from proxy.read_tool import parse_arguments, read_tool_schema
 
 
 def log(n: int, plant: dict[int, str]) -> Source:

@@ -8,9 +8,13 @@ from typing import Any
 
 import pytest
 
-from proxy.chat import digests_and_chain
-from proxy.compactor import REFERENCE_CHECKPOINT, REFERENCE_LOOKBACK, ReferenceMemo
-from proxy.read_tool import references_in
+from proxy.compaction.compactor import (
+    REFERENCE_CHECKPOINT,
+    REFERENCE_LOOKBACK,
+    ReferenceMemo,
+)
+from proxy.conversation.canonical import digests_and_chain
+from proxy.tools.read_tool import references_in
 
 ART = "art_" + "0123456789abcdef" * 2
 

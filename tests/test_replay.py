@@ -1,12 +1,12 @@
-"""proxy/replay.py: the offline replay of a trace through the projection and the plan loop."""
+"""proxy/offline/replay.py: the offline replay of a trace through the projection and the plan loop."""
 
 from __future__ import annotations
 
 import pytest
 
-from proxy.replay import load_trace, offline_summary, replay, request_indices
+from proxy.offline.replay import load_trace, offline_summary, replay, request_indices
 from proxy.settings import Settings
-from proxy.tokens import load_counter
+from proxy.tokens.counter import load_counter
 from tests.conftest import SHARED_DIR
 
 TRACES = sorted((SHARED_DIR / "traces").glob("*.jsonl"))

@@ -1,12 +1,12 @@
-"""Checking a chat body (proxy/requests.py): what the proxy relies on, and nothing more."""
+"""Checking a chat body (proxy/conversation/chat_request.py): what the proxy relies on, and nothing more."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
 
+from proxy.conversation.chat_request import parse_chat_request
 from proxy.errors import BadRequest
-from proxy.requests import parse_chat_request
 
 
 @pytest.mark.parametrize("body, param", [

@@ -1,4 +1,4 @@
-"""proxy/session_log.py helpers."""
+"""proxy/forward/session_log.py helpers."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from datetime import timedelta
 
 import pytest
 
-from proxy.chat import digests_and_chain
-from proxy.compaction import Compactor
-from proxy.pipeline import ChatContext, ChatPipeline
-from proxy.session_log import SessionLog, new_id, now
+from proxy.compaction.base import Compactor
+from proxy.conversation.canonical import digests_and_chain
+from proxy.forward.pipeline import ChatContext, ChatPipeline
+from proxy.forward.session_log import SessionLog, new_id, now
 from proxy.settings import Settings
 from storage.records import EventRecord
 from storage.refused import track_writes, untrack_writes

@@ -1,11 +1,10 @@
-"""proxy/settings_doc.py: the README's configuration reference is generated from ``Settings``."""
+"""proxy/offline/settings_doc.py: the README's configuration reference is generated from ``Settings``."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from proxy.settings import Settings
-from proxy.settings_doc import (
+from proxy.offline.settings_doc import (
     MARKER_END,
     MARKER_START,
     REGENERATE_COMMAND,
@@ -13,6 +12,7 @@ from proxy.settings_doc import (
     main,
     render_table,
 )
+from proxy.settings import Settings
 
 REPO_DIR = Path(__file__).resolve().parent.parent
 

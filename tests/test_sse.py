@@ -1,4 +1,4 @@
-"""SSE splitting and reply reassembly (proxy/sse.py) on realistic chunkings."""
+"""SSE splitting and reply reassembly (proxy/forward/sse.py) on realistic chunkings."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import orjson
 
-from proxy.sse import ReplyAssembler, SSESplitter
+from proxy.forward.sse import ReplyAssembler, SSESplitter
 
 
 def chunk(delta: dict, finish: str | None = None, usage: dict | None = None) -> bytes:

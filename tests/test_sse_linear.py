@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from proxy.sse import SSESplitter
+from proxy.forward.sse import SSESplitter
 
 CHUNK = b"data: " + b"x" * (64 * 1024 - 6)
 

@@ -1,4 +1,4 @@
-"""proxy/streaming.py: what a stream's start holds (``start_stream``) and what the relay sends.
+"""proxy/forward/streaming.py: what a stream's start holds (``start_stream``) and what the relay sends.
 
 The upstream is a tiny fake response (``Parts``): the body parts as they would arrive, so each
 chunking (an event split between a CR and its LF, an unterminated last event) is exact.
@@ -14,9 +14,9 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy import streaming
 from proxy.errors import UpstreamUnreachable
-from proxy.streaming import relay_plain, start_stream
+from proxy.forward import streaming
+from proxy.forward.streaming import relay_plain, start_stream
 
 LLAMACPP_ERROR = {"code": 500, "type": "exceed_context_size_error", "n_prompt_tokens": 2649, "n_ctx": 2048,
                   "message": "the request exceeds the available context size. try increasing the context size or enable context shift"}

@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from proxy.tokens import (
+from proxy.tokens.counter import (
     IMAGE_UNKNOWN_SIZE_TOKENS,
     TokenCounter,
     TokenCounters,

@@ -1,4 +1,4 @@
-"""proxy/upstream.py on a real socket: what the aiohttp client sends and how replies are read."""
+"""proxy/upstream/client.py on a real socket: what the aiohttp client sends and how replies are read."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import zlib
 import pytest
 
 from proxy.errors import UpstreamTimeout, UpstreamUnreachable
-from proxy.upstream import Upstream, translate
+from proxy.upstream.client import Upstream, translate
 
 BODY = b'{"id": "chatcmpl-1", "choices": []}' * 20
 

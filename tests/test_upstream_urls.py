@@ -1,4 +1,4 @@
-"""proxy/upstream_urls.py and the header filters of proxy/upstream.py, from tables (issue 16,
+"""proxy/upstream/urls.py and the header filters of proxy/upstream/client.py, from tables (issue 16,
 items 6-8); the end-to-end checks with real servers are tests/e2e/test_ssrf.py and
 tests/e2e/test_routing_security.py."""
 
@@ -10,8 +10,8 @@ import pytest
 
 from proxy.errors import BadRequest
 from proxy.settings import Settings
-from proxy.upstream import forward_request_headers, response_headers
-from proxy.upstream_urls import (
+from proxy.upstream.client import forward_request_headers, response_headers
+from proxy.upstream.urls import (
     chat_path_variant,
     join,
     passthrough_target,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.chat import is_known_role
+from proxy.conversation.canonical import is_known_role
 from proxy.defenses.pairs import is_user_turn, safe_start
 
 

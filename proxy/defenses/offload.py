@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.defenses.config import DefenseConfig
-from proxy.read_search import search_hint
+from proxy.defenses.hints import search_hint
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ a call is not answered before the next non-tool message. Anthropic-style content
 same way: a ``tool_use`` block in an assistant content list is answered by a ``tool_result`` block
 in the next message (cases 001, 002, 004, 022).
 
-A message whose role the proxy does not know (``proxy.chat.is_known_role``: Llama's ``ipython``,
+A message whose role the proxy does not know (``proxy.conversation.canonical.is_known_role``: Llama's ``ipython``,
 which answers a tool call; a vendor's own role) is opaque (issue 15): it may be an answer, a note
 bound to the message before it, anything. So it is never separated from the message before it (a
 kept tail never starts at it), and the calls of an assistant message it follows are never patched
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.chat import is_known_role
+from proxy.conversation.canonical import is_known_role
 
 CANCELLED_TEXT = "[context-proxy] This tool call was cancelled or its result is unavailable."
 """Content of the synthetic ``tool`` message that answers a dangling call (DESIGN.md section 2)."""

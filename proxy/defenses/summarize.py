@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from proxy.read_search import archive_url, search_hint
+from proxy.defenses.hints import archive_url, search_hint
 
 SUMMARY_PHRASE = "summarize the conversation"
 """Literal phrase in every summary request (the fake upstream recognizes summary calls by it)."""

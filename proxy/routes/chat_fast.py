@@ -22,11 +22,11 @@ import time
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.errors import ProxyError, StorageUnavailableError
-from proxy.logging_setup import close_request_context, open_request_context
-from proxy.metrics import Metrics, served
-from proxy.pipeline import Buffered, Streamed
+from proxy.forward.pipeline import Buffered, Streamed
+from proxy.forward.session_ids import header_text
 from proxy.routes.body import read_asgi_body
-from proxy.session_ids import header_text
+from proxy.telemetry.logs import close_request_context, open_request_context
+from proxy.telemetry.metrics import Metrics, served
 from storage.errors import StorageError
 
 log = logging.getLogger("context_proxy.app")

@@ -1,9 +1,9 @@
-"""What the proxy learned about models (``proxy.limits``), for admin keys: list and reset.
+"""What the proxy learned about models (``proxy.compaction.limits``), for admin keys: list and reset.
 
 ``GET /limits`` lists learned limits (OpenAI's list shape; ``tenant``, ``model`` filter; at most
 ``limit`` rows, newest first); ``DELETE /limits`` forgets them (one tenant's and/or one model's,
 or with ``all=true`` every one: a filter mistyped is a 400, not a reset of everything) in the database and in this process (other replicas re-read within
-``proxy.limits.REFRESH_S``). Any other key gets a 403.
+``proxy.compaction.limits.REFRESH_S``). Any other key gets a 403.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ byte for byte the upstream's. With a proxy-held upstream key, only stateless pat
 and the operator's account headers are not passed back. A path that could reach another host or
 another resource (``@``, encoded slashes, backslashes, dot segments) and a ``POST`` to chat
 completions spelt another way (it would skip the log) are refused with a 400
-(``proxy.upstream_urls.passthrough_target``).
+(``proxy.upstream.urls.passthrough_target``).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from starlette.responses import StreamingResponse
 
 from proxy.errors import Forbidden
 from proxy.routes.body import read_body
-from proxy.upstream import forward_request_headers, response_headers, translate
-from proxy.upstream_urls import passthrough_target
+from proxy.upstream.client import forward_request_headers, response_headers, translate
+from proxy.upstream.urls import passthrough_target
 
 router = APIRouter()
 

@@ -34,7 +34,7 @@ def _vm(field: str) -> int:
 
 
 async def _write(url: str, messages: int, chars: int) -> None:
-    from proxy.chat import digests_and_chain
+    from proxy.conversation.canonical import digests_and_chain
     from storage.migrate import upgrade
     from storage.records import NewMessage
     from storage.store import Store

@@ -77,7 +77,7 @@ async def replay(path: Path, window: int, counter: ClientTokens) -> dict[str, An
             messages = trace[:i]
             client_tokens.append(counter(messages))
             before = len(state.requests)
-            resp = await proxy.chat({"model": model, "messages": messages}, f"cmp-{window}")
+            resp = await proxy.conversation.canonical({"model": model, "messages": messages}, f"cmp-{window}")
             if resp.status_code != 200:
                 errors += 1
             for r in state.requests[before:]:

@@ -73,7 +73,7 @@ def turn_body(model: str, history: list[dict[str, Any]], k: int) -> tuple[bytes,
 
 async def _timed(proxy: InProcessProxy, body: bytes, session: str) -> tuple[float, httpx.Response]:
     c0 = time.process_time()
-    resp = await proxy.chat(body, session)
+    resp = await proxy.conversation.canonical(body, session)
     return (time.process_time() - c0) * 1000, resp
 
 
@@ -96,7 +96,7 @@ async def harness_ms(body: bytes, reps: int = 5) -> float:
 
 
 async def measure_size(n: int, cfg: BenchConfig, pool: list[dict[str, Any]]) -> dict[str, Any]:
-    from proxy.tokens import load_counter
+    from proxy.tokens.counter import load_counter
 
     history = build_history(n, pool)
     counter = load_counter(os.environ.get("TIKTOKEN_CACHE_DIR"))
@@ -124,7 +124,7 @@ async def measure_size(n: int, cfg: BenchConfig, pool: list[dict[str, Any]]) -> 
         compaction = []
         for rep in range(cfg.pipeline_compaction_reps):
             session = f"cmp-{n}-{rep}"
-            await proxy.chat(body0, session)  # the log, untimed
+            await proxy.conversation.canonical(body0, session)  # the log, untimed
             body, _ = turn_body(cmp_model, history, 1)
             ms, resp = await _timed(proxy, body, session)
             assert resp.status_code == 200, resp.text

@@ -175,8 +175,8 @@ def build_app(kind: str, upstream_url: str | None, workdir: Path) -> Any:
     import httpx
 
     from proxy.app import create_app
-    from proxy.logging_setup import configure_logging
     from proxy.settings import Settings
+    from proxy.telemetry.logs import configure_logging
 
     settings = Settings(upstream_url=upstream_url, database_url=f"sqlite:///{workdir / (kind + '.db')}",
                         tiktoken_cache_dir=os.environ.get("TIKTOKEN_CACHE_DIR"))

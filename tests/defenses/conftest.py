@@ -12,7 +12,7 @@ os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(Path(__file__).resolve().parents
 
 @pytest.fixture(scope="session")
 def counter():
-    from proxy.tokens import TokenCounter
+    from proxy.tokens.counter import TokenCounter
 
     c = TokenCounter("o200k_base")
     assert c.exact, "tiktoken o200k_base must load from the shared cache"

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from proxy.chat import digests_and_chain
+from proxy.conversation.canonical import digests_and_chain
 from proxy.defenses.config import DefenseConfig
 from proxy.defenses.plans import SummaryPlan
 from proxy.defenses.summarize import render_transcript

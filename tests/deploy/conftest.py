@@ -6,9 +6,9 @@ from pathlib import Path
 
 from fastapi.routing import APIRoute
 
+from proxy.offline.settings_doc import env_var
 from proxy.routes import health
 from proxy.settings import Settings
-from proxy.settings_doc import env_var
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 SETTING_ENV_VARS = frozenset(env_var(name) for name in Settings.model_fields)

@@ -8,8 +8,8 @@ from typing import Any
 
 from typer.testing import CliRunner
 
-from proxy.auth import tenant_of
 from proxy.cli import app as cli
+from proxy.routes.auth import tenant_of
 from tests.e2e.conftest import CLIENT_KEY, Proxy, Upstream
 
 ADMIN_KEY = "sk-admin-0123456789abcdef"

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from proxy.chat import digests_and_chain
+from proxy.conversation.canonical import digests_and_chain
 from storage.records import NewMessage
 from storage.store import Store
 from tests.e2e.conftest import Proxy, Upstream

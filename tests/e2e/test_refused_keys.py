@@ -175,7 +175,7 @@ def test_a_refused_request_s_cached_rows_are_forgotten_even_when_the_cache_let_t
     (even when the cache already let them go: no KeyError that would fail the log write after the
     record) and the session's cached events, so no later request applies an event whose row is
     gone (review)."""
-    from proxy.compactor import ProjectingCompactor
+    from proxy.compaction.compactor import ProjectingCompactor
     from proxy.settings import Settings
 
     upstream = type("Upstream", (), {"base_url": "http://upstream.invalid/v1"})()

@@ -88,7 +88,7 @@ def test_a_type_error_of_ours_is_not_reported_as_deep_nesting(proxy: Proxy, monk
     """``orjson.JSONEncodeError`` is ``TypeError``: a bug raising one while preparing the request
     was answered "nested deeper than 254 levels" (a 400 blaming the client). It is ours: a 500;
     a body really nested too deep is still the client's 400."""
-    from proxy.compactor import ProjectingCompactor
+    from proxy.compaction.compactor import ProjectingCompactor
 
     async def broken(self: ProjectingCompactor, ctx: Any, overflow: Any = None) -> Any:
         return len(5)  # type: ignore[arg-type]  # a TypeError of the proxy's own

@@ -11,7 +11,7 @@ client's messages must still reach the log.
 
 Asserted on SQLite and PostgreSQL: the session's log read over REST is exactly the trace (role,
 content, tool_calls, tool_call_id; ``null`` and ``""`` content of an assistant are the same, as in
-``proxy.chat``'s canonical form), and the database holds one row per trace message, not one per
+``proxy.conversation.canonical``'s canonical form), and the database holds one row per trace message, not one per
 message per turn.
 """
 

@@ -1,6 +1,6 @@
 """Token accounting of the fake upstream: model names, windows and prompt token counts.
 
-The fake counts independently of ``proxy.tokens`` (it stands for the provider, so it must not
+The fake counts independently of ``proxy.tokens.counter`` (it stands for the provider, so it must not
 agree with the proxy by construction). Rule, documented once here:
 
 ``count_prompt_tokens(body)`` = 3 tokens of reply priming

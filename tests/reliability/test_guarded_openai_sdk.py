@@ -1,4 +1,4 @@
-"""The guarded HTTP server (``proxy.http_guard.server_options``, what ``context-proxy serve`` runs)
+"""The guarded HTTP server (``proxy.server.http_guard.server_options``, what ``context-proxy serve`` runs)
 with the official openai SDK as the client: a streamed chat, a non-streamed chat with a ~5 MB body
 and ``models.list`` passed through, against the fake upstream. The guards (header and body
 bounds, deadlines, the connection cap, the body budget) must not get in a real client's way."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import openai
 
 from proxy.app import create_app
-from proxy.http_guard import server_options
+from proxy.server.http_guard import server_options
 from proxy.settings import Settings
 from tests.conftest import SHARED_DIR
 from tests.e2e.conftest import Upstream

@@ -1,5 +1,5 @@
 """Issue 16 item 2: header size and count, header and body arrival deadlines, a connection cap and
-idle sockets, against the proxy under a real uvicorn server (``proxy.http_guard.server_options``,
+idle sockets, against the proxy under a real uvicorn server (``proxy.server.http_guard.server_options``,
 what ``context-proxy serve`` runs) and raw sockets; a healthy client is answered meanwhile."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from proxy.app import create_app
-from proxy.http_guard import server_options
+from proxy.server.http_guard import server_options
 from proxy.settings import Settings
 from tests.conftest import REPO_DIR, SHARED_DIR
 from tests.e2e.conftest import Upstream

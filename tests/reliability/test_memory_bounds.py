@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from proxy.app import create_app
-from proxy.http_guard import server_options
+from proxy.server.http_guard import server_options
 from proxy.settings import Settings
 from tests.conftest import SHARED_DIR
 from tests.e2e.conftest import Upstream

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from proxy.logging_setup import JsonFormatter
+from proxy.telemetry.logs import JsonFormatter
 from tests.e2e.conftest import Proxy, Upstream
 from tests.reliability.probes import TALLY, database_text, query
 

@@ -11,7 +11,7 @@ import orjson
 import sqlalchemy as sa
 from alembic import command
 
-from proxy.chat import chain_hash, digests_and_chain, message_digest
+from proxy.conversation.canonical import chain_hash, digests_and_chain, message_digest
 from storage.engine import create_engine
 from storage.migrate import alembic_config, upgrade
 from storage.records import ArtifactRecord, EventRecord, NewMessage

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from proxy.chat import digests_and_chain
-from proxy.logging_setup import JsonFormatter
-from proxy.session_log import SessionLog
+from proxy.conversation.canonical import digests_and_chain
+from proxy.forward.session_log import SessionLog
+from proxy.telemetry.logs import JsonFormatter
 from storage.errors import StorageError
 from storage.records import ArtifactRecord, EventRecord, NewMessage, RequestRecord
 from storage.retention import RetentionPolicy, run_retention
@@ -196,7 +196,7 @@ def test_text_log_format_withholds_database_error_text_too() -> None:
     """The text format (``--log-format text``) writes tracebacks through the same rule."""
     import sqlalchemy as sa
 
-    from proxy.logging_setup import TextFormatter
+    from proxy.telemetry.logs import TextFormatter
 
     secret = "-".join(["SECRET", "1"])  # (not in the traceback's source lines)
     engine = sa.create_engine("sqlite://")

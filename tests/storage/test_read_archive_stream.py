@@ -9,8 +9,8 @@ import tracemalloc
 from datetime import UTC, datetime
 from typing import Any
 
-from proxy.read_search import archive_url
-from proxy.read_tool import Visible, serve_read
+from proxy.defenses.hints import archive_url
+from proxy.tools.read_tool import Visible, serve_read
 from tests.storage.test_reads_archive import entries
 
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
@@ -53,4 +53,4 @@ async def test_a_search_of_a_big_archive_holds_about_one_page(store: Any) -> Non
     finally:
         tracemalloc.stop()
     assert "FACT: vault_code=7319" in out and f"{archive_url(session.session_id)} · line " in out
-    assert peak < 8_000_000, peak  # about one page of messages (``proxy.archive.PAGE_CHARS``), not 16 MB
+    assert peak < 8_000_000, peak  # about one page of messages (``proxy.tools.archive.PAGE_CHARS``), not 16 MB

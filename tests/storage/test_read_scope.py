@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from proxy.defenses.offload import artifact_id
-from proxy.read_tool import Visible, serve_read
+from proxy.tools.read_tool import Visible, serve_read
 from storage.records import ArtifactRecord
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.chat import digests_and_chain
+from proxy.conversation.canonical import digests_and_chain
 from storage.errors import InvalidCursor
 from storage.records import NewMessage
 from storage.store import Store

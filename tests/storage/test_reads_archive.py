@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from proxy.archive import render_archive, stream_archive_lines
-from proxy.chat import digests_and_chain
+from proxy.conversation.canonical import digests_and_chain
+from proxy.tools.archive import render_archive, stream_archive_lines
 from storage.errors import InvalidCursor
 from storage.records import EventRecord, NewMessage, RequestRecord
 from storage.store import Store

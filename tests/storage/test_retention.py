@@ -11,8 +11,8 @@ from typing import Any
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
-from proxy.chat import digests_and_chain
 from proxy.cli import app
+from proxy.conversation.canonical import digests_and_chain
 from storage.engine import create_engine
 from storage.records import ArtifactRecord, EventRecord, NewMessage, RequestRecord
 from storage.retention import RetentionPolicy, run_retention

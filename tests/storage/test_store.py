@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from proxy.chat import digests_and_chain
+from proxy.conversation.canonical import digests_and_chain
 from storage.errors import StorageError, StorageUnavailable
 from storage.records import ArtifactRecord, EventRecord, NewMessage, RequestRecord
 from storage.store import Store
@@ -311,8 +311,8 @@ async def test_sqlite_write_waits_for_a_locked_database_without_stalling_the_eve
 async def test_sqlite_inline_writes_checkpoint_the_wal(tmp_path: Any) -> None:
     """Writes on the loop's thread never checkpoint themselves; the store checkpoints on its writer
     thread every ``CHECKPOINT_EVERY_WRITES``, so the WAL file stops growing under continuous writes."""
-    from storage import sqlite_file as store_module
     from storage.migrate import upgrade
+    from storage.sqlite import file as store_module
 
     url = f"sqlite:///{tmp_path}/wal.db"
     await upgrade(url)

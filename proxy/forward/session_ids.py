@@ -12,7 +12,7 @@ not resolve), or ``.``/``..`` (dot segments that clients remove from URLs).
 from __future__ import annotations
 
 from proxy.errors import BadRequest
-from proxy.session_log import MAX_SESSION_ID_CHARS
+from proxy.forward.session_log import MAX_SESSION_ID_CHARS
 
 HEADER = "X-Session-Id"
 

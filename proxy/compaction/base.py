@@ -1,7 +1,7 @@
 """The compaction shell around the pure projection: what the pipeline asks before each forward.
 
 ``Compactor`` is the pass-through base (used when compaction is disabled): it forwards the
-client's bytes unchanged. ``proxy.compactor.ProjectingCompactor`` runs the defenses.
+client's bytes unchanged. ``proxy.compaction.compactor.ProjectingCompactor`` runs the defenses.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 if TYPE_CHECKING:
-    from proxy.overflow import Overflow
-    from proxy.pipeline import ChatContext
+    from proxy.compaction.overflow import Overflow
+    from proxy.forward.pipeline import ChatContext
 
 
 @dataclass(frozen=True, slots=True)

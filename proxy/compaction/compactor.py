@@ -21,7 +21,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from proxy.cache import BoundedCache, Memo
-from proxy.compaction import Compactor, Prepared
+from proxy.compaction.base import Compactor, Prepared
+from proxy.compaction.limits import LearnedLimits, Sent, WindowView
+from proxy.compaction.models import ModelProfiles
+from proxy.compaction.overflow import Overflow, classify_error
 from proxy.defenses.plans import SummaryPlan
 from proxy.defenses.summarize import (
     build_summary_request_messages,
@@ -30,23 +33,20 @@ from proxy.defenses.summarize import (
     summary_chunks,
 )
 from proxy.errors import CannotFit, ProxyError
+from proxy.forward.session_log import now
 from proxy.json_text import parse_json
-from proxy.limits import LearnedLimits, Sent, WindowView
-from proxy.metrics import Metrics
-from proxy.models import ModelProfiles
-from proxy.overflow import Overflow, classify_error
 from proxy.projection import DefenseConfig, Projection, project
-from proxy.read_tool import compact_tool_schema, read_tool_schema, references_in
-from proxy.session_log import now
 from proxy.settings import Settings
-from proxy.tokens import load_counter
-from proxy.upstream import Upstream, translate
+from proxy.telemetry.metrics import Metrics
+from proxy.tokens.counter import load_counter
+from proxy.tools.read_tool import compact_tool_schema, read_tool_schema, references_in
+from proxy.upstream.client import Upstream, translate
 from storage.errors import StorageError
 from storage.records import ArtifactRecord, EventRecord
 from storage.store import Store
 
 if TYPE_CHECKING:
-    from proxy.pipeline import ChatContext
+    from proxy.forward.pipeline import ChatContext
 
 log = logging.getLogger("context_proxy.compaction")
 
@@ -420,7 +420,7 @@ class ProjectingCompactor(Compactor):
         return text
 
     async def learn(self, ctx: ChatContext, overflow: Overflow) -> None:
-        """Learn from the provider's overflow of ``ctx``'s last attempt (``proxy.limits``), and
+        """Learn from the provider's overflow of ``ctx``'s last attempt (``proxy.compaction.limits``), and
         remember the window its retry (the next ``prepare(ctx, overflow=...)``) is sized for."""
         sent = self._sent(ctx)
         if sent is None:
@@ -533,7 +533,7 @@ class ReferenceMemo:
     def names(self, messages: list[dict[str, Any]], chain: list[str]) -> bool:
         """True iff the text of some message in ``messages`` names stored content.
 
-        ``chain``: the chain hashes of ``messages`` (``proxy.chat.digests_and_chain``), one per
+        ``chain``: the chain hashes of ``messages`` (``proxy.conversation.canonical.digests_and_chain``), one per
         message. Raises ``ValueError`` when the lengths differ.
         """
         n = len(messages)

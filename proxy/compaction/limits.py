@@ -6,7 +6,7 @@ tenant's traffic never changes what another tenant's requests see):
 - **An overflow error** whose stated numbers agree with what was sent (``consistent``: the stated
   prompt size within ``STATED_FACTOR`` of the proxy's estimate; a stated window no larger than
   what was sent could exceed) sets the tenant's window (stored, expiring after
-  ``Settings.learned_limit_ttl_s``). ``proxy.overflow`` reads those numbers from the provider's own
+  ``Settings.learned_limit_ttl_s``). ``proxy.compaction.overflow`` reads those numbers from the provider's own
   words only, never from text that echoes the client's strings. An overflow that states no
   usable number changes nothing stored: the retry alone is sized from the estimate.
 - **Silent front truncation** (case 017: ``usage.prompt_tokens`` far under the estimate of a
@@ -22,7 +22,7 @@ tenant's traffic never changes what another tenant's requests see):
   learned window) forgets that window.
 
 Nothing here refuses a request: a learned window only sizes the defenses, and the provider keeps
-the last word (``proxy.pipeline`` forwards what does not fit and passes the provider's answer on).
+the last word (``proxy.forward.pipeline`` forwards what does not fit and passes the provider's answer on).
 Operators list and reset what was learned with ``context-proxy limits`` or the admin read API.
 """
 
@@ -37,9 +37,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from proxy.cache import BoundedCache
-from proxy.metrics import Metrics
-from proxy.models import ModelProfiles
-from proxy.overflow import Overflow
+from proxy.compaction.models import ModelProfiles
+from proxy.compaction.overflow import Overflow
+from proxy.telemetry.metrics import Metrics
 from storage.errors import StorageError
 from storage.records import LearnedLimitRecord
 from storage.store import Store

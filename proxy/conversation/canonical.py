@@ -187,7 +187,7 @@ MEMO_MAX_BYTES = 16 * 1024 * 1024
 ``MEMO_MESSAGE_OVERHEAD_BYTES`` a message), least recently used dropped first: enough for a few
 5,000-message histories or dozens of agent-sized ones. A history past the bound is hashed anew each turn
 (correct, only slower). Measured in the 200-stream load run (150 s, PostgreSQL): with the memos of
-``proxy.chat``, ``proxy.tokens`` and ``proxy.compactor`` at 2-2.5x these sizes the proxy's RSS grew
+``proxy.conversation.canonical``, ``proxy.tokens.counter`` and ``proxy.compaction.compactor`` at 2-2.5x these sizes the proxy's RSS grew
 0.35 MB/s; with them almost off, 0.1 MB/s."""
 MEMO_MESSAGE_OVERHEAD_BYTES = 600
 """Python memory a kept message costs beyond its canonical bytes (its dict, strings, list slots,
@@ -280,7 +280,7 @@ class DigestMemo:
             self._bytes = 0
 
     def digests_and_chain(self, messages: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
-        """``(digests, chain_hashes)`` of ``messages`` (see ``proxy.chat.digests_and_chain``)."""
+        """``(digests, chain_hashes)`` of ``messages`` (see ``proxy.conversation.canonical.digests_and_chain``)."""
         msgs = messages if messages.__class__ is list else list(messages)
         with self._lock:
             return self._compute(msgs)

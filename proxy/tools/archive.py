@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from proxy.chat import text_of
+from proxy.conversation.canonical import text_of
 from storage.records import EventRecord, MessageRecord
 
 if TYPE_CHECKING:

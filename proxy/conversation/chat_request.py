@@ -24,7 +24,7 @@ from proxy.json_text import parse_json
 
 MAX_JSON_DEPTH = 254
 """Nesting the proxy can re-serialize (orjson's encoder limit; its parser stops at 1024). A body
-nested deeper is refused with a 400 where it is first serialized (``proxy.pipeline``), instead of
+nested deeper is refused with a 400 where it is first serialized (``proxy.forward.pipeline``), instead of
 walking every body in Python (measured at 1.5 ms per MB by ``tests/benchmarks``)."""
 
 

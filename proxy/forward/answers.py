@@ -1,5 +1,5 @@
 """What the chat pipeline answers (``Buffered``, ``Streamed``) and the state of one request's
-upstream exchanges (``Turn``: the round loop's, ``proxy.pipeline.ChatPipeline._exchanges``)."""
+upstream exchanges (``Turn``: the round loop's, ``proxy.forward.pipeline.ChatPipeline._exchanges``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.sse import ReplyAssembler
+from proxy.forward.sse import ReplyAssembler
 
 DISCONNECTED = "client disconnected"
 """``Turn.error`` until the stream ends otherwise: a relay closed by a disconnect is partial."""

@@ -3,7 +3,7 @@
 ``context-proxy replay TRACE.jsonl --model M`` reads a trace (one chat message per line, the format
 of ``../shared/traces``), and replays it as its agent sent it: before each assistant message the
 client sends every message so far. Each request goes through ``proxy.projection.project`` and the
-plan loop of ``proxy.compactor.ProjectingCompactor.prepare`` (at most ``MAX_PLAN_ROUNDS`` plans
+plan loop of ``proxy.compaction.compactor.ProjectingCompactor.prepare`` (at most ``MAX_PLAN_ROUNDS`` plans
 executed per request, events kept in memory for the rest of the session, a forced compaction when
 the forwarded estimate would still overflow, at most ``max_overflow_retries`` times).
 
@@ -27,8 +27,9 @@ from typing import Any
 
 import orjson
 
-from proxy.chat import digests_and_chain
-from proxy.compactor import MAX_PLAN_ROUNDS
+from proxy.compaction.compactor import MAX_PLAN_ROUNDS
+from proxy.compaction.models import ModelProfiles
+from proxy.conversation.canonical import digests_and_chain
 from proxy.defenses.config import SUMMARY_HEADER_TOKENS
 from proxy.defenses.summarize import (
     PROMPT_OVERHEAD_TOKENS,
@@ -37,10 +38,9 @@ from proxy.defenses.summarize import (
     render_transcript,
     summary_chunks,
 )
-from proxy.models import ModelProfiles
 from proxy.projection import DefenseConfig, Projection, SummaryPlan, project
 from proxy.settings import Settings
-from proxy.tokens import TokenCounter, load_counter
+from proxy.tokens.counter import TokenCounter, load_counter
 from storage.records import EventRecord
 
 OFFLINE_LABEL = "offline estimate: deterministic local summarizer, no upstream calls"

@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from proxy.cache import BoundedCache
-from proxy.chat import chain_hash, message_digest
+from proxy.conversation.canonical import chain_hash, message_digest
 from storage.errors import MissingRow
 from storage.records import MessageRecord, NewMessage, RequestRecord, SessionRecord
 from storage.refused import RequestWrites

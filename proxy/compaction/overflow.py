@@ -18,7 +18,7 @@ Besides the window N, a wording may state the rejected prompt's size X (``Overfl
 ``PROMPT_RULES``; llama.cpp's ``n_prompt_tokens`` field). Both numbers are the provider's words
 only: given the request that was sent (``sent=``), text that quotes a client's own strings (ids,
 names, values a 400 lists back) is masked before the rules read it, and a number whose wording
-occurs inside a client string is not believed (``proxy.limits`` judges the rest).
+occurs inside a client string is not believed (``proxy.compaction.limits`` judges the rest).
 
 Bodies are parsed defensively: JSON objects, JSON lists (Gemini), string ``error`` fields
 (LM Studio, xAI, TGI), nested ``error.message``, top-level ``message`` (Fireworks), ``detail``

@@ -113,7 +113,7 @@ def _load_cached_encoding(encoding_name: str, cache_dir: str) -> tuple[Any, str 
             os.environ["TIKTOKEN_CACHE_DIR"] = previous
 
 
-from proxy.media_tokens import (
+from proxy.tokens.media import (
     ANTHROPIC_IMAGE_MAX_TOKENS,
     AUDIO_BYTES_PER_SECOND,
     AUDIO_TOKENS_PER_SECOND,
@@ -163,12 +163,12 @@ class TokenCounter:
     ``exact`` is ``False`` in fallback mode (encoding not loadable; ``fallback_reason`` says why):
     texts are then estimated with ``estimate_text_tokens``. ``count_message(message, key)`` is
     memoized in a bounded LRU (``memo_size`` entries; idle ones leave after
-    ``proxy.cache.MEMO_IDLE_S``) by ``key`` (e.g. ``proxy.chat.message_digest``)
+    ``proxy.cache.MEMO_IDLE_S``) by ``key`` (e.g. ``proxy.conversation.canonical.message_digest``)
     or, without a key, by a BLAKE2 hash of the message's JSON, so a request costs only the
     messages it adds (``memo_hits`` / ``memo_misses`` count lookups).
 
     Thread-safe: the memos are guarded by one lock (held for lookups and stores only, never while
-    counting), so a big request can be counted in a worker thread (``proxy.compactor``) while the
+    counting), so a big request can be counted in a worker thread (``proxy.compaction.compactor``) while the
     event loop counts others; tiktoken releases the GIL while it encodes.
     """
 
@@ -350,7 +350,7 @@ class TokenCounter:
     def count_history(self, messages: list[dict[str, Any]], digests: list[str], chain: list[str]) -> list[int]:
         """``[count_message(m, d) for m, d in zip(messages, digests)]``, memoized by chain hash.
 
-        ``digests``/``chain``: from ``proxy.chat.digests_and_chain(messages)``. A chain hash
+        ``digests``/``chain``: from ``proxy.conversation.canonical.digests_and_chain(messages)``. A chain hash
         identifies a whole prefix (SHA-256 over every digest before it), so the counts of the
         previous request of a conversation are reused as they are and only the messages it lacks
         are counted (looked up in the last ``HISTORY_LOOKBACK`` positions): a warm request costs

@@ -2,7 +2,7 @@
 
 Three sources, strongest last: the built-in table (``models_builtin.yaml``, provider model pages),
 the user's models file (``Settings.models_file``), and a window *learned* from a provider's
-overflow error ("maximum context length is N tokens", see ``proxy.overflow``). A learned window
+overflow error ("maximum context length is N tokens", see ``proxy.compaction.overflow``). A learned window
 wins only when it is smaller than the configured one: the provider's stated limit is
 authoritative, while a larger number in an error (e.g. a total that includes output) must not
 loosen a configured limit. Unknown models get ``None``; the caller then applies DESIGN.md's
@@ -166,7 +166,7 @@ class ModelProfiles:
     """
 
     def __init__(self, models_file: str | None = None) -> None:
-        builtin = yaml.safe_load(resources.files("proxy").joinpath("models_builtin.yaml").read_text())
+        builtin = yaml.safe_load(resources.files("proxy.compaction").joinpath("models_builtin.yaml").read_text())
         self._builtin = _parse_rules(builtin, "builtin", "models_builtin.yaml")
         self._config = _parse_rules(load_table(models_file), "config", f"models file {models_file}") if models_file else []
         self._lookups: dict[str, ModelProfile | None] = {}

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import heapq
 import time
-import urllib.parse
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -51,20 +50,6 @@ DEFAULT_MATCHES = 20
 MAX_MATCHES = 200
 MAX_SEARCH_OFFSET = 2000
 """Highest match ``offset`` a search pages to (matches kept in memory are at most this plus the limit)."""
-
-
-def search_hint(tool_name: str, reference: str | None = None) -> str:
-    """The sentence stubs and summaries carry about searching (part of the prompt prefix: a pure
-    function of its arguments, keep it stable)."""
-    ref = f', "reference": "{reference}"' if reference else ""
-    return f'Search it first with `{tool_name}` {{"query": "words"{ref}}}, then read around a match.'
-
-
-def archive_url(session_id: str) -> str:
-    """The archive's URL as the summary names it: the id percent-encoded (every reserved
-    character, ``%`` included), so it is one path segment that ``GET /sessions/{id}/archive``
-    decodes back to the id, and a pattern over URLs finds it whole."""
-    return f"/sessions/{urllib.parse.quote(session_id, safe='')}/archive"
 
 
 def split_lines(text: str) -> list[str]:

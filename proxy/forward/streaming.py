@@ -5,7 +5,7 @@ Holding (``start_stream``): before the first event that carries something (conte
 refusal, a finish reason, usage, ``[DONE]``, or anything not understood), the events that carry
 nothing (role-only deltas such as ``{"role": "assistant", "content": "", "refusal": null}``, chunks
 with empty ``choices`` and no usage, SSE comments) are held. An error event among them is
-classified like an error body (every overflow style, ``proxy.overflow``) and reported in
+classified like an error body (every overflow style, ``proxy.compaction.overflow``) and reported in
 ``StreamState.overflow``: the pipeline retries, and the client sees only the retry's stream, or
 relays what was held as it came. Once something has been relayed, an error event is relayed as it
 came. Holding is bounded (``HOLD_MAX_EVENTS``, ``HOLD_MAX_BYTES``, ``HOLD_MAX_S``): past a bound,
@@ -29,15 +29,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
-from proxy.answers import DISCONNECTED
+from proxy.compaction.overflow import Overflow, classify_error, classify_stream_event
 from proxy.errors import ProxyError, UpstreamUnreachable
+from proxy.forward.answers import DISCONNECTED
+from proxy.forward.sse import ReplyAssembler, SSEEvent, SSESplitter
 from proxy.json_text import parse_json
-from proxy.overflow import Overflow, classify_error, classify_stream_event
-from proxy.sse import ReplyAssembler, SSEEvent, SSESplitter
-from proxy.upstream import TRANSPORT_ERRORS, translate
+from proxy.upstream.client import TRANSPORT_ERRORS, translate
 
 if TYPE_CHECKING:
-    from proxy.answers import Turn
+    from proxy.forward.answers import Turn
 
 INCOMPLETE = UpstreamUnreachable("The upstream stream ended before it was complete.")
 HOLD_MAX_EVENTS = 64
@@ -57,7 +57,7 @@ class StreamState:
     """One upstream stream: what was read of it, and what was learned from its start."""
 
     resp: Any
-    """The upstream response (``proxy.upstream.AiohttpResponse`` or ``httpx.Response``)."""
+    """The upstream response (``proxy.upstream.client.AiohttpResponse`` or ``httpx.Response``)."""
     chunks: AsyncIterator[bytes]
     assembler: ReplyAssembler = field(default_factory=ReplyAssembler)
     """The reply as the client sees it (shared by the streams of one request's rounds)."""
@@ -80,7 +80,7 @@ def error_event(exc: ProxyError) -> bytes:
 async def start_stream(resp: Any, *, hold: bool, assembler: ReplyAssembler | None = None, sent: Any = None) -> StreamState:
     """Read the start of a stream: its first complete event, or with ``hold`` every event up to the
     first that carries something (module docstring). An error event read there that is an overflow
-    sets ``overflow`` (``sent``: the forwarded body, for ``proxy.overflow``). Raises our 502/504
+    sets ``overflow`` (``sent``: the forwarded body, for ``proxy.compaction.overflow``). Raises our 502/504
     errors if the upstream fails before its first event (the response is then closed); a failure
     after it is the relay's to report, after what was held (as when nothing was held)."""
     chunks = aiter(resp.aiter_raw())

@@ -26,7 +26,7 @@ import yarl
 
 from proxy.admission import PoolShare
 from proxy.errors import UpstreamTimeout, UpstreamUnreachable
-from proxy.upstream_urls import join, upstream_base
+from proxy.upstream.urls import join, upstream_base
 
 HOP_BY_HOP = frozenset(
     {
@@ -224,7 +224,7 @@ class Upstream:
     ) -> None:
         self.slots = PoolShare(pool_size, int(pool_size * tenant_pool_share))
         self._slot_timeout_s = connect_timeout_s
-        self.base = upstream_base(base_url)  # requests go there only (``proxy.upstream_urls``)
+        self.base = upstream_base(base_url)  # requests go there only (``proxy.upstream.urls``)
         self.base_url = str(self.base)
         self._urls: dict[str, yarl.URL] = {}  # path -> parsed URL (the chat path, mostly)
         self._client: httpx.AsyncClient | None = None
@@ -254,7 +254,7 @@ class Upstream:
 
     def url(self, path: str) -> str:
         """The upstream URL for ``path`` (relative to ``/v1``, e.g. ``/chat/completions``; raises
-        ``BadRequest`` for one that would leave the upstream, see ``proxy.upstream_urls.join``)."""
+        ``BadRequest`` for one that would leave the upstream, see ``proxy.upstream.urls.join``)."""
         return str(self._url(path))
 
     def _url(self, path: str) -> yarl.URL:

@@ -1,4 +1,4 @@
-"""Serving the proxy's own tool calls inside a request (see ``proxy.own_tools`` for the strategy).
+"""Serving the proxy's own tool calls inside a request (see ``proxy.tools.own_tools`` for the strategy).
 
 A round: the model called only the proxy's tools; the proxy answers each call from the database,
 appends the assistant message and the tool results to the forwarded messages (and to
@@ -20,19 +20,19 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from proxy.forward.sse import SSEEvent
+from proxy.forward.streaming import in_band
 from proxy.json_text import parse_json
-from proxy.own_tools import StreamToolFilter, split_calls
-from proxy.read_tool import Visible, serve_read, visible_in
-from proxy.sse import SSEEvent
-from proxy.streaming import in_band
-from proxy.upstream import TRANSPORT_ERRORS
+from proxy.tools.own_tools import StreamToolFilter, split_calls
+from proxy.tools.read_tool import Visible, serve_read, visible_in
+from proxy.upstream.client import TRANSPORT_ERRORS
 from storage.errors import StorageError
 
 if TYPE_CHECKING:
-    from proxy.compactor import ProjectingCompactor
-    from proxy.pipeline import ChatContext
+    from proxy.compaction.compactor import ProjectingCompactor
+    from proxy.forward.pipeline import ChatContext
+    from proxy.forward.streaming import StreamState
     from proxy.settings import Settings
-    from proxy.streaming import StreamState
     from storage.store import Store
 
 log = logging.getLogger("context_proxy.tools")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from proxy.replay import OFFLINE_LABEL, ReplayReport
+from proxy.offline.replay import OFFLINE_LABEL, ReplayReport
 
 
 def plot_replay(report: ReplayReport, path: str | Path, title: str | None = None) -> Path:

@@ -25,26 +25,22 @@ from typing import Any
 
 import orjson
 
-from proxy.answers import DISCONNECTED, Buffered, Streamed, Turn
-from proxy.chat import digests_off_loop
-from proxy.compaction import Compactor, Prepared
-from proxy.db_health import DatabaseHealth
+from proxy.compaction.base import Compactor, Prepared
+from proxy.compaction.overflow import Overflow, classify_error
+from proxy.conversation.canonical import digests_off_loop
+from proxy.conversation.chat_request import is_too_deep, parse_chat_request, too_deep
 from proxy.errors import ProxyError, UpstreamUnreachable
-from proxy.json_text import parse_json
-from proxy.logging_setup import bind
-from proxy.metrics import Metrics
-from proxy.overflow import Overflow, classify_error
-from proxy.requests import is_too_deep, parse_chat_request, too_deep
-from proxy.session_ids import client_session_id, header_value
-from proxy.session_log import (
+from proxy.forward.answers import DISCONNECTED, Buffered, Streamed, Turn
+from proxy.forward.db_health import DatabaseHealth
+from proxy.forward.session_ids import client_session_id, header_value
+from proxy.forward.session_log import (
     LoggedRequest,
     SessionLog,
     derive_session_id,
     new_id,
 )
-from proxy.settings import Settings
-from proxy.sse import ReplyAssembler
-from proxy.streaming import (
+from proxy.forward.sse import ReplyAssembler
+from proxy.forward.streaming import (
     Segment,
     provider_error_event,
     relay_plain,
@@ -52,8 +48,12 @@ from proxy.streaming import (
     relay_unlogged,
     start_stream,
 )
-from proxy.tool_rounds import KEEPALIVE, ToolRounds, own_only
-from proxy.upstream import (
+from proxy.forward.tool_rounds import KEEPALIVE, ToolRounds, own_only
+from proxy.json_text import parse_json
+from proxy.settings import Settings
+from proxy.telemetry.logs import bind
+from proxy.telemetry.metrics import Metrics
+from proxy.upstream.client import (
     Upstream,
     forward_request_headers,
     response_headers,
@@ -179,7 +179,7 @@ class ChatPipeline:
 
     async def drain(self, timeout_s: float = 10.0) -> None:
         """Wait for pending log writes (graceful shutdown): tasks, and writes queued without one
-        (committed within ``storage.sqlite_file.DEFER_WRITE_S``, or retried one by one), for at
+        (committed within ``storage.sqlite.file.DEFER_WRITE_S``, or retried one by one), for at
         most ``timeout_s`` in all."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s

@@ -1,8 +1,8 @@
 """The configuration reference (a Markdown table), generated from ``proxy.settings.Settings``.
 
-    python -m proxy.settings_doc                    # print the table
-    python -m proxy.settings_doc --write README.md  # replace the block between the markers
-    python -m proxy.settings_doc --check README.md  # exit 1 if the block is stale
+    python -m proxy.offline.settings_doc                    # print the table
+    python -m proxy.offline.settings_doc --write README.md  # replace the block between the markers
+    python -m proxy.offline.settings_doc --check README.md  # exit 1 if the block is stale
 
 The block in the README lies between ``MARKER_START`` and ``MARKER_END``; a test compares it with
 ``render_table()`` so the documentation cannot drift from the settings object.
@@ -20,7 +20,7 @@ from proxy.settings import Settings
 
 MARKER_START = "<!-- settings:start -->"
 MARKER_END = "<!-- settings:end -->"
-REGENERATE_COMMAND = "python -m proxy.settings_doc --write README.md"
+REGENERATE_COMMAND = "python -m proxy.offline.settings_doc --write README.md"
 
 
 def env_var(field_name: str) -> str:
@@ -81,7 +81,7 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(render_table())
         return 0
     if len(argv) != 2 or argv[0] not in ("--write", "--check"):
-        sys.stderr.write("usage: python -m proxy.settings_doc [--write FILE | --check FILE]\n")
+        sys.stderr.write("usage: python -m proxy.offline.settings_doc [--write FILE | --check FILE]\n")
         return 2
     path = Path(argv[1])
     text = path.read_text(encoding="utf-8")

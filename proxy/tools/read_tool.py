@@ -5,7 +5,7 @@ artifact would be a dead end. When a forwarded request carries a stub or a summa
 appends one function tool of its own after the client's tools (same position and form every
 time, so the prompt prefix stays cacheable) and serves calls to it itself, from the database.
 
-A call searches (``query``: words, or a pattern with ``regex``; see ``proxy.read_search``) all
+A call searches (``query``: words, or a pattern with ``regex``; see ``proxy.tools.search``) all
 the stored items the request names, or one (``reference``), or reads one by lines
 (``reference`` with ``offset``/``limit``). References are accepted as the model sees them: an
 artifact id (``art_…``), its read URL (``/artifacts/art_…?offset=…``), or the archive URL
@@ -33,17 +33,17 @@ from typing import Any
 
 import orjson
 
-from proxy.archive import stream_archive_lines
-from proxy.chat import text_of
+from proxy.conversation.canonical import text_of
+from proxy.defenses.hints import archive_url
 from proxy.json_text import parse_json
-from proxy.read_search import (
+from proxy.tools.archive import stream_archive_lines
+from proxy.tools.search import (
     DEFAULT_MATCHES,
     MAX_MATCHES,
     MAX_SEARCH_OFFSET,
     SEARCH_BUDGET_S,
     Query,
     Searcher,
-    archive_url,
     compile_query,
     split_lines,
 )

@@ -19,7 +19,7 @@ registry, so several apps in one process, as in the tests, never clash). Metric 
 | ``context_proxy_learned_limits_total`` | counter | source | limits: ``overflow``, ``usage``, ``forgotten`` |
 | ``context_proxy_token_estimate_ratio`` | gauge | model | limits: provider's prompt tokens per estimated token |
 
-Tokens are the proxy's tiktoken estimates (``proxy.tokens``), summed over requests: graph
+Tokens are the proxy's tiktoken estimates (``proxy.tokens.counter``), summed over requests: graph
 ``rate(tokens_client) - rate(tokens_forwarded)`` for tokens saved. ``model`` is the request's
 ``model`` field (empty for routes that carry none): the first ``MODEL_LABELS`` distinct names of
 at most ``MODEL_LABEL_CHARS`` characters, every other one ``other`` (client-chosen strings never
@@ -48,7 +48,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.logging_setup import request_context, write_direct
+from proxy.telemetry.logs import request_context, write_direct
 
 access_log = logging.getLogger("context_proxy.access")
 
