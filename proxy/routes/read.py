@@ -100,7 +100,7 @@ def _scope(request: Request, tenant: str | None) -> tuple[str | None, bool]:
     """The tenant a call may see (``None``: every tenant) and whether the caller is an admin.
     ``tenant`` (the query parameter) narrows an admin's view; for anyone else it must be their own
     tenant, or nothing is visible (``""`` names no tenant)."""
-    own = request.app.state.proxy.routes.auth.reader(request.headers)
+    own = request.app.state.proxy.auth.reader(request.headers)
     if own is None:
         return tenant, True
     return (own if tenant in (None, own) else ""), False

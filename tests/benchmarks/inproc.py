@@ -84,7 +84,7 @@ class InProcessProxy:
 
     @property
     def pipeline(self) -> Any:
-        return self.app.state.proxy.forward.pipeline
+        return self.app.state.proxy.pipeline
 
     @property
     def store(self) -> Any:

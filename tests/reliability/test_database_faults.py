@@ -272,7 +272,7 @@ def test_a_refused_reply_write_is_counted_and_logged_and_the_next_one_lands(
     with proxy.http() as http:
         assert http.post("/v1/chat/completions", headers={"x-session-id": "refused"}, json=body).status_code == 200
         wait_logged(proxy, "refused", 1)  # the session's messages are known: the next end is queued
-        pipeline = proxy.server.config.app.state.proxy.forward.pipeline
+        pipeline = proxy.server.config.app.state.proxy.pipeline
         tasks: list[int] = []
         real_finish = pipeline._finish
         monkeypatch.setattr(pipeline, "_finish", lambda *a, **k: tasks.append(1) or real_finish(*a, **k))
