@@ -56,7 +56,8 @@ def translate_error(exc: BaseException, operation: str) -> StorageError:
     """Map a foreign error from ``operation`` to ``StorageUnavailable`` or ``StorageError``.
 
     Unavailable: OS-level failures (refused, reset, timeouts), the pool's timeout, a connection
-    SQLAlchemy marked invalid, asyncpg errors while connecting (bad password, unknown database), driver interface errors and ``OperationalError``s that are not
+    SQLAlchemy marked invalid, asyncpg errors while connecting (bad password, unknown database),
+    driver interface errors and ``OperationalError``s that are not
     schema problems (SQLite's "database is locked" past the busy timeout, "unable to open").
     Everything else (integrity, programming, data errors) is a ``StorageError``.
     A value the driver refused (asyncpg's ``DataError``, SQLite's ``OverflowError``) is a

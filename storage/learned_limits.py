@@ -48,7 +48,8 @@ class LearnedLimitQueries:
         estimate ratio is left as stored. ``False`` when the row is new and the tenant already has
         ``MAX_LIMIT_ROWS_PER_TENANT`` rows (nothing stored). The window is stored bounded by
         ``storage.values.TOKENS_MAX`` (a provider's error text may state any number)."""
-        values = {"context_window_tokens": clamp_count(window_tokens, TOKENS_MAX), "source": source, "updated_at": now, "expires_at": expires_at}
+        values = {"context_window_tokens": clamp_count(window_tokens, TOKENS_MAX), "source": source,
+                  "updated_at": now, "expires_at": expires_at}
         return await self._set_limit_columns("set_learned_window", tenant, upstream, model, values)
 
     async def set_estimate_ratio(self, tenant: str, upstream: str, model: str, ratio: float, now: datetime) -> bool:
@@ -86,7 +87,8 @@ class LearnedLimitQueries:
             query = query.where(learned_limits.c.model == model)
         query = query.order_by(learned_limits.c.updated_at.desc(), learned_limits.c.model).limit(limit)
         return await self._transact(
-            "list_learned_limits", lambda conn: [LearnedLimitRecord(**r._mapping) for r in conn.execute(query)], write=False
+            "list_learned_limits", lambda conn: [LearnedLimitRecord(**r._mapping) for r in conn.execute(query)],
+            write=False
         )
 
     async def delete_learned_limits(self, *, tenant: str | None = None, model: str | None = None) -> int:

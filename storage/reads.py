@@ -220,7 +220,8 @@ async def messages_by_ids(conn: AsyncConnection, session_pk: int, ids: list[int]
     """The messages of ``session_pk`` with these ids, by ``seq`` (ids of other sessions name nothing)."""
     if not ids:
         return []
-    query = sa.select(*messages.c).where(messages.c.session_pk == session_pk, messages.c.id.in_(ids)).order_by(messages.c.seq)
+    query = (sa.select(*messages.c).where(messages.c.session_pk == session_pk, messages.c.id.in_(ids))
+             .order_by(messages.c.seq))
     return [MessageRecord(**r._mapping) for r in (await conn.execute(query)).all()]
 
 

@@ -80,7 +80,7 @@ class RetentionReport:
     by_reason: dict[str, int] = field(default_factory=lambda: {"age": 0, "size": 0})
 
     def as_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
+        return {name: getattr(self, name) for name in self.__slots__}
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,14 +103,16 @@ def _stored_bytes(engine: AsyncEngine, column: sa.ColumnElement[Any]) -> sa.Colu
 
 def _per_session(engine: AsyncEngine, table: sa.Table, value: sa.ColumnElement[Any]) -> sa.Subquery:
     return (
-        sa.select(table.c.session_pk.label("session_pk"), sa.func.count().label("n"), sa.func.coalesce(sa.func.sum(value), 0).label("b"))
+        sa.select(table.c.session_pk.label("session_pk"), sa.func.count().label("n"),
+                  sa.func.coalesce(sa.func.sum(value), 0).label("b"))
         .where(table.c.session_pk.is_not(None))
         .group_by(table.c.session_pk)
         .subquery()
     )
 
 
-async def _candidates(conn: AsyncConnection, engine: AsyncEngine, where: sa.ColumnElement[Any] | None) -> list[_Candidate]:
+async def _candidates(conn: AsyncConnection, engine: AsyncEngine,
+                      where: sa.ColumnElement[Any] | None) -> list[_Candidate]:
     """Sessions (filtered by ``where``) with their row count and stored bytes, oldest first."""
     parts = [
         _per_session(engine, messages, _stored_bytes(engine, messages.c.message)),
@@ -159,10 +161,12 @@ async def _delete_batch(engine: AsyncEngine, batch: list[_Candidate], report: Re
         if not locked:
             return
         pks = list(locked)
-        for table, name in ((messages, "messages"), (events, "events"), (requests, "requests"), (artifacts, "artifacts")):
+        tables = ((messages, "messages"), (events, "events"), (requests, "requests"), (artifacts, "artifacts"))
+        for table, name in tables:
             deleted = (await conn.execute(sa.delete(table).where(table.c.session_pk.in_(pks)))).rowcount
             setattr(report, name, getattr(report, name) + deleted)
-        orphans = sa.delete(artifacts).where(artifacts.c.session_pk.is_(None), artifacts.c.tenant.in_(set(locked.values())))
+        orphans = sa.delete(artifacts).where(artifacts.c.session_pk.is_(None),
+                                             artifacts.c.tenant.in_(set(locked.values())))
         report.artifacts += (await conn.execute(orphans)).rowcount
         report.sessions += (await conn.execute(sa.delete(sessions).where(sessions.c.pk.in_(pks)))).rowcount
     report.batches += 1

@@ -7,15 +7,14 @@ NOTHING`` on the natural keys, so racing appends or compactions converge on one 
 Every SQLAlchemy/driver error is raised as ``StorageError`` or ``StorageUnavailable``.
 
 On a SQLite file, the hot-path methods run through ``storage.sqlite.file.SqliteFile`` (small
-transactions inline on the event loop's thread, others on store threads); the read API's queries
-and PostgreSQL use the async engine. See ``Store._transact``.
+transactions inline on the event loop's thread, others on store threads), and the end-of-request
+write is deferred and batched there (``storage.sqlite.end_write``); the read API's queries and
+PostgreSQL use the async engine. See ``Store._transact`` and ``Store.append_and_record``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -26,7 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from storage import reads
+from storage.artifacts import INSERT_BATCH_ROWS, ArtifactQueries
 from storage.engine import create_engine
 from storage.errors import (
     FOREIGN_ERRORS,
@@ -36,31 +35,28 @@ from storage.errors import (
     translate_error,
 )
 from storage.learned_limits import LearnedLimitQueries
+from storage.locks import CompactionLocks
+from storage.read_api import ReadQueries
 from storage.records import (
-    ArtifactRecord,
     EventRecord,
     MessageRecord,
     NewMessage,
     RequestRecord,
     SessionRecord,
-    SessionSummary,
 )
 from storage.refused import RefusedRequestQueries, tracked
-from storage.sqlite.file import Done, DriverStatement, SqliteFile, settle, small_rows
+from storage.rows import RecordItem, message_rows, record_item, request_values
+from storage.sqlite.end_write import SqliteEndWrite
+from storage.sqlite.file import SqliteFile, small_rows
 from storage.tables import (
-    artifacts,
     events,
     messages,
     requests,
     sessions,
 )
-from storage.values import COUNT_MAX, TOKENS_MAX, clamp_count, finite
+from storage.values import TOKENS_MAX, clamp_count
 
 log = logging.getLogger("context_proxy.storage")
-
-INSERT_BATCH_ROWS = 500
-"""Rows per multi-row INSERT: keeps bound parameters (rows x columns) under SQLite's and asyncpg's
-32,766/32,767 limits."""
 
 PREFIX_TAIL = 64
 """``stored_prefix_len`` checks the last this-many hashes in one query before binary searching."""
@@ -73,17 +69,18 @@ def _later(column: sa.ColumnElement[Any], now: datetime | sa.ColumnElement[Any])
 
 T = TypeVar("T")
 
-RecordItem = tuple[int, list[dict[str, Any]], dict[str, Any], datetime]
-"""A deferred end-of-request write: ``(session_pk, message rows, request row values, now)``."""
+_PING_ERRORS: tuple[type[BaseException], ...] = (*FOREIGN_ERRORS, TimeoutError)
 
-COMPACTION_LOCK_SPACE = 0x4350 << 40
-"""High bits of the advisory-lock key of a session's compaction (``'CP'``), above any session pk."""
+CLOSE_WAIT_S = 5.0
+"""How long ``close`` waits for end-of-request writes still running in tasks (a database that
+does not answer must not hold a shutdown up for ever)."""
 
 
-class Store(LearnedLimitQueries, RefusedRequestQueries):
+class Store(LearnedLimitQueries, RefusedRequestQueries, ReadQueries, CompactionLocks, ArtifactQueries):
     """Async storage over one engine (SQLite or PostgreSQL). Create with ``await Store.open(url)``."""
 
-    def __init__(self, engine: AsyncEngine, sqlite_file: SqliteFile | None = None, *, lock_connections: int = 10) -> None:
+    def __init__(self, engine: AsyncEngine, sqlite_file: SqliteFile | None = None, *,
+                 lock_connections: int = 10) -> None:
         self._engine = engine
         self._lock_slots = asyncio.Semaphore(lock_connections)
         """Compaction locks held at once (each holds a pooled connection for a summary's seconds:
@@ -103,16 +100,14 @@ class Store(LearnedLimitQueries, RefusedRequestQueries):
             .returning(messages.c.id)
         )
         self._insert_request = sa.insert(requests)
-        self._driver: tuple[DriverStatement, DriverStatement, DriverStatement] | None = None
-        """On a SQLite file: the end-of-request statements run on the driver (``DriverStatement``)."""
+        self._end_write: SqliteEndWrite | None = None
+        """On a SQLite file: the end-of-request write, deferred and run on the driver."""
         if sqlite_file is not None:
-            d = sqlite_file.dialect
-            self._driver = (
-                DriverStatement(self._bump_session, d),
-                DriverStatement(self._insert(messages).on_conflict_do_nothing(
-                    index_elements=[messages.c.session_pk, messages.c.chain_hash]), d, MESSAGE_ROW_KEYS),
-                DriverStatement(self._insert_request, d, REQUEST_ROW_KEYS),
-            )
+            insert_message = self._insert(messages).on_conflict_do_nothing(
+                index_elements=[messages.c.session_pk, messages.c.chain_hash])
+            self._end_write = SqliteEndWrite(sqlite_file, self._bump_session, insert_message, self._insert_request)
+        self._writes: set[asyncio.Task[int]] = set()
+        """End-of-request writes running in tasks (``append_and_record``), awaited by ``close``."""
 
     @classmethod
     async def open(cls, database_url: str, *, pool_size: int = 20) -> Store:
@@ -122,7 +117,10 @@ class Store(LearnedLimitQueries, RefusedRequestQueries):
                    lock_connections=max(1, pool_size // 2))
 
     async def close(self) -> None:
-        """Finish queued writes, then close every pooled connection."""
+        """Finish queued writes (those running in tasks: for at most ``CLOSE_WAIT_S``; the
+        proxy's log writer has drained them before), then close every pooled connection."""
+        if self._writes:
+            await asyncio.wait(list(self._writes), timeout=CLOSE_WAIT_S)
         if self._sqlite is not None:
             await self._sqlite.close()
         await self._engine.dispose()
@@ -134,7 +132,8 @@ class Store(LearnedLimitQueries, RefusedRequestQueries):
             self._sqlite.dispose()
         await self._engine.dispose()
 
-    async def _transact(self, operation: str, fn: Callable[[sa.Connection], T], *, write: bool = True, small: bool = True) -> T:
+    async def _transact(self, operation: str, fn: Callable[[sa.Connection], T], *, write: bool = True,
+                        small: bool = True) -> T:
         """Run ``fn(connection)`` in one transaction (committed if ``write``) and return its result.
 
         SQLite file: through ``SqliteFile.run`` (inline on the event loop's thread when ``small``
@@ -152,7 +151,7 @@ class Store(LearnedLimitQueries, RefusedRequestQueries):
     def _flush(self) -> None:
         """Commit deferred writes before anything else reads or writes (order, read-your-writes)."""
         if self._sqlite is not None:
-            self._sqlite.flush()
+            self._sqlite.batch.flush()
 
     async def ping(self, timeout_s: float = 5.0) -> bool:
         """True iff ``SELECT 1`` succeeds within ``timeout_s``; never raises."""
@@ -160,7 +159,7 @@ class Store(LearnedLimitQueries, RefusedRequestQueries):
             async with asyncio.timeout(timeout_s), self._engine.connect() as conn:
                 await conn.execute(sa.text("SELECT 1"))
             return True
-        except (*FOREIGN_ERRORS, TimeoutError):
+        except _PING_ERRORS:
             return False
 
     @asynccontextmanager
@@ -181,40 +180,6 @@ class Store(LearnedLimitQueries, RefusedRequestQueries):
                 yield conn
         except FOREIGN_ERRORS as exc:
             raise translate_error(exc, operation) from exc
-
-    @asynccontextmanager
-    async def compaction_lock(self, session_pk: int, wait_s: float = 120.0) -> AsyncIterator[bool]:
-        """Hold the session's compaction lock across processes; yields whether it was acquired.
-
-        PostgreSQL: a session-level advisory lock on a dedicated connection, polled with
-        ``pg_try_advisory_lock`` for at most ``wait_s`` (then yields ``False``: the caller goes on
-        unlocked rather than stall a request). At most ``lock_connections`` (half the pool, from
-        ``Store.open``) are held at once in this process; more compactions wait for a slot, so
-        requests always find connections. SQLite: yields ``True`` at once (one process writes a
-        SQLite file in practice; the proxy also locks per session in-process).
-        """
-        if self._dialect != "postgresql":
-            yield True
-            return
-        key = COMPACTION_LOCK_SPACE | session_pk
-        try:
-            async with self._lock_slots, self._engine.connect() as conn:
-                deadline = asyncio.get_running_loop().time() + wait_s
-                acquired = False
-                while True:
-                    acquired = bool((await conn.execute(sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": key})).scalar())
-                    await conn.commit()
-                    if acquired or asyncio.get_running_loop().time() > deadline:
-                        break
-                    await asyncio.sleep(0.05)
-                try:
-                    yield acquired
-                finally:
-                    if acquired:
-                        await conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": key})
-                        await conn.commit()
-        except FOREIGN_ERRORS as exc:
-            raise translate_error(exc, "compaction_lock") from exc
 
     def _insert(self, table: sa.Table) -> Any:
         """The dialect's INSERT construct (it has ``on_conflict_do_nothing/do_update``)."""
@@ -287,11 +252,12 @@ class Store(LearnedLimitQueries, RefusedRequestQueries):
         """
         return len(await self.append_new_messages(session_pk, new_messages, now))
 
-    async def append_new_messages(self, session_pk: int, new_messages: Sequence[NewMessage], now: datetime) -> list[int]:
+    async def append_new_messages(self, session_pk: int, new_messages: Sequence[NewMessage],
+                                  now: datetime) -> list[int]:
         """``append_messages``, returning the ids of the rows it inserted (not of those already stored)."""
         if not new_messages:
             return []
-        rows = _message_rows(session_pk, new_messages, now)
+        rows = message_rows(session_pk, new_messages, now)
         return await self._transact("append_messages", lambda conn: self._append(conn, session_pk, rows, now),
                                     small=small_rows(new_messages))
 
@@ -304,18 +270,33 @@ class Store(LearnedLimitQueries, RefusedRequestQueries):
             added.extend(conn.execute(self._insert_message, rows[i : i + INSERT_BATCH_ROWS]).scalars())
         return added
 
-    async def append_and_record(
+    def append_and_record(
         self, session_pk: int, new_messages: Sequence[NewMessage], record: RequestRecord, now: datetime,
         *, added: tuple[int, int | None] | None = None,
-    ) -> int:
-        """``append_messages`` and ``add_request`` in one short transaction (the end of a request);
-        how many messages were new. ``added``: ``(added_messages, first_added_seq)`` to store
-        instead of the record's. On a SQLite file, a small one is deferred (``SqliteFile.defer``)."""
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        if self.append_and_record_nowait(session_pk, new_messages, record, now, functools.partial(settle, future),
-                                         added=added):
-            return await future
-        _, rows, values, _ = self._record_item(session_pk, new_messages, record, now, added)
+    ) -> asyncio.Future[int]:
+        """The end-of-request write: ``append_messages`` and ``add_request`` in one short
+        transaction, started now; its future gets how many messages were new. ``added``:
+        ``(added_messages, first_added_seq)`` to store instead of the record's.
+
+        The future fails with the ``StorageError``: ``MissingRow`` (the session is gone, nothing
+        stored), ``StorageUnavailable``, or another when the request row was refused (a taken id,
+        say): then the messages were stored all the same, alone. Called on the event loop's thread.
+
+        How it runs is the store's business: on a SQLite file a small write (``small_rows``) is
+        queued in the file's deferred batch and committed with the others of the next
+        ``DEFER_WRITE_S`` (``storage.sqlite.end_write``: no task, no thread hop); anything else
+        (PostgreSQL, SQLite in memory, many or large messages) runs in a task of its own, which
+        ``close`` waits for. Either way it has started, whatever becomes of the caller."""
+        item = record_item(session_pk, new_messages, record, now, added)
+        if self._end_write is not None and small_rows(new_messages):
+            return self._end_write.defer(item)
+        task = asyncio.get_running_loop().create_task(self._append_and_record(item))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+        return task
+
+    async def _append_and_record(self, item: RecordItem) -> int:
+        session_pk, rows, values, now = item
 
         def run(conn: sa.Connection) -> int:
             added = len(self._append(conn, session_pk, rows, now)) if rows else 0
@@ -334,90 +315,6 @@ class Store(LearnedLimitQueries, RefusedRequestQueries):
             await self._transact("append_messages", lambda conn: self._append(conn, session_pk, rows, now), small=False)
             log.error("the request record was refused (%s); its %d messages were stored without it", exc, len(rows))
             raise
-
-    @property
-    def defers_writes(self) -> bool:
-        """Whether small writes are deferred and batched (a SQLite file): ``append_and_record_nowait``
-        can queue them; elsewhere it always answers ``False``."""
-        return self._driver is not None
-
-    def append_and_record_nowait(
-        self, session_pk: int, new_messages: Sequence[NewMessage], record: RequestRecord, now: datetime,
-        done: Done, *, added: tuple[int, int | None] | None = None,
-    ) -> bool:
-        """``append_and_record`` without waiting for it, when it can be deferred (a SQLite file and
-        a small write): queued, and ``done(new message count, None)`` or ``done(None, error)``
-        once it ended (``storage.sqlite.file.Done``). ``False``, with nothing
-        queued, otherwise (PostgreSQL, SQLite in memory, many or large messages): the caller then
-        awaits ``append_and_record``. Must be called on the event loop's thread.
-
-        For the end of a chat request: awaited, its write cost the request a task and a future
-        on top of the write (``tests/benchmarks``, callgrind's instruction counts per request)."""
-        if self._driver is None or not small_rows(new_messages):
-            return False
-        assert self._sqlite is not None
-        item = self._record_item(session_pk, new_messages, record, now, added)
-        refused: list[StorageError] = []
-
-        def told(result: Any, error: BaseException | None) -> None:
-            if error is None and refused:
-                done(None, refused[0])
-            else:
-                done(result, error)
-
-        self._sqlite.defer("append_and_record", functools.partial(self._record_alone, item, refused), told,
-                           batch=self._records_on_driver, item=item)
-        return True
-
-    @staticmethod
-    def _record_item(session_pk: int, new_messages: Sequence[NewMessage], record: RequestRecord, now: datetime,
-                     added: tuple[int, int | None] | None) -> RecordItem:
-        values = _request_values(record, now, added)
-        return session_pk, _message_rows(session_pk, new_messages, now), values, now
-
-    def _record_alone(self, item: RecordItem, refused: list[StorageError], conn: sa.Connection) -> int:
-        """One deferred write alone (its batch failed): as ``_records_on_driver``, except that a
-        refused request row does not undo the messages (SQLite undoes only the failed statement):
-        its error goes to ``refused`` (the write's ``done`` gets it) and the messages commit. A
-        session that is gone still fails the whole write (``MissingRow``)."""
-        assert self._driver is not None
-        session_pk, rows, values, now = item
-        bump, insert_messages, insert_request = self._driver
-        added = 0
-        if rows:
-            bump.execute(conn, {"b_pk": session_pk, "b_now": now})
-            added = insert_messages.executemany(conn, rows)
-        try:
-            insert_request.execute(conn, values)
-        except FOREIGN_ERRORS as exc:
-            error = translate_error(exc, "append_and_record")
-            if not rows or isinstance(error, StorageUnavailable | MissingRow):
-                raise
-            log.error("the request record was refused (%s); its %d messages were stored without it", error, len(rows))
-            refused.append(error)
-        return added
-
-    def _records_on_driver(self, conn: sa.Connection, items: list[RecordItem]) -> list[int]:
-        """The deferred ``append_and_record``s ``(session_pk, message rows, request values, now)``
-        on the driver, as each would run alone (bump, messages, request), with a bump per session
-        (to the latest ``now``: the bump keeps the later time anyway) and the request rows in one
-        ``executemany``. The messages stay an ``executemany`` per item: its row count is the
-        item's result."""
-        assert self._driver is not None
-        bump, insert_messages, insert_request = self._driver
-        latest: dict[int, datetime] = {}
-        for session_pk, rows, _, now in items:
-            if rows and (session_pk not in latest or now > latest[session_pk]):
-                latest[session_pk] = now
-        if latest:
-            bump.executemany(conn, [{"b_pk": pk, "b_now": now} for pk, now in latest.items()])
-        added: list[int] = []
-        request_rows: list[list[Any]] = []
-        for _, rows, values, _ in items:
-            added.append(insert_messages.executemany(conn, rows) if rows else 0)
-            request_rows.append(insert_request.row(values))  # now: its time converts once (the memo)
-        insert_request.executemany_rows(conn, request_rows)
-        return added
 
     # --- events, artifacts, requests ---------------------------------------------------
 
@@ -454,107 +351,18 @@ class Store(LearnedLimitQueries, RefusedRequestQueries):
     async def list_events(self, session_pk: int) -> list[EventRecord]:
         """The session's compaction events in creation order (``created_at``, then id)."""
         query = sa.select(*events.c).where(events.c.session_pk == session_pk).order_by(events.c.created_at, events.c.id)
-        return await self._transact("list_events", lambda conn: [EventRecord(**r._mapping) for r in conn.execute(query)], write=False)
-
-    async def put_artifacts(self, items: Sequence[ArtifactRecord]) -> list[str]:
-        """Store artifacts; an id already stored for that tenant is left as it is. Returns the ids
-        of the rows inserted (noted in the context's ``storage.refused.RequestWrites`` if tracked).
-
-        Ids are content-addressed, so two tenants offloading the same content get the same id:
-        the primary key is ``(tenant, id)`` and each tenant owns its own copy.
-        """
-        if not items:
-            return []
-        rows = [
-            {
-                "id": a.id,
-                "tenant": a.tenant,
-                "session_pk": a.session_pk,
-                "media_type": a.media_type,
-                "content": a.content,
-                "size_bytes": clamp_count(a.size_bytes, 2**63 - 1),
-                "line_count": clamp_count(a.line_count, COUNT_MAX),
-                "created_at": a.created_at,
-            }
-            for a in items
-        ]
-        def run(conn: sa.Connection) -> list[str]:
-            new: list[str] = []
-            for i in range(0, len(rows), INSERT_BATCH_ROWS):
-                stmt = self._insert(artifacts).values(rows[i : i + INSERT_BATCH_ROWS])
-                new.extend(conn.execute(stmt.on_conflict_do_nothing(index_elements=[artifacts.c.tenant, artifacts.c.id])
-                                        .returning(artifacts.c.id)).scalars())
-            return new
-
-        new = await self._transact("put_artifacts", run, small=False)  # offloaded content is large by definition
-        if new and (writes := tracked()) is not None:
-            writes.artifact_ids.extend(new)
-        return new
-
-    async def get_artifact(self, artifact_id: str, tenant: str | None) -> ArtifactRecord | None:
-        """The artifact if it exists and belongs to ``tenant`` (``None``: admin, any tenant). Any
-        ``str`` may be asked for (ids are escaped as stored: ``storage.tables.SafeText``)."""
-        query = sa.select(*artifacts.c).where(artifacts.c.id == artifact_id)
-        if tenant is not None:
-            query = query.where(artifacts.c.tenant == tenant)
-        row = await self._transact("get_artifact", lambda conn: conn.execute(query).first(), write=False, small=False)
-        return None if row is None else ArtifactRecord(**row._mapping)
+        return await self._transact(
+            "list_events", lambda conn: [EventRecord(**r._mapping) for r in conn.execute(query)], write=False
+        )
 
     @staticmethod
     def _request_row(record: RequestRecord, now: datetime) -> dict[str, Any]:
-        return _request_values(record, now, None)
+        return request_values(record, now, None)
 
     async def add_request(self, record: RequestRecord) -> None:
         """Store a request record (``created_at`` ``None`` means now)."""
-        values = _request_values(record, datetime.now(UTC), None)
+        values = request_values(record, datetime.now(UTC), None)
         await self._transact("add_request", lambda conn: conn.execute(sa.insert(requests).values(**values)))
-
-    # --- read side (see storage.reads) ---------------------------------------------------
-
-    async def list_sessions(
-        self, tenant: str | None, limit: int, after: str | None = None, after_tenant: str | None = None
-    ) -> tuple[list[SessionSummary], bool]:
-        """A keyset page of sessions, newest first, and ``has_more``; see ``reads.list_sessions``.
-        ``tenant=None`` is an admin listing of every tenant. Raises ``InvalidCursor``."""
-        async with self._read("list_sessions") as conn:
-            return await reads.list_sessions(conn, tenant, limit, after, after_tenant)
-
-    async def find_session(self, session_id: str, tenant: str | None) -> SessionRecord | None:
-        """The tenant's session ``session_id`` (``tenant=None``: admin, newest match)."""
-        async with self._read("find_session") as conn:
-            return await reads.find_session(conn, session_id, tenant)
-
-    async def session_summary(self, session: SessionRecord) -> SessionSummary:
-        """Counts, token sums and last model of ``session``."""
-        async with self._read("session_summary") as conn:
-            return await reads.session_summary(conn, session)
-
-    async def branch_leaf(self, session_pk: int, leaf_hash: str | None) -> MessageRecord | None:
-        """The message ``leaf_hash``, or (``None``) the newest leaf of the session."""
-        async with self._read("branch_leaf") as conn:
-            return await reads.branch_leaf(conn, session_pk, leaf_hash)
-
-    async def list_branch_messages(
-        self, session_pk: int, leaf_hash: str, after_seq: int | None, limit: int
-    ) -> tuple[list[MessageRecord], bool]:
-        """Root-to-``leaf_hash`` messages with ``seq > after_seq``, by seq, and ``has_more``."""
-        async with self._read("list_branch_messages") as conn:
-            return await reads.list_branch_messages(conn, session_pk, leaf_hash, after_seq, limit)
-
-    async def branch_message_ids(self, session_pk: int, leaf_hash: str) -> list[int]:
-        """Ids of the root-to-``leaf_hash`` messages, by seq (for ``messages_by_ids`` pages)."""
-        async with self._read("branch_message_ids") as conn:
-            return await reads.branch_message_ids(conn, session_pk, leaf_hash)
-
-    async def messages_by_ids(self, session_pk: int, ids: list[int]) -> list[MessageRecord]:
-        """The session's messages with these ids, by seq."""
-        async with self._read("messages_by_ids") as conn:
-            return await reads.messages_by_ids(conn, session_pk, ids)
-
-    async def get_message_by_hash(self, session_pk: int, chain_hash: str) -> MessageRecord | None:
-        """The message of the session with this chain hash, or ``None``."""
-        async with self._read("get_message_by_hash") as conn:
-            return await reads.get_message_by_hash(conn, session_pk, chain_hash)
 
     async def list_internal_messages(self, session_pk: int) -> list[MessageRecord]:
         """The session's internal messages (rounds the proxy served itself), oldest first."""
@@ -564,60 +372,6 @@ class Store(LearnedLimitQueries, RefusedRequestQueries):
             .order_by(messages.c.id)
         )
         return await self._transact(
-            "list_internal_messages", lambda conn: [MessageRecord(**r._mapping) for r in conn.execute(query)], write=False
+            "list_internal_messages", lambda conn: [MessageRecord(**r._mapping) for r in conn.execute(query)],
+            write=False
         )
-
-    async def list_requests(self, session_pk: int, limit: int, after: str | None) -> tuple[list[RequestRecord], bool]:
-        """The session's request records, oldest first, and ``has_more``; see ``reads.list_requests``
-        (the cursor is looked up in this session only). Raises ``InvalidCursor``."""
-        async with self._read("list_requests") as conn:
-            return await reads.list_requests(conn, session_pk, limit, after)
-
-
-MESSAGE_ROW_KEYS = ("session_pk", "chain_hash", "parent_hash", "seq", "role", "message", "internal", "created_at")
-"""The keys of ``_message_rows``' rows (the columns of a new message row)."""
-REQUEST_ROW_KEYS = tuple(f.name for f in dataclasses.fields(RequestRecord))
-"""The columns of a request row, as ``append_and_record`` gives them (``created_at`` included)."""
-
-
-_COUNT_FIELDS = ("status", "added_messages", "first_added_seq")
-_TOKEN_FIELDS = ("tokens_client", "tokens_forwarded")
-
-
-def _request_values(record: RequestRecord, now: datetime, added: tuple[int, int | None] | None) -> dict[str, Any]:
-    """The request row of ``record`` (``created_at`` ``None``: ``now``; ``added``: the message
-    counts to store instead of the record's), every value storable: counts clamped to the
-    columns (``COUNT_MAX``, tokens ``TOKENS_MAX``; a non-finite count stored as ``None``, or 0
-    where the column needs one), a non-finite latency as 0. Text and JSON need nothing here:
-    their column types store any ``str`` and any JSON (``storage.values``)."""
-    values = {name: getattr(record, name) for name in REQUEST_ROW_KEYS}
-    values["created_at"] = record.created_at or now
-    if added is not None:
-        values["added_messages"], values["first_added_seq"] = added
-    for names, maximum in ((_COUNT_FIELDS, COUNT_MAX), (_TOKEN_FIELDS, TOKENS_MAX)):
-        for name in names:
-            value = values[name]
-            if value is not None and (type(value) is not int or not -maximum <= value <= maximum):
-                values[name] = clamp_count(value, maximum)  # (the usual in-range int skips the call)
-    for name in ("status", "added_messages"):
-        if values[name] is None:
-            values[name] = 0
-    if type(values["latency_ms"]) is float:
-        values["latency_ms"] = finite(values["latency_ms"])
-    return values
-
-
-def _message_rows(session_pk: int, new_messages: Sequence[NewMessage], now: datetime) -> list[dict[str, Any]]:
-    return [
-        {
-            "session_pk": session_pk,
-            "chain_hash": m.chain_hash,
-            "parent_hash": m.parent_hash,
-            "seq": m.seq,
-            "role": m.role,
-            "message": m.message,
-            "internal": m.internal,
-            "created_at": now,
-        }
-        for m in new_messages
-    ]

@@ -27,8 +27,9 @@ tenant), which counts the bytes as stored.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.types import TypeDecorator
@@ -46,11 +47,41 @@ BigCount = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 SQLite (already 64-bit there). Revision 0004 widened them from 32 bits."""
 
 
+T = TypeVar("T")
+
+Bind = Callable[[Any], Any]
+"""A column type's bind function on SQLite: the Python value (or ``None``) to what ``sqlite3`` stores."""
+
+
+class _OneStepBind(TypeDecorator[T]):
+    """A column type whose bind on SQLite is one function, ``sqlite_bind()``'s: the value as
+    ``sqlite3`` stores it, in one call. SQLAlchemy's statements use it (``bind_processor``) and so
+    does ``storage.sqlite.driver.DriverStatement`` (it takes the compiled statement's bind
+    processors), so both SQLite paths write the same bytes by construction. It does what
+    ``process_bind_param`` and the ``impl`` type's own processor would do, in one step: the two
+    wrapped calls were a measurable part of the end-of-request write (cProfile of a batch of 10
+    request rows). Other dialects (PostgreSQL) bind as any ``TypeDecorator`` does."""
+
+    cache_ok = True
+
+    def sqlite_bind(self) -> Bind:
+        raise NotImplementedError
+
+    def bind_processor(self, dialect: sa.Dialect) -> Bind | None:
+        if dialect.name == "sqlite":
+            return self.sqlite_bind()  # (cached by SQLAlchemy per dialect and type)
+        return super().bind_processor(dialect)
+
+
 def _escape(value: str | None) -> str | None:
     return None if value is None else escape_text(value)
 
 
-class SafeText(TypeDecorator[str]):
+def _json_text(value: Any) -> str | None:
+    return None if value is None else dumps_json(value).decode()
+
+
+class SafeText(_OneStepBind[str]):
     """A ``str`` in a ``TEXT`` column, any ``str``: NUL, U+0010 and lone surrogates are escaped
     reversibly (``storage.values.escape_text``) on both databases, so it reads back as written.
     Comparisons with the column (``column == value``, ``in_``) bind through the same escape."""
@@ -59,16 +90,16 @@ class SafeText(TypeDecorator[str]):
     cache_ok = True
 
     def process_bind_param(self, value: str | None, dialect: sa.Dialect) -> str | None:
-        return None if value is None else escape_text(value)
+        return _escape(value)
 
     def process_result_value(self, value: str | None, dialect: sa.Dialect) -> str | None:
         return None if value is None else unescape_text(value)
 
-    sqlite_bind = staticmethod(_escape)
-    """``DriverStatement``'s one-step bind on SQLite."""
+    def sqlite_bind(self) -> Bind:
+        return _escape
 
 
-class JsonText(TypeDecorator[Any]):
+class JsonText(_OneStepBind[Any]):
     """Any JSON value stored as UTF-8 text written by ``storage.values.dumps_json`` (orjson's,
     or the stdlib's for values orjson refuses)."""
 
@@ -76,17 +107,13 @@ class JsonText(TypeDecorator[Any]):
     cache_ok = True
 
     def process_bind_param(self, value: Any, dialect: sa.Dialect) -> str | None:
-        return None if value is None else dumps_json(value).decode()
+        return _json_text(value)
 
     def process_result_value(self, value: str | None, dialect: sa.Dialect) -> Any:
         return None if value is None else loads_json(value)
 
-    @staticmethod
-    def sqlite_bind(value: Any) -> str | None:
-        """``DriverStatement``'s one-step bind on SQLite (``process_bind_param``; ``Text`` has no
-        processor of its own there): SQLAlchemy's two wrapped calls were a measurable part of
-        the end-of-request write (cProfile of a batch of 10 request rows)."""
-        return None if value is None else dumps_json(value).decode()
+    def sqlite_bind(self) -> Bind:
+        return _json_text
 
 
 HASH_HEX_CHARS = 64
@@ -102,7 +129,16 @@ def is_hex_hash(value: object) -> bool:
     return isinstance(value, str) and len(value) == HASH_HEX_CHARS and not value.strip(_HEX_DIGITS)
 
 
-class HexHash(TypeDecorator[str]):
+def _hash_bytes(value: str | None) -> bytes | None:
+    """The 32 bytes of a chain hash (``None`` as is); ``ValueError`` unless ``is_hex_hash``."""
+    if value is None:
+        return None
+    if not is_hex_hash(value):
+        raise ValueError(f"not a 64-character lowercase hex hash: {value!r:.80}")
+    return bytes.fromhex(value)
+
+
+class HexHash(_OneStepBind[str]):
     """A SHA-256 chain hash: a 64-character lowercase hex ``str`` in Python, its 32 bytes in the
     database (``BLOB`` on SQLite, ``bytea`` on PostgreSQL).
 
@@ -116,24 +152,15 @@ class HexHash(TypeDecorator[str]):
     cache_ok = True
 
     def process_bind_param(self, value: str | None, dialect: sa.Dialect) -> bytes | None:
-        if value is None:
-            return None
-        if not is_hex_hash(value):
-            raise ValueError(f"not a 64-character lowercase hex hash: {value!r:.80}")
-        return bytes.fromhex(value)
+        return _hash_bytes(value)
 
     def process_result_value(self, value: bytes | None, dialect: sa.Dialect) -> str | None:
         return None if value is None else bytes(value).hex()
 
-    @staticmethod
-    def sqlite_bind(value: str | None) -> bytes | None:
-        """``DriverStatement``'s one-step bind on SQLite: the 32 bytes (SQLAlchemy's ``LargeBinary``
-        wraps them in a ``memoryview``, which ``sqlite3`` stores as the same BLOB)."""
-        if value is None:
-            return None
-        if not is_hex_hash(value):
-            raise ValueError(f"not a 64-character lowercase hex hash: {value!r:.80}")
-        return bytes.fromhex(value)
+    def sqlite_bind(self) -> Bind:
+        """The 32 bytes (``LargeBinary``'s own processor would wrap them in a ``memoryview``,
+        which ``sqlite3`` stores as the same BLOB)."""
+        return _hash_bytes
 
 
 PACK_MIN_BYTES = 256
@@ -167,7 +194,25 @@ def unpack(value: str | bytes) -> str | bytes:
     return zlib.decompress(value) if isinstance(value, bytes | bytearray | memoryview) else value
 
 
-class _Packed(TypeDecorator[Any]):
+def _packed_json(value: Any) -> str | bytes | None:
+    """JSON text, zlib-compressed when smaller (``pack``): a value as SQLite stores it."""
+    if value is None:
+        return None
+    data = dumps_json(value)
+    packed = pack(data)
+    return data.decode() if packed is None else packed
+
+
+def _packed_text(value: str | None) -> str | bytes | None:
+    """Escaped text (``escape_text``), zlib-compressed when smaller: a value as SQLite stores it."""
+    if value is None:
+        return None
+    value = escape_text(value)
+    packed = pack(value.encode())
+    return value if packed is None else packed
+
+
+class _Packed(_OneStepBind[Any]):
     """A ``TEXT`` column whose values SQLite may hold compressed.
 
     The marker is SQLite's storage class: a ``TEXT`` column keeps a bound ``bytes`` value as a
@@ -179,13 +224,6 @@ class _Packed(TypeDecorator[Any]):
     impl = sa.Text
     cache_ok = True
 
-    def _bind(self, data: bytes, text: str | None, dialect: sa.Dialect) -> str | bytes:
-        if dialect.name == "sqlite":
-            packed = pack(data)
-            if packed is not None:
-                return packed
-        return data.decode() if text is None else text
-
 
 class PackedJson(_Packed):
     """Any JSON value written by orjson; on SQLite stored compressed when smaller (``_Packed``)."""
@@ -193,19 +231,14 @@ class PackedJson(_Packed):
     cache_ok = True  # SQLAlchemy reads it from each class's own namespace
 
     def process_bind_param(self, value: Any, dialect: sa.Dialect) -> str | bytes | None:
-        return None if value is None else self._bind(dumps_json(value), None, dialect)
+        """Not SQLite (``sqlite_bind`` there): plain JSON text."""
+        return _json_text(value)
 
     def process_result_value(self, value: str | bytes | None, dialect: sa.Dialect) -> Any:
         return None if value is None else loads_json(unpack(value))
 
-    @staticmethod
-    def sqlite_bind(value: Any) -> str | bytes | None:
-        """``DriverStatement``'s one-step bind on SQLite (``process_bind_param`` there)."""
-        if value is None:
-            return None
-        data = dumps_json(value)
-        packed = pack(data)
-        return data.decode() if packed is None else packed
+    def sqlite_bind(self) -> Bind:
+        return _packed_json
 
 
 class PackedText(_Packed):
@@ -215,10 +248,11 @@ class PackedText(_Packed):
     cache_ok = True
 
     def process_bind_param(self, value: str | None, dialect: sa.Dialect) -> str | bytes | None:
-        if value is None:
-            return None
-        value = escape_text(value)
-        return self._bind(value.encode(), value, dialect)
+        """Not SQLite (``sqlite_bind`` there): the escaped text."""
+        return _escape(value)
+
+    def sqlite_bind(self) -> Bind:
+        return _packed_text
 
     def process_result_value(self, value: str | bytes | None, dialect: sa.Dialect) -> str | None:
         if value is None:
@@ -226,49 +260,58 @@ class PackedText(_Packed):
         return unescape_text(value if isinstance(value, str) else zlib.decompress(value).decode())
 
 
-_last_utc_text: tuple[datetime | None, str | None] = (None, None)
-
-
-def _sqlite_utc_text(value: datetime | None) -> str | None:
-    """The bound value's text on SQLite, as ``UtcDateTime.process_bind_param`` plus SQLAlchemy's
-    SQLite ``DATETIME`` would write it (``2026-11-29 21:36:32.123456``), in one step. The last
-    value is remembered: a request's rows all carry the same ``now`` (2.5 us a conversion,
-    measured). A test compares the rows it writes with SQLAlchemy's."""
-    global _last_utc_text
-    if value is None:
-        return None
-    seen = _last_utc_text  # one tuple, swapped whole (the writer thread may bind too)
-    if seen[0] is value:
-        return seen[1]
+def _utc(value: datetime) -> datetime:
     if value.tzinfo is None:
         raise ValueError("naive datetime given to storage; pass a timezone-aware UTC time")
-    text = value.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
-    _last_utc_text = (value, text)
-    return text
+    return value.astimezone(UTC)
 
 
-class UtcDateTime(TypeDecorator[datetime]):
+def _sqlite_utc_text() -> Bind:
+    """A bind of UTC wall time as the text SQLAlchemy's SQLite ``DATETIME`` writes
+    (``2026-11-29 21:36:32.123456``: text order is time order), in one step. It remembers the
+    last value it converted (one entry: a request's rows all carry the same ``now``; 2.5 us a
+    conversion, measured) as state of the function, which SQLAlchemy builds and keeps per
+    dialect and column type (``UTC_TIME``: one type for every time column). Each of the
+    ``Store``'s engines (``storage.engine``) has a dialect of its own, hence its own memo.
+    ``test_driver_statements_write_the_same_rows_as_sqlalchemy`` compares the text with the
+    text SQLAlchemy's own ``DATETIME`` writes."""
+    last: tuple[datetime | None, str | None] = (None, None)
+
+    def bind(value: datetime | None) -> str | None:
+        nonlocal last
+        if value is None:
+            return None
+        seen = last  # one tuple, swapped whole (an engine's threads may bind at once)
+        if seen[0] is value:
+            return seen[1]
+        text = _utc(value).replace(tzinfo=None).isoformat(" ", "microseconds")
+        last = (value, text)
+        return text
+
+    return bind
+
+
+class UtcDateTime(_OneStepBind[datetime]):
     """A timezone-aware UTC ``datetime``; naive input is refused (it has no defined zone)."""
 
     impl = sa.DateTime(timezone=True)
     cache_ok = True
 
     def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            raise ValueError("naive datetime given to storage; pass a timezone-aware UTC time")
-        value = value.astimezone(UTC)
-        # SQLite stores text without a zone: store UTC wall time so text order is time order.
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+        """Not SQLite (``sqlite_bind`` there: UTC wall time as text): the aware UTC time."""
+        return None if value is None else _utc(value)
 
     def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
         if value is None:
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
-    sqlite_bind = staticmethod(_sqlite_utc_text)
-    """``DriverStatement`` binds with this on SQLite (``process_bind_param`` and SQLAlchemy's text in one)."""
+    def sqlite_bind(self) -> Bind:
+        return _sqlite_utc_text()
+
+
+UTC_TIME = UtcDateTime()
+"""The one type of every time column (so its SQLite bind, and the memo in it, is shared by them)."""
 
 
 sessions = sa.Table(
@@ -277,8 +320,8 @@ sessions = sa.Table(
     sa.Column("pk", BigId, primary_key=True, autoincrement=True),
     sa.Column("session_id", SafeText, nullable=False),
     sa.Column("tenant", SafeText, nullable=False),
-    sa.Column("created_at", UtcDateTime, nullable=False),
-    sa.Column("updated_at", UtcDateTime, nullable=False),
+    sa.Column("created_at", UTC_TIME, nullable=False),
+    sa.Column("updated_at", UTC_TIME, nullable=False),
     sa.UniqueConstraint("tenant", "session_id", name="uq_sessions_tenant_session_id"),
     sa.Index("ix_sessions_updated", "updated_at", "pk"),
     sa.Index("ix_sessions_tenant_updated", "tenant", "updated_at", "pk"),
@@ -297,7 +340,7 @@ messages = sa.Table(
     sa.Column("role", SafeText, nullable=False),
     sa.Column("message", PackedJson, nullable=False),
     sa.Column("internal", sa.Boolean, nullable=False),
-    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("created_at", UTC_TIME, nullable=False),
     sa.UniqueConstraint("session_pk", "chain_hash", name="uq_messages_session_chain_hash"),
     sa.Index("ix_messages_session_parent", "session_pk", "parent_hash"),
     sa.Index("ix_messages_session_id", "session_pk", "id"),
@@ -314,7 +357,7 @@ events = sa.Table(
     sa.Column("payload", PackedJson, nullable=False),
     sa.Column("tokens_before", BigCount, nullable=False),
     sa.Column("tokens_after", BigCount, nullable=False),
-    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("created_at", UTC_TIME, nullable=False),
     sa.UniqueConstraint("session_pk", "kind", "anchor_hash", name="uq_events_session_kind_anchor"),
     sa.Index("ix_events_session_created", "session_pk", "created_at"),
 )
@@ -329,7 +372,7 @@ artifacts = sa.Table(
     sa.Column("content", PackedText, nullable=False),
     sa.Column("size_bytes", sa.BigInteger, nullable=False),
     sa.Column("line_count", sa.Integer, nullable=False),
-    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("created_at", UTC_TIME, nullable=False),
 )
 
 requests = sa.Table(
@@ -350,7 +393,7 @@ requests = sa.Table(
     sa.Column("event_ids", JsonText, nullable=False),
     sa.Column("error", SafeText, nullable=True),
     sa.Column("finish_reason", SafeText, nullable=True),
-    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("created_at", UTC_TIME, nullable=False),
     sa.Index("ix_requests_session_created", "session_pk", "created_at"),
 )
 
@@ -363,8 +406,8 @@ learned_limits = sa.Table(
     sa.Column("context_window_tokens", BigCount, nullable=True),
     sa.Column("estimate_ratio", sa.Float, nullable=True),
     sa.Column("source", SafeText, nullable=True),
-    sa.Column("updated_at", UtcDateTime, nullable=False),
-    sa.Column("expires_at", UtcDateTime, nullable=True),
+    sa.Column("updated_at", UTC_TIME, nullable=False),
+    sa.Column("expires_at", UTC_TIME, nullable=True),
 )
 
 PACKED_COLUMNS = (messages.c.message, events.c.payload, artifacts.c.content)

@@ -106,7 +106,7 @@ def _unescape(stored: str) -> str:
         elif code == ESCAPE:
             out.append(ESCAPE)
             i += 2
-        elif code == "u" and i + 6 <= n and not stored[i + 2 : i + 6].strip(_HEX) and "d800" <= stored[i + 2 : i + 6] <= "dfff":
+        elif code == "u" and i + 6 <= n and _is_surrogate_hex(stored[i + 2 : i + 6]):
             out.append(chr(int(stored[i + 2 : i + 6], 16)))
             i += 6
         else:
@@ -114,6 +114,11 @@ def _unescape(stored: str) -> str:
     if not escapes:
         raise ValueError("a stored text value marked as escaped has no escape")
     return "".join(out)
+
+
+def _is_surrogate_hex(digits: str) -> bool:
+    """4 lowercase hex digits of a surrogate code point (``d800``..``dfff``)."""
+    return not digits.strip(_HEX) and "d800" <= digits <= "dfff"
 
 
 def _has_surrogate(value: str) -> bool:

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hashlib
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -67,32 +68,10 @@ def _new_rows(
     return new, added
 
 
-def derive_session_id(tenant: str, messages: list[dict[str, Any]], chain_hashes: list[str]) -> str:
-    """``sess_`` + 24 hex of SHA-256(tenant, chain hash of the first user message).
-
-    Without a user message, the first message anchors the session.
-    """
-    first_user = 0
-    for i, m in enumerate(messages):
-        if m.get("role") == "user":
-            first_user = i
-            break
-    anchor = chain_hashes[first_user] if chain_hashes else ""
-    key = (tenant, anchor)
-    session_id = _derived.get(key)
-    if session_id is None:
-        if len(_derived) >= DERIVED_IDS_KEPT:
-            _derived.clear()
-        session_id = _derived[key] = "sess_" + hashlib.sha256(f"{tenant}:{anchor}".encode()).hexdigest()[:24]
-    return session_id
-
-
 DERIVED_IDS_KEPT = 10_000
-"""Session ids ``derive_session_id`` remembers (by tenant and anchor: a conversation's every request
-names the same one; SHA-256 through OpenSSL was about 1% of a small request's instructions,
-callgrind). Emptied whole when full: the ids of active conversations come back at once."""
-
-_derived: dict[tuple[str, str], str] = {}
+"""Session ids ``SessionLog.derive_session_id`` remembers (by tenant and anchor: a conversation's
+every request names the same one; SHA-256 through OpenSSL was about 1% of a small request's
+instructions, callgrind). Emptied whole when full: the ids of active conversations come back at once."""
 
 
 def new_id(prefix: str) -> str:
@@ -134,8 +113,30 @@ class SessionLog:
         self._sessions = BoundedCache(CACHED_SESSIONS, CACHE_TTL_S)
         self._known = BoundedCache(CACHED_SESSIONS, CACHE_TTL_S)
         self._internal = BoundedCache(CACHED_SESSIONS, CACHE_TTL_S)
-        self._retries: set[asyncio.Task[None]] = set()
-        """``finish_nowait`` writes redone on a reopened session (kept: tasks are weakly held)."""
+        self._derived: dict[tuple[str, str], str] = {}
+        """``derive_session_id``'s memo: at most ``DERIVED_IDS_KEPT`` ids."""
+        self._tasks: set[asyncio.Task[None]] = set()
+        """``finish`` writes that read first, or are redone on a reopened session (kept: the
+        loop holds tasks weakly)."""
+
+    def derive_session_id(self, tenant: str, messages: list[dict[str, Any]], chain_hashes: list[str]) -> str:
+        """``sess_`` + 24 hex of SHA-256(tenant, chain hash of the first user message).
+
+        Without a user message, the first message anchors the session.
+        """
+        first_user = 0
+        for i, m in enumerate(messages):
+            if m.get("role") == "user":
+                first_user = i
+                break
+        anchor = chain_hashes[first_user] if chain_hashes else ""
+        key = (tenant, anchor)
+        session_id = self._derived.get(key)
+        if session_id is None:
+            if len(self._derived) >= DERIVED_IDS_KEPT:
+                self._derived.clear()
+            session_id = self._derived[key] = "sess_" + hashlib.sha256(f"{tenant}:{anchor}".encode()).hexdigest()[:24]
+        return session_id
 
     async def open_session(self, tenant: str, session_id: str) -> SessionRecord:
         """The session row, created on first use (cached for ``CACHE_TTL_S``)."""
@@ -204,7 +205,7 @@ class SessionLog:
         self._remember(session.pk, chain)
         return LoggedRequest(len(ids), stored, tuple(ids), session)
 
-    async def finish(
+    def finish(
         self,
         session: SessionRecord,
         messages: list[dict[str, Any]],
@@ -214,15 +215,31 @@ class SessionLog:
         record: RequestRecord,
         *,
         with_request: bool,
-    ) -> None:
+    ) -> asyncio.Future[None]:
         """Store (``with_request``: the client's new messages,) the proxy's internal rounds, the reply
-        after them, and the request record, in one transaction: a plain request costs one write.
-        Internal messages are marked ``internal``; the chain runs through them. If the session is
-        gone, it is opened again and all of it is written there (``_refinish``)."""
-        try:
-            await self._finish(session, messages, chain, internal, reply, record, with_request=with_request)
-        except MissingRow:
-            await self._refinish(session, messages, chain, internal, reply, record)
+        after them, and the request record, in one transaction (``Store.append_and_record``): a
+        plain request costs one write. Internal messages are marked ``internal``; the chain runs
+        through them. If the session is gone, it is opened again and all of it is written there
+        (``_refinish``).
+
+        Returns the write's future, started now (never raises: what fails is the future's
+        exception, a ``StorageError`` or what building the rows raised, say a reply orjson cannot
+        serialize). When this process knows how much of the client's history is stored (or
+        ``with_request`` is false) it is the store's write with this log's bookkeeping after it:
+        no task (on SQLite a queued write, ``storage.sqlite.end_write``); else a task that
+        reads how much is stored first."""
+        stored = None
+        if with_request:
+            stored = self._known_prefix(session.pk, chain)
+            if stored is None:
+                return self._spawn(self._finish_after_read(session, messages, chain, internal, reply, record))
+        return self._write(session, messages, chain, internal, reply, record, stored, reopen=True)
+
+    async def _finish_after_read(self, session: SessionRecord, messages: list[dict[str, Any]], chain: list[str],
+                                 internal: list[dict[str, Any]], reply: dict[str, Any] | None,
+                                 record: RequestRecord) -> None:
+        stored = await self.store.stored_prefix_len(session.pk, chain)
+        await self._write(session, messages, chain, internal, reply, record, stored, reopen=True)
 
     async def _refinish(self, session: SessionRecord, messages: list[dict[str, Any]], chain: list[str],
                         internal: list[dict[str, Any]], reply: dict[str, Any] | None, record: RequestRecord) -> None:
@@ -230,29 +247,47 @@ class SessionLog:
         was written before, and the record moved to the new row."""
         reopened = await self._reopen(session)
         record = dataclasses.replace(record, session_pk=reopened.pk)
-        await self._finish(reopened, messages, chain, internal, reply, record, with_request=True)
+        stored = await self.store.stored_prefix_len(reopened.pk, chain)
+        await self._write(reopened, messages, chain, internal, reply, record, stored, reopen=False)
 
-    async def _finish(
-        self,
-        session: SessionRecord,
-        messages: list[dict[str, Any]],
-        chain: list[str],
-        internal: list[dict[str, Any]],
-        reply: dict[str, Any] | None,
-        record: RequestRecord,
-        *,
-        with_request: bool,
-    ) -> None:
-        stored = None
-        if with_request:
-            stored = self._known_prefix(session.pk, chain)
-            if stored is None:
-                stored = await self.store.stored_prefix_len(session.pk, chain)
-        new, added = _new_rows(messages, chain, internal, reply, stored)
-        await self.store.append_and_record(session.pk, new, record, now(), added=added)
-        self._remember(session.pk, [m.chain_hash for m in new])
-        if internal:
-            self._internal.pop(session.pk, None)
+    def _write(self, session: SessionRecord, messages: list[dict[str, Any]], chain: list[str],
+               internal: list[dict[str, Any]], reply: dict[str, Any] | None, record: RequestRecord, stored: int | None,
+               *, reopen: bool) -> asyncio.Future[None]:
+        """The store's write of ``finish`` (``stored``: the client's messages already stored,
+        ``None``: none of theirs to write), then what this process remembers of it; a session
+        found gone (``MissingRow``) is opened again and written there once (``reopen``)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        try:
+            new, added = _new_rows(messages, chain, internal, reply, stored)
+            written = self.store.append_and_record(session.pk, new, record, now(), added=added)
+        except Exception as exc:  # noqa: BLE001  (the future's: see ``finish``)
+            done.set_exception(exc)
+            return done
+
+        def ended(future: asyncio.Future[int]) -> None:
+            if future.cancelled():
+                done.cancel()
+                return
+            error = future.exception()
+            if isinstance(error, MissingRow) and reopen:
+                retry = self._spawn(self._refinish(session, messages, chain, internal, reply, record))
+                retry.add_done_callback(functools.partial(_pass_on, done))
+            elif error is not None:
+                done.set_exception(error)
+            else:
+                self._remember(session.pk, [m.chain_hash for m in new])
+                if internal:
+                    self._internal.pop(session.pk, None)
+                done.set_result(None)
+
+        written.add_done_callback(ended)
+        return done
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     async def finish_refused(self, session: SessionRecord, record: RequestRecord, logged: LoggedRequest | None,
                              writes: RequestWrites) -> list[str]:
@@ -263,7 +298,8 @@ class SessionLog:
         to the session opened again. Returns the deleted artifacts' ids."""
         ids = logged.message_ids if logged is not None else ()
         try:
-            gone = await self.store.record_refused(record, now(), session.tenant, ids, writes.artifact_ids, writes.event_ids)
+            gone = await self.store.record_refused(record, now(), session.tenant, ids, writes.artifact_ids,
+                                                   writes.event_ids)
         except MissingRow:
             reopened = await self._reopen(session)
             gone = await self.store.record_refused(dataclasses.replace(record, session_pk=reopened.pk), now(),
@@ -271,47 +307,6 @@ class SessionLog:
         if ids:
             self._known.pop(session.pk, None)
         return gone
-
-    @property
-    def defers_writes(self) -> bool:
-        """Whether ``finish_nowait`` can queue a write at all (the store defers small writes)."""
-        return self.store.defers_writes
-
-    def finish_nowait(
-        self,
-        session: SessionRecord,
-        messages: list[dict[str, Any]],
-        chain: list[str],
-        reply: dict[str, Any] | None,
-        record: RequestRecord,
-        done: Callable[[BaseException | None], None],
-    ) -> bool:
-        """``finish`` (``with_request``, no internal rounds) queued without waiting, when that needs
-        no read (this process knows how much of the client's history is stored: not so for a
-        session's first request here) and the store can defer it
-        (``Store.append_and_record_nowait``). Then ``done(None)`` once it is committed, or
-        ``done(error)``, exactly once (a session found gone: after the write is redone on it
-        opened again, ``_refinish``). ``False``, with nothing queued, otherwise: await ``finish``.
-        Raises what building the rows raises (a reply orjson cannot serialize)."""
-        stored = self._known_prefix(session.pk, chain)
-        if stored is None:
-            return False
-        new, added = _new_rows(messages, chain, [], reply, stored)
-
-        def written(_: Any, error: BaseException | None) -> None:
-            if isinstance(error, MissingRow):
-                task = asyncio.get_running_loop().create_task(self._refinish(session, messages, chain, [], reply, record))
-                self._retries.add(task)
-                task.add_done_callback(self._retries.discard)
-                task.add_done_callback(lambda t: done(asyncio.CancelledError() if t.cancelled() else t.exception()))
-                return
-            try:
-                if error is None:
-                    self._remember(session.pk, [m.chain_hash for m in new])
-            finally:
-                done(error)
-
-        return self.store.append_and_record_nowait(session.pk, new, record, now(), written, added=added)
 
     async def _internal_messages(self, session_pk: int) -> list[MessageRecord]:
         records = self._internal.fresh(session_pk)
@@ -354,3 +349,15 @@ class SessionLog:
                 shifted = True
             parent = h
         return (out_m, out_d, out_c) if shifted else None
+
+
+def _pass_on(done: asyncio.Future[None], task: asyncio.Task[None]) -> None:
+    """``done`` ends as ``task`` did."""
+    if done.done():
+        return
+    if task.cancelled():
+        done.cancel()
+    elif (error := task.exception()) is not None:
+        done.set_exception(error)
+    else:
+        done.set_result(None)

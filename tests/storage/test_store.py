@@ -345,13 +345,13 @@ async def test_end_of_request_writes_are_read_back_at_once_and_fail_alone(store:
     queued still sees it, and a refused write in a batch fails alone."""
     session = await store.get_or_create_session("t", "deferred", T0)
     log = chain(conversation(4))
-    first = asyncio.create_task(store.append_and_record(session.pk, log[:2], _record("req_a", session.pk), T0))
+    first = store.append_and_record(session.pk, log[:2], _record("req_a", session.pk), T0)  # started: a future
     if database_url.startswith("sqlite"):  # (PostgreSQL writes at once, concurrently with the read)
         await asyncio.sleep(0)  # queued, not committed yet
         assert await store.stored_prefix_len(session.pk, [m.chain_hash for m in log]) == 2
     assert await first == 2
-    good = asyncio.create_task(store.append_and_record(session.pk, log, _record("req_b", session.pk), T0))
-    taken = asyncio.create_task(store.append_and_record(session.pk, log, _record("req_a", session.pk), T0))
+    good = store.append_and_record(session.pk, log, _record("req_b", session.pk), T0)
+    taken = store.append_and_record(session.pk, log, _record("req_a", session.pk), T0)
     assert await good == 2
     with pytest.raises(StorageError):
         await taken  # the request id is taken: this write alone is refused
@@ -376,25 +376,27 @@ async def test_end_of_request_writes_queued_together_each_count_their_own(store:
         (b, [], T0 + timedelta(minutes=9)),  # no messages: no bump
         (a, log_a[:1], T0 + timedelta(minutes=1)),  # stored already
     ]
-    batches: list[int] = []
-    if store._driver is not None:  # SQLite: count the batch calls
-        batch = Store._records_on_driver
+    from storage.sqlite.end_write import SqliteEndWrite
 
-        def counting(self: Store, conn: Any, items: list[Any]) -> list[int]:
+    batches: list[int] = []
+    if store._end_write is not None:  # SQLite: count the batch calls
+        batch = SqliteEndWrite.batch
+
+        def counting(self: SqliteEndWrite, conn: Any, items: list[Any]) -> list[int]:
             batches.append(len(items))
             return batch(self, conn, items)
 
-        monkeypatch.setattr(Store, "_records_on_driver", counting)  # a bound method anew at each access, as unpatched
+        monkeypatch.setattr(SqliteEndWrite, "batch", counting)  # a bound method anew at each access, as unpatched
     added = await asyncio.gather(*(store.append_and_record(s.pk, m, _record(f"req_batch_{i}", s.pk), when)
                                    for i, (s, m, when) in enumerate(writes)))
     assert added == [2, 3, 1, 0, 0]
-    assert batches == ([5] if store._driver is not None else [])
+    assert batches == ([5] if store._end_write is not None else [])
     for session, requests, updated in ((a, 3, T0 + timedelta(minutes=3)), (b, 2, T0 + timedelta(minutes=1))):
         summary = await store.session_summary(session)
         assert summary.request_count == requests
         found = await store.find_session(session.session_id, "t")
         assert found is not None and found.updated_at == updated
-    if store._driver is not None:  # one batch whose writes share messages: each counts what it added, in order
+    if store._end_write is not None:  # one batch whose writes share messages: each counts what it added, in order
         added = await asyncio.gather(store.append_and_record(b.pk, log_b, _record("req_batch_5", b.pk), T0),
                                      store.append_and_record(b.pk, log_b, _record("req_batch_6", b.pk), T0))
         assert added == [1, 0] and batches == [5, 2]
@@ -422,9 +424,9 @@ async def test_deferred_writes_commit_without_another_operation(tmp_path: Any) -
 
 
 async def test_queued_writes_are_told_exactly_once_even_when_their_retries_are_cancelled(tmp_path: Any) -> None:
-    """``append_and_record_nowait``: a batch that finds the database locked is retried write by
-    write; if the proxy stops first (the retry task cancelled before it ran), each write is told
-    it failed, once; with the lock gone, queued writes are told their counts, once."""
+    """``append_and_record`` on SQLite (queued): a batch that finds the database locked is retried
+    write by write; if the proxy stops first (the retry task cancelled before it ran), each write's
+    future fails; with the lock gone, a queued write's future gets its count."""
     import sqlite3
 
     from storage.migrate import upgrade
@@ -432,29 +434,24 @@ async def test_queued_writes_are_told_exactly_once_even_when_their_retries_are_c
     url = f"sqlite:///{tmp_path}/told.db"
     await upgrade(url)
     store = await Store.open(url)
-    told: list[tuple[str, Any]] = []
     try:
         session = await store.get_or_create_session("t", "s", T0)
         log = chain(conversation(2))
         lock = sqlite3.connect(tmp_path / "told.db", isolation_level=None)
         lock.execute("BEGIN IMMEDIATE")
-        for name in ("req_a", "req_b"):
-            assert store.append_and_record_nowait(session.pk, log, _record(name, session.pk), T0,
-                                                  lambda result, error, name=name: told.append((name, error)))
+        writes = [store.append_and_record(session.pk, log, _record(name, session.pk), T0) for name in ("req_a", "req_b")]
         assert store._sqlite is not None
-        store._sqlite.flush()  # locked: the batch goes to a retry task
-        (retry,) = store._sqlite._retrying
+        store._sqlite.batch.flush()  # locked: the batch goes to a retry task
+        (retry,) = store._sqlite.batch._retrying
         retry.cancel()
         await asyncio.sleep(0.05)
         lock.execute("ROLLBACK")
         lock.close()
-        assert [name for name, _ in told] == ["req_a", "req_b"]
-        assert all(isinstance(error, StorageError) and "stopped" in str(error) for _, error in told)
-        told.clear()
-        assert store.append_and_record_nowait(session.pk, log, _record("req_c", session.pk), T0,
-                                              lambda result, error: told.append((result, error)))
-        await asyncio.sleep(0.1)  # committed within DEFER_WRITE_S
-        assert told == [(len(log), None)]
+        assert all(w.done() for w in writes)
+        assert all(isinstance(w.exception(), StorageError) and "stopped" in str(w.exception()) for w in writes)
+        queued = store.append_and_record(session.pk, log, _record("req_c", session.pk), T0)
+        await asyncio.sleep(0.1)  # committed within DEFER_WRITE_S, nothing else touching the store
+        assert queued.done() and queued.result() == len(log)
     finally:
         await store.close()
 
@@ -495,7 +492,7 @@ async def test_driver_statements_write_the_same_rows_as_sqlalchemy(tmp_path: Any
     url = f"sqlite:///{tmp_path}/driver.db"
     await upgrade(url)
     store = await Store.open(url)
-    assert store._driver is not None  # the path under test
+    assert store._end_write is not None  # the path under test
     messages = conversation(3) + [{"role": "user", "content": "ünïcode ✓ " + "long and compressible " * 20},
                                   {"role": "assistant", "content": None, "tool_calls": [
                                       {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]

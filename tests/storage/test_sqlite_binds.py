@@ -1,0 +1,62 @@
+"""One bind function per column type on SQLite, shared by SQLAlchemy's statements and the driver's.
+
+``storage.tables`` gives each of its column types one SQLite bind (``_OneStepBind.sqlite_bind``);
+SQLAlchemy compiles it into its statements and ``storage.sqlite.driver.DriverStatement`` takes the
+compiled statement's processors, so the two paths cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+
+from storage.sqlite.driver import DriverStatement
+from storage.tables import UTC_TIME, metadata
+from storage.values import ESCAPE
+
+
+def test_every_column_binds_through_the_same_function_on_both_sqlite_paths() -> None:
+    dialect = sqlite.dialect(paramstyle="qmark")
+    for table in metadata.sorted_tables:
+        insert = sa.insert(table)
+        compiled = insert.compile(dialect=dialect)
+        driver = DriverStatement(insert, dialect)
+        names = list(compiled.positiontup or [])
+        sqlalchemy_procs = {name: compiled._bind_processors.get(name) for name in names}
+        driver_procs = {names[i]: proc for i, proc in driver._processed}
+        assert driver_procs == {n: p for n, p in sqlalchemy_procs.items() if p is not None}, table.name
+        for column in table.columns:
+            if hasattr(column.type, "sqlite_bind"):  # ours: one step, not process_bind_param + impl's processor
+                proc = column.type.bind_processor(dialect)
+                one_step = column.type.sqlite_bind()
+                assert proc is one_step or proc.__qualname__ == one_step.__qualname__ == "_sqlite_utc_text.<locals>.bind", column
+
+
+def test_times_bind_as_sqlalchemys_sqlite_text_and_each_dialect_keeps_its_own_memo() -> None:
+    one, two = sqlite.dialect(), sqlite.dialect()
+    bind_one, bind_two = UTC_TIME.bind_processor(one), UTC_TIME.bind_processor(two)
+    assert bind_one is not None and bind_two is not None and bind_one is not bind_two
+    plain = sa.DateTime().dialect_impl(one).bind_processor(one)  # SQLAlchemy's own SQLite DATETIME text
+    assert plain is not None
+    for when in (datetime(2026, 11, 29, 21, 36, 32, tzinfo=UTC),
+                 datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=timezone(timedelta(hours=-7)))):
+        expected = plain(when.astimezone(UTC).replace(tzinfo=None))
+        assert bind_one(when) == expected and bind_one(when) == expected and bind_two(when) == expected
+    assert bind_one(None) is None
+
+
+def test_postgresql_binds_as_sqlalchemy_does() -> None:
+    """Off SQLite the types bind through ``process_bind_param`` (no compression, aware times)."""
+    dialect = postgresql.dialect()
+    messages = metadata.tables["messages"]
+    artifacts = metadata.tables["artifacts"]
+    packed = messages.c.message.type.bind_processor(dialect)
+    text = artifacts.c.content.type.bind_processor(dialect)
+    when = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone(timedelta(hours=2)))
+    time_proc = UTC_TIME.bind_processor(dialect)
+    assert packed is not None and packed({"a": "x" * 1000}) == '{"a":"' + "x" * 1000 + '"}'
+    assert text is not None and text("a\x00b") == ESCAPE + "a" + ESCAPE + "0b"
+    bound = time_proc(when) if time_proc is not None else UTC_TIME.process_bind_param(when, dialect)
+    assert bound == when and bound.tzinfo == UTC
