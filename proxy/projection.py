@@ -17,21 +17,35 @@ Order of application (each step reads the previous one's output):
 5. synthetic answers for dangling tool calls (``patch_dangling_tool_calls``: by default only when
    another defense changed the request, so an untouched request is forwarded as sent, case 004).
 
-Counts are ``TokenCounter`` estimates memoized by message digest: unchanged messages reuse their
+Structure (roles and kinds, pairing groups, what is opaque) is read from the neutral model
+(``proxy.conversation.model``): the items a codec gives for the pieces (``codec.items``; chat by
+default). The pieces themselves are rewritten only by the defenses' part rewriters, which keep
+each piece's item (a truncated, offloaded or media-offloaded piece has the item it had); a
+``sealed`` item (a signed Messages thinking turn) is never rewritten, only kept or summarized.
+
+Counts are ``MessageCounter`` estimates memoized by message digest: unchanged messages reuse their
 digest as key, changed ones are counted once under their new digest. Unchanged messages are shared
 (not copied); when nothing applies, ``Projection.messages`` is the very list given.
+
+State: ``ProjectionMemos`` (built by the caller, e.g. the compactor, and passed in) holds the
+transform memo and the per-conversation prefix states (chain index, counts, items); without it a
+projection memoizes nothing across calls (same result, slower).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
-from typing import Any
+from typing import Any, Protocol
 
 from proxy.cache import Memo
 from proxy.conversation.canonical import message_digest, text_of
+from proxy.conversation.chat_codec import CHAT
+from proxy.conversation.codec import Codec
+from proxy.conversation.model import Item, Piece
+from proxy.conversation.prefix import PrefixState, PrefixStates
 from proxy.defenses.config import DefenseConfig
 from proxy.defenses.cutoff import last_user_turn, leading_system_count, tail_start
 from proxy.defenses.media import offload_media
@@ -41,6 +55,7 @@ from proxy.defenses.pairs import patch_dangling
 from proxy.defenses.plans import MediaPlan, Plan, SummaryPlan, TruncatePlan
 from proxy.defenses.summarize import summary_message
 from proxy.defenses.truncate_args import truncate_message
+from proxy.tokens.protocol import MessageCounter
 
 REPLY_PRIMING_TOKENS = 3
 """Every reply is primed with ``<|start|>assistant<|message|>`` (OpenAI cookbook)."""
@@ -49,41 +64,60 @@ TRANSFORM_MEMO_SIZE = 20_000
 """Transformed messages kept (truncated, offloaded, media-offloaded; one stub each): an unchanged
 message is transformed once, not on every request that resends it (entries unused for
 ``proxy.cache.MEMO_IDLE_S`` leave)."""
-INDEX_MEMO_POSITIONS = 100_000
-"""Positions kept over all chain-hash -> position maps (one map per recent conversation with
-events, see ``_chain_index``; about 100 bytes each: 10 MB at most), least recently used first out;
-maps unused for ``proxy.cache.MEMO_IDLE_S`` leave too."""
-INDEX_LOOKBACK = 64
-"""Trailing positions ``_chain_index`` looks back for the map of a shorter prefix."""
-
-_memo_lock = threading.Lock()
-_transform_memo = Memo(TRANSFORM_MEMO_SIZE)
-"""key -> (message, tokens, defense kinds, artifacts): see ``_Projector.transform``."""
-_index_memo = Memo(INDEX_MEMO_POSITIONS, weight=len)
-"""chain hash -> {chain hash: position}: see ``_chain_index``."""
 
 
-def _chain_index(chain: list[str]) -> dict[str, int]:
-    """``{chain_hash: position}`` of ``chain``, extending the map of the previous request.
+class Event(Protocol):
+    """What the projection reads of a stored compaction event (``storage.records.EventRecord``)."""
 
-    A chain hash identifies its whole prefix, so the map stored under ``chain[i]`` is exactly the
-    map of ``chain[:i + 1]``: a warm request adds its few new positions instead of rebuilding
-    the map (0.8 ms at 5,000 messages; copying it takes 0.1 ms). A stored map is never mutated
-    (a longer prefix gets a copy), so a map returned stays exact for its caller; do not mutate it.
-    """
-    n = len(chain)
-    if not n:
-        return {}
-    with _memo_lock:
-        index, start = _index_memo.pop_longest(chain, INDEX_LOOKBACK)
-        if index is None:
-            index = {}
-        elif start < n:
-            index = dict(index)
-        for i in range(start, n):
-            index.setdefault(chain[i], i)
-        _index_memo.put(chain[-1], index)
-        return index
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def anchor_hash(self) -> str: ...
+
+    @property
+    def payload(self) -> Mapping[str, Any]: ...
+
+
+_Hit = tuple[Piece, int, tuple[str, ...], tuple[ArtifactToStore, ...]]
+"""A transform memo entry: (message, tokens, defense kinds, artifacts)."""
+
+
+class ProjectionMemos:
+    """What projections remember across calls; built by the projection's owner (the compactor,
+    ``replay``) and passed to ``project``. Thread-safe (one lock, held for lookups and stores).
+
+    ``transforms``: at most ``TRANSFORM_MEMO_SIZE`` transformed messages (key: the client
+    message's digest, the flags, the config, the unavailable artifacts, the counter); entries unused
+    for ``proxy.cache.MEMO_IDLE_S`` leave. ``prefixes``: the per-conversation prefix states
+    (``proxy.conversation.prefix.PrefixStates``: chain index, counts, items; at most
+    ``prefix.MAX_POSITIONS`` positions)."""
+
+    def __init__(self, transform_size: int = TRANSFORM_MEMO_SIZE, prefixes: PrefixStates | None = None) -> None:
+        self.transforms = Memo(transform_size)
+        self.prefixes = prefixes if prefixes is not None else PrefixStates()
+        self.lock = threading.Lock()
+
+    def clear(self) -> None:
+        """Forget everything (tests)."""
+        with self.lock:
+            self.transforms.clear()
+        self.prefixes.clear()
+
+
+def _items(state: PrefixState, codec: Codec, pieces: list[Piece]) -> list[Item]:
+    """The model's items of ``pieces`` (``codec.items``), extending those ``state`` holds (a list
+    kept in a state is never mutated: a longer prefix gets a new one)."""
+    items = state.items
+    if state.items_codec != codec.name or len(items) > len(pieces):
+        items = []
+    if len(items) < len(pieces):
+        items = items + codec.items(pieces[len(items):])
+        state.items, state.items_codec = items, codec.name
+    return items
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +134,7 @@ class Projection:
     the operator configured; otherwise forwarded, and the provider answers).
     """
 
-    messages: list[dict[str, Any]]
+    messages: list[Piece]
     tokens_forwarded: int
     tokens_client: int
     applied: tuple[str, ...]
@@ -111,8 +145,8 @@ class Projection:
     reason_unfittable: str | None
 
 
-def _deepest(events: Sequence[Any], kind: str, index: dict[str, int]) -> tuple[Any, int] | None:
-    best: tuple[Any, int] | None = None
+def _deepest(events: Sequence[Event], kind: str, index: Mapping[str, int]) -> tuple[Event, int] | None:
+    best: tuple[Event, int] | None = None
     for ev in events:
         if ev.kind != kind:
             continue
@@ -125,21 +159,23 @@ def _deepest(events: Sequence[Any], kind: str, index: dict[str, int]) -> tuple[A
 class _Projector:
     """Working state of one projection (private; lives for one ``project`` call)."""
 
-    def __init__(self, messages: list[dict[str, Any]], digests: list[str], chain: list[str], client_counts: list[int],
-                 cfg: DefenseConfig, counter: Any, unavailable: frozenset[str]) -> None:
+    def __init__(self, messages: list[Piece], items: Sequence[Item], digests: list[str], chain: list[str],
+                 client_counts: list[int], cfg: DefenseConfig, counter: MessageCounter, unavailable: frozenset[str],
+                 memos: ProjectionMemos, codec: Codec) -> None:
         self.messages, self.digests, self.chain, self.cfg, self.counter = messages, digests, chain, cfg, counter
+        self.items, self.memos, self.codec = items, memos, codec
         self.client_counts, self.unavailable = client_counts, unavailable
-        self.cur: list[dict[str, Any]] = list(messages)
+        self.cur: list[Piece] = list(messages)
         self.counts: list[int] = list(client_counts)
         self.kinds: set[str] = set()
         self.artifacts: dict[str, ArtifactToStore] = {}
         self.min_offload_tokens = min(cfg.offload_tool_threshold_tokens, cfg.offload_user_tokens)
         """No message under this many tokens can be offloaded (no part of it can be over a threshold)."""
 
-    def count_new(self, message: dict[str, Any]) -> int:
+    def count_new(self, message: Piece) -> int:
         return self.counter.count_message(message, message_digest(message))
 
-    def transform(self, i: int, truncate: bool, media: bool, kinds: set[str]) -> tuple[dict[str, Any], int]:
+    def transform(self, i: int, truncate: bool, media: bool, kinds: set[str]) -> tuple[Piece, int]:
         """Message ``i`` (from ``self.cur``) with truncation, media offload and offload applied.
 
         Memoized by the client message's digest, the flags, the config and the unavailable
@@ -148,13 +184,16 @@ class _Projector:
         m, cnt = self.cur[i], self.counts[i]
         if not truncate and not media and cnt <= self.min_offload_tokens:
             return m, cnt  # the common case, kept cheap: most messages are small and untouched
+        if self.items[i].sealed:
+            return m, cnt  # signed (a Messages thinking turn): kept or dropped whole, never rewritten
         if m is not self.messages[i]:
             return self._transform(i, truncate, media, kinds)
         # the counter is part of the key: another tokenizer counts (and offloads) differently
         key = (self.digests[i], truncate, media, self.cfg, self.unavailable,
                self.counter.encoding_name, self.counter.exact)
-        with _memo_lock:
-            hit = _transform_memo.get(key)
+        memos = self.memos
+        with memos.lock:
+            hit: _Hit | None = memos.transforms.get(key)
         if hit is None:
             new_kinds: set[str] = set()
             # every artifact the stub names, not only those new to this request: a later hit (in
@@ -166,14 +205,14 @@ class _Projector:
             finally:
                 self.artifacts = outer
             hit = (out, n, tuple(sorted(new_kinds)), arts)
-            with _memo_lock:
-                _transform_memo.put(key, hit)
+            with memos.lock:
+                memos.transforms.put(key, hit)
         out, n, new, arts = hit
         kinds.update(new)
         self.artifacts.update((a.id, a) for a in arts)
         return out, n
 
-    def _transform(self, i: int, truncate: bool, media: bool, kinds: set[str]) -> tuple[dict[str, Any], int]:
+    def _transform(self, i: int, truncate: bool, media: bool, kinds: set[str]) -> tuple[Piece, int]:
         cfg = self.cfg
         m, cnt, changed = self.cur[i], self.counts[i], False
         if truncate:
@@ -198,14 +237,16 @@ class _Projector:
 
 
 def project(
-    messages: list[dict[str, Any]],
+    messages: list[Piece],
     *,
     digests: list[str],
     chain_hashes: list[str],
-    events: Sequence[Any],
+    events: Sequence[Event],
     config: DefenseConfig,
-    counter: Any,
+    counter: MessageCounter,
     session_id: str,
+    memos: ProjectionMemos | None = None,
+    codec: Codec = CHAT,
     tools: list[dict[str, Any]] | None = None,
     reserved_output_tokens: int = 0,
     force: bool = False,
@@ -218,7 +259,10 @@ def project(
 
     ``digests``/``chain_hashes``: from ``proxy.conversation.canonical.digests_and_chain(messages)``. ``events``:
     the session's ``storage.records.EventRecord``s (any order; an event applies iff its
-    ``anchor_hash`` is in ``chain_hashes``). ``counter``: a ``proxy.tokens.counter.TokenCounter``.
+    ``anchor_hash`` is in ``chain_hashes``). ``counter``: a ``proxy.tokens.protocol.MessageCounter``
+    (``proxy.tokens.counter.TokenCounter``). ``memos``: what to remember across calls (the
+    caller's ``ProjectionMemos``; ``None``: nothing, the same result). ``codec``: whose items
+    describe the pieces (``messages``: chat messages, or another codec's pieces).
     ``force``: an overflow happened, compact even below the trigger (pass it once per overflow:
     after storing the planned event, re-project with ``force=False``; a forced projection may
     plan a summary that keeps only the last turn; as over the trigger, old tool arguments are
@@ -236,11 +280,28 @@ def project(
     fixed = tools_tokens + reserved_output_tokens + REPLY_PRIMING_TOKENS
     if len(digests) != len(messages) or len(chain_hashes) != len(messages):
         raise ValueError(f"{len(messages)} messages but {len(digests)} digests and {len(chain_hashes)} chain hashes")
-    client_counts = counter.count_history(messages, digests, chain_hashes)
-    tokens_client = fixed + sum(client_counts)
-    if not cfg.enabled or not messages:
-        fits = window is None or tokens_client <= window
-        return Projection(messages, tokens_client, tokens_client, (), (), (), None, fits, None)
+    if memos is None:
+        memos = ProjectionMemos(0, PrefixStates(0))
+    state = memos.prefixes.take(chain_hashes)
+    try:
+        client_counts = counter.count_history(messages, digests, chain_hashes, state)
+        tokens_client = fixed + sum(client_counts)
+        if not cfg.enabled or not messages:
+            fits = window is None or tokens_client <= window
+            return Projection(messages, tokens_client, tokens_client, (), (), (), None, fits, None)
+        return _project_counted(messages, digests, chain_hashes, events, cfg, counter, session_id, window, fixed,
+                                tools_tokens, reserved_output_tokens, client_counts, tokens_client, force,
+                                force_media, unavailable_artifacts, truncate_first, state, memos, codec)
+    finally:
+        memos.prefixes.keep(chain_hashes, state)
+
+
+def _project_counted(messages: list[Piece], digests: list[str], chain_hashes: list[str], events: Sequence[Event],
+                     cfg: DefenseConfig, counter: MessageCounter, session_id: str, window: int | None, fixed: int,
+                     tools_tokens: int, reserved_output_tokens: int, client_counts: list[int], tokens_client: int,
+                     force: bool, force_media: bool, unavailable_artifacts: frozenset[str], truncate_first: bool,
+                     state: PrefixState, memos: ProjectionMemos, codec: Codec) -> Projection:
+    """``project`` once the client's messages are counted: its shortcut, else ``_project``."""
     if (not events and not force and not force_media and tokens_client <= cfg.trigger_tokens
             and (window is None or tokens_client <= window) and cfg.patch_dangling_tool_calls != "always"
             and max(client_counts) <= min(cfg.offload_tool_threshold_tokens, cfg.offload_user_tokens)):
@@ -250,18 +311,21 @@ def project(
         return Projection(messages, tokens_client, tokens_client, (), (), (), None, True, None)
     return _project(messages, digests, chain_hashes, events, cfg, counter, session_id, window, fixed, tools_tokens,
                     reserved_output_tokens, client_counts, tokens_client, force, force_media, unavailable_artifacts,
-                    truncate_first)
+                    truncate_first, state, memos, codec)
 
 
-def _project(messages: list[dict[str, Any]], digests: list[str], chain_hashes: list[str], events: Sequence[Any],
-             cfg: DefenseConfig, counter: Any, session_id: str, window: int | None, fixed: int, tools_tokens: int,
-             reserved_output_tokens: int, client_counts: list[int], tokens_client: int, force: bool,
-             force_media: bool, unavailable_artifacts: frozenset[str], truncate_first: bool = True) -> Projection:
+def _project(messages: list[Piece], digests: list[str], chain_hashes: list[str], events: Sequence[Event],
+             cfg: DefenseConfig, counter: MessageCounter, session_id: str, window: int | None, fixed: int,
+             tools_tokens: int, reserved_output_tokens: int, client_counts: list[int], tokens_client: int,
+             force: bool, force_media: bool, unavailable_artifacts: frozenset[str], truncate_first: bool,
+             state: PrefixState, memos: ProjectionMemos, codec: Codec) -> Projection:
     """``project`` past its shortcut for a request with nothing to do (same arguments, counted)."""
-    p = _Projector(messages, digests, chain_hashes, client_counts, cfg, counter, unavailable_artifacts)
+    items = _items(state, codec, messages)
+    p = _Projector(messages, items, digests, chain_hashes, client_counts, cfg, counter, unavailable_artifacts,
+                   memos, codec)
     n = len(messages)
-    index = _chain_index(chain_hashes) if events else {}
-    lead = leading_system_count(messages)
+    index = state.chain_index(chain_hashes) if events else {}
+    lead = leading_system_count(items)
     sev = _deepest(events, "summary", index)
     tev = _deepest(events, "truncate_args", index)
     mev = _deepest(events, "media", index)
@@ -288,7 +352,7 @@ def _project(messages: list[dict[str, Any]], digests: list[str], chain_hashes: l
     for i in todo:
         p.cur[i], p.counts[i] = p.transform(i, i <= t_bound, i <= m_bound, p.kinds)
 
-    summary_msg: dict[str, Any] | None = None
+    summary_msg: Piece | None = None
     summary_tokens = 0
     if sev is not None:
         ev = sev[0]
@@ -322,7 +386,7 @@ def _project(messages: list[dict[str, Any]], digests: list[str], chain_hashes: l
         plan = planner.plan(aggressive=force or too_big, allow_truncate=truncate_first or not force)
     if plan is None and (force or too_big):
         clipped, idx, arts = clip_trailing_results(
-            p.cur[lo:], p.counts[lo:], cfg, counter.count_text, unavailable_artifacts
+            p.cur[lo:], items[lo:], p.counts[lo:], cfg, counter.count_text, unavailable_artifacts
         )
         if clipped is not None:
             for j in idx:
@@ -344,7 +408,10 @@ def _truncate_tail(p: _Projector, lo: int) -> int:
     """
     cfg, delta = p.cfg, 0
     for i in range(lo, len(p.cur)):
-        t = truncate_message(p.cur[i], cfg.truncate_args_tools, cfg.truncate_args_max_chars, cfg.truncate_args_keep_chars)
+        if p.items[i].sealed:
+            continue
+        t = truncate_message(p.cur[i], cfg.truncate_args_tools, cfg.truncate_args_max_chars,
+                             cfg.truncate_args_keep_chars)
         if t is not None:
             new_count = p.count_new(t)
             delta += new_count - p.counts[i]
@@ -355,10 +422,12 @@ def _truncate_tail(p: _Projector, lo: int) -> int:
 
 def _media_plan(p: _Projector, lo: int, m_bound: int, total: int) -> MediaPlan | None:
     """Case 019: offload inline images of every kept message before the newest user message."""
-    u = last_user_turn(p.messages)
+    u = last_user_turn(p.items)
     boundary = (u if u is not None else len(p.messages)) - 1
     saved, found = 0, False
     for i in range(max(lo, m_bound + 1), boundary + 1):
+        if p.items[i].sealed:
+            continue
         new, _ = offload_media(p.cur[i], p.unavailable)
         if new is not None:
             found = True
@@ -372,15 +441,15 @@ class _Planner:
     """Chooses the next compaction event (truncation first, else a summary)."""
 
     def __init__(self, p: _Projector, first: int, lo: int, c_prev: int, t_bound: int,
-                 base: int, total: int, sev: tuple[Any, int] | None) -> None:
+                 base: int, total: int, sev: tuple[Event, int] | None) -> None:
         self.p, self.first, self.lo, self.c_prev, self.t_bound = p, first, lo, c_prev, t_bound
         self.base, self.total, self.sev = base, total, sev
 
     def plan(self, aggressive: bool, allow_truncate: bool) -> Plan | None:
         p, cfg = self.p, self.p.cfg
-        c = tail_start(p.messages, p.counts, self.lo, cfg.keep_tokens, cfg.keep_messages) - 1
+        c = tail_start(p.items, p.counts, self.lo, cfg.keep_tokens, cfg.keep_messages) - 1
         if c < self.lo and aggressive:
-            c = tail_start(p.messages, p.counts, self.lo, 0, None) - 1  # minimal tail: the last turn
+            c = tail_start(p.items, p.counts, self.lo, 0, None) - 1  # minimal tail: the last turn
         if c < self.lo:
             return None
         if allow_truncate:
@@ -403,6 +472,8 @@ class _Planner:
             return None
         saved = 0
         for i in range(max(self.lo, self.t_bound + 1), c + 1):
+            if p.items[i].sealed:
+                continue
             t = truncate_message(p.cur[i], cfg.truncate_args_tools, cfg.truncate_args_max_chars,
                                  cfg.truncate_args_keep_chars)
             if t is not None:
@@ -416,7 +487,7 @@ class _Planner:
         p, cfg = self.p, self.p.cfg
         est_summary = cfg.summary_estimate_tokens
         pinned: int | None = None
-        u = last_user_turn(p.messages)
+        u = last_user_turn(p.items)
         if u is not None and self.first <= u <= c:
             # Cut before the user's latest request instead (a user turn is never a tool answer, so
             # that cut is pair-safe) when it keeps at most one more keep budget: a big step still.
@@ -427,7 +498,7 @@ class _Planner:
                 c = c2
             elif p.client_counts[u] <= (cfg.keep_tokens or 2000):
                 pinned = u
-        to_summarize: list[dict[str, Any]] = []
+        to_summarize: list[Piece] = []
         scratch: set[str] = set()
         for i in range(self.lo, c + 1):
             m, _ = p.transform(i, True, True, scratch)  # summarized history: media become references
@@ -449,13 +520,16 @@ class _Planner:
         )
 
 
-def _finish(p: _Projector, messages: list[dict[str, Any]], first: int, lo: int,
-            summary_msg: dict[str, Any] | None, total: int, tokens_client: int, event_ids: list[str],
+def _finish(p: _Projector, messages: list[Piece], first: int, lo: int,
+            summary_msg: Piece | None, total: int, tokens_client: int, event_ids: list[str],
             plan: Plan | None, window: int | None, reason: str | None) -> Projection:
-    out = p.cur[:first] + ([summary_msg] if summary_msg is not None else []) + p.cur[lo:]
+    summary = [summary_msg] if summary_msg is not None else []
+    out = p.cur[:first] + summary + p.cur[lo:]
     mode = p.cfg.patch_dangling_tool_calls
     if mode == "always" or (mode == "compacted" and p.kinds):
-        patched = patch_dangling(out)
+        # a rewritten piece keeps its item, so the output's items are the client's around the summary
+        items = [*p.items[:first], *map(p.codec.item, summary), *p.items[lo:]]
+        patched = patch_dangling(out, items, p.codec)
         if patched is not None:
             present = {id(m) for m in out}
             total += sum(p.counter.count_message(m) for m in patched if id(m) not in present)

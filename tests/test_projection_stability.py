@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from proxy.defenses.config import DefenseConfig
 from tests.defenses.helpers import run_plans
 from tests.strict import validate_chat_messages
+from tests.support.shared import needs_exact_encodings
 
 WORDS = "alpha beta gamma delta epsilon config value service request handler module test file line".split()
 
@@ -102,6 +103,7 @@ def test_prefix_stability_60_turns_at_32k(counter):
     assert "FACT: ticket=PRJ-42" in forwarded[-1].decode()  # the first user turn's fact survives
 
 
+@needs_exact_encodings  # the stability figure is calibrated on exact counts
 @pytest.mark.parametrize("window", [8192, 16_384])
 def test_small_windows_stay_valid_and_fit(counter, window):
     forwarded, events, _ = simulate(counter, window, 40, seed=window)

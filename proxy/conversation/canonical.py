@@ -140,15 +140,18 @@ def chain_hash(parent_hash: str | None, digest: str) -> str:
     return hashlib.sha256(f"{parent_hash or ''}:{digest}".encode()).hexdigest()
 
 
-def digests_and_chain(messages: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+def digests_and_chain(messages: list[dict[str, Any]], memo: DigestMemo | None = None) -> tuple[list[str], list[str]]:
     """Return ``(digests, chain_hashes)`` for ``messages``, one of each per message.
 
-    The same values as ``message_digest``/``chain_hash`` applied in order, memoized across calls
-    (``DigestMemo``): a client resends its whole history every turn, and hashing it again cost
-    3 ms per MB (measured by ``tests/benchmarks``, pipeline section). Raises
-    ``orjson.JSONEncodeError`` for a message orjson cannot serialize (nested deeper than 254).
+    The same values as ``message_digest``/``chain_hash`` applied in order; with ``memo`` (the
+    caller's ``DigestMemo``, e.g. the pipeline's) reusing what it hashed before: a client resends
+    its whole history every turn, and hashing it again cost 3 ms per MB (measured by
+    ``tests/benchmarks``, pipeline section). Raises ``orjson.JSONEncodeError`` for a message
+    orjson cannot serialize (nested deeper than 254).
     """
-    return _MEMO.digests_and_chain(messages)
+    if memo is None:
+        return _hash_all(messages)
+    return memo.digests_and_chain(messages)
 
 
 OFF_LOOP_DIGEST_BYTES = 8 << 20
@@ -158,15 +161,16 @@ OFF_LOOP_DIGEST_MESSAGES = 20_000
 on the event loop when cold; such a list is past ``MEMO_MAX_BYTES``, so the memo keeps it briefly)."""
 
 
-async def digests_off_loop(messages: list[dict[str, Any]], body_bytes: int) -> tuple[list[str], list[str]]:
-    """``digests_and_chain(messages)``, the same values; for a big request (``body_bytes``, the
+async def digests_off_loop(messages: list[dict[str, Any]], body_bytes: int,
+                           memo: DigestMemo | None = None) -> tuple[list[str], list[str]]:
+    """``digests_and_chain(messages, memo)``, the same values; for a big request (``body_bytes``, the
     request body's size, at least ``OFF_LOOP_DIGEST_BYTES``, or ``OFF_LOOP_DIGEST_MESSAGES``
     messages) hashed in a worker thread without the memo (whose lock would stall the event loop's
     other requests meanwhile; such a list is past the memo's bound anyway), so the loop keeps serving
     other clients (hashlib releases the GIL on large buffers, and the Python loop yields it every
     switch interval). Raises what ``digests_and_chain`` raises."""
     if body_bytes < OFF_LOOP_DIGEST_BYTES and len(messages) < OFF_LOOP_DIGEST_MESSAGES:
-        return digests_and_chain(messages)
+        return digests_and_chain(messages, memo)
     return await asyncio.to_thread(_hash_all, list(messages))
 
 
@@ -185,10 +189,10 @@ def _hash_all(messages: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
 MEMO_MAX_BYTES = 16 * 1024 * 1024
 """Accounted bytes of the message lists ``DigestMemo`` keeps (canonical bytes plus
 ``MEMO_MESSAGE_OVERHEAD_BYTES`` a message), least recently used dropped first: enough for a few
-5,000-message histories or dozens of agent-sized ones. A history past the bound is hashed anew each turn
-(correct, only slower). Measured in the 200-stream load run (150 s, PostgreSQL): with the memos of
-``proxy.conversation.canonical``, ``proxy.tokens.counter`` and ``proxy.compaction.compactor`` at 2-2.5x these sizes the proxy's RSS grew
-0.35 MB/s; with them almost off, 0.1 MB/s."""
+5,000-message histories or dozens of agent-sized ones. A history past the bound is hashed anew
+each turn (correct, only slower). Measured in the 200-stream load run (150 s, PostgreSQL): with
+the digest memo, the counter's memos and the compactor's reference memo at 2-2.5x these sizes the
+proxy's RSS grew 0.35 MB/s; with them almost off, 0.1 MB/s."""
 MEMO_MESSAGE_OVERHEAD_BYTES = 600
 """Python memory a kept message costs beyond its canonical bytes (its dict, strings, list slots,
 index key; an estimate), counted against ``MEMO_MAX_BYTES`` so that the bound follows memory for
@@ -203,15 +207,9 @@ def _plain(value: Any) -> bool:
     if t is str or value is None:
         return True
     if t is dict:
-        for v in value.values():
-            if not _plain(v):
-                return False
-        return True
+        return all(map(_plain, value.values()))
     if t is list:
-        for v in value:
-            if not _plain(v):
-                return False
-        return True
+        return all(map(_plain, value))
     return False
 
 
@@ -257,7 +255,8 @@ class DigestMemo:
 
     Bounded by ``max_bytes`` of canonical bytes over the kept lists (least recently used dropped);
     a list no request reused or extended for ``idle_s`` seconds is dropped too.
-    Thread-safe (one lock); the lists given are never mutated, and copies are kept.
+    Thread-safe (one lock); the lists given are never mutated, and copies are kept. Built by its
+    owner (the chat pipeline) and passed to ``digests_and_chain``/``digests_off_loop``.
     """
 
     def __init__(self, max_bytes: int = MEMO_MAX_BYTES, idle_s: float = MEMO_IDLE_S) -> None:
@@ -394,8 +393,6 @@ class DigestMemo:
                     del self._index[key]
         run.messages, run.keys = [], []
 
-
-_MEMO = DigestMemo()
 
 
 def text_of(content: Any) -> str:

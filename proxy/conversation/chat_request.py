@@ -126,7 +126,7 @@ def _check_tool_calls(messages: list[dict[str, Any]]) -> None:
                 and _STR_OR_NONE.issuperset(map(type, map(dict.get, filter(None, fns), repeat("name"))))):
             return
     for i in compress(range(len(every)), every):
-        for j, call in enumerate(every[i]):
+        for j, call in enumerate(every[i] or ()):
             _explain(call, f"messages[{i}].tool_calls[{j}]", call=True)
 
 
@@ -159,7 +159,8 @@ def _messages_valid(messages: list[Any]) -> bool:
     which forwards them. The ``str.join`` pass costs what the role-set lookup it replaced did
     (0.57 against 0.61 ms at 5,000 messages of 1 kB, 2.6 us at 10 messages)."""
     try:
-        return ("\x00" not in "".join(map(dict.get, messages, repeat("role")))
+        roles: Any = map(dict.get, messages, repeat("role"))  # ``str.join`` checks they are strings
+        return ("\x00" not in "".join(roles)
                 and _TOOL_CALLS_TYPES.issuperset(map(type, map(dict.get, messages, repeat("tool_calls")))))
     except TypeError:  # a message that is not an object, or a role that is not a string
         return False

@@ -1,46 +1,46 @@
-"""Where a summary cuts: keep the most recent messages verbatim, never split a tool-call pair.
+"""Where a summary cuts: keep the most recent items verbatim, never split a pairing group.
 
 DESIGN.md section 2: keep the most recent 10% of the window (``keep_tokens``; unknown window: the
-last 6 messages); the cutoff moves *earlier* so it never separates an assistant ``tool_calls``
-message from its ``tool`` answers (parallel calls included, case 001) nor a ``tool_use`` block
-from its ``tool_result`` block (case 002). The last message is always kept.
+last 6 messages); the cutoff moves *earlier* so it never separates an item making tool calls from
+its answers (parallel calls included, case 001; ``tool_use`` and ``tool_result`` blocks, case 002).
+The last item is always kept. Read from the neutral model (``proxy.conversation.model``).
 
-A message with a role the proxy does not know stays with the message before it (issue 15): the
-kept tail never starts at one, and one right after the leading system messages stays with them.
+An ``OPAQUE`` item stays with the item before it (issue 15): the kept tail never starts at one,
+and one right after the leading system items stays with them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
-from proxy.conversation.canonical import is_known_role
-from proxy.defenses.pairs import is_user_turn, safe_start
+from proxy.conversation.model import OPAQUE, SYSTEM, Item, is_user_turn
+from proxy.defenses.pairs import safe_start
 
 
 def tail_start(
-    messages: list[dict[str, Any]],
-    counts: list[int],
+    items: Sequence[Item],
+    counts: Sequence[int],
     lo: int,
     keep_tokens: int | None,
     keep_messages: int | None,
 ) -> int:
     """First index of the kept tail; the summarizable span is ``lo .. tail_start - 1``.
 
-    ``counts[i]`` are token counts of the messages as projected (only ``i >= lo`` are read).
+    ``counts[i]`` are token counts of the items as projected (only ``i >= lo`` are read).
     The tail grows backwards in pair-safe steps while it stays within ``keep_tokens`` (or has
-    fewer than ``keep_messages`` messages), and always holds the last message with its pair.
+    fewer than ``keep_messages`` items), and always holds the last item with its group.
     Returns a value ``<= lo`` when nothing can be summarized.
     """
-    n = len(messages)
+    n = len(items)
     if n == 0:
         return 0
-    s = safe_start(messages, n - 1)
+    s = safe_start(items, n - 1)
     if keep_messages is not None:
-        return min(s, safe_start(messages, max(0, n - keep_messages)))
+        return min(s, safe_start(items, max(0, n - keep_messages)))
     budget = keep_tokens or 0
     total = sum(counts[s:n])
     while s - 1 >= lo:
-        s2 = safe_start(messages, s - 1)
+        s2 = safe_start(items, s - 1)
         if s2 < lo:
             break
         add = sum(counts[s2:s])
@@ -51,18 +51,18 @@ def tail_start(
     return s
 
 
-def last_user_turn(messages: list[dict[str, Any]]) -> int | None:
-    """Index of the user's latest request (a ``user`` message that is not a ``tool_result`` carrier)."""
-    for i in range(len(messages) - 1, -1, -1):
-        if is_user_turn(messages[i]):
+def last_user_turn(items: Sequence[Item]) -> int | None:
+    """Index of the user's latest request (a ``USER`` item: never a carrier of tool results)."""
+    for i in range(len(items) - 1, -1, -1):
+        if is_user_turn(items[i]):
             return i
     return None
 
 
-def leading_system_count(messages: list[dict[str, Any]]) -> int:
-    """Number of leading ``system``/``developer`` messages (they stay first in every projection),
-    with the messages of unknown roles among and right after them (bound to the message before)."""
-    i, n = 0, len(messages)
-    while i < n and (messages[i].get("role") in ("system", "developer") or (i and not is_known_role(messages[i]))):
+def leading_system_count(items: Sequence[Item]) -> int:
+    """Number of leading ``SYSTEM`` items (they stay first in every projection), with the
+    ``OPAQUE`` items among and right after them (bound to the item before)."""
+    i, n = 0, len(items)
+    while i < n and (items[i].kind == SYSTEM or (i and items[i].kind == OPAQUE)):
         i += 1
     return i

@@ -23,6 +23,9 @@ from typing import Any
 
 from proxy.defenses.config import DefenseConfig
 from proxy.defenses.hints import search_hint
+from proxy.tokens.protocol import CountText
+
+__all__ = ["ArtifactToStore", "CountText", "artifact_id", "offload_message", "preview", "stub_text"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +53,9 @@ def preview(text: str, head_lines: int, line_chars: int) -> str:
     lines = text.split("\n")
 
     def cut(line: str) -> str:
-        return line if len(line) <= line_chars else line[:line_chars] + f"... [{len(line) - line_chars} chars truncated]"
+        if len(line) <= line_chars:
+            return line
+        return line[:line_chars] + f"... [{len(line) - line_chars} chars truncated]"
 
     if len(lines) <= 2 * head_lines:
         return "\n".join(cut(line) for line in lines)
@@ -88,7 +93,7 @@ def _offload_text(
 
 
 def _offload_parts(
-    parts: list[Any], threshold_for: dict[str, int], count_text: Any, what: str,
+    parts: list[Any], threshold_for: dict[str, int], count_text: CountText, what: str,
     config: DefenseConfig, unavailable: frozenset[str], out: list[ArtifactToStore],
 ) -> list[Any] | None:
     new_parts: list[Any] = []
@@ -112,7 +117,7 @@ def _offload_parts(
 
 
 def offload_message(
-    message: dict[str, Any], message_tokens: int, count_text: Any, config: DefenseConfig,
+    message: dict[str, Any], message_tokens: int, count_text: CountText, config: DefenseConfig,
     unavailable: frozenset[str] = frozenset(),
 ) -> tuple[dict[str, Any] | None, list[ArtifactToStore]]:
     """Offload the large content of one message.

@@ -9,41 +9,43 @@ role and ``tool_call_id``, only its content becomes the stub.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Sequence
 
+from proxy.conversation.model import Item, Piece, is_tool_answer
 from proxy.defenses.config import DefenseConfig
-from proxy.defenses.offload import ArtifactToStore, offload_message
-from proxy.defenses.pairs import is_tool_answer
+from proxy.defenses.offload import ArtifactToStore, CountText, offload_message
 
 CLIP_MIN_TOKENS = 500
 """Results at or under this are left alone: a stub with its 10-line preview costs 150-400 tokens."""
 
 
-def trailing_batch(messages: list[dict[str, Any]]) -> range:
-    """Indices of the tool answers the list ends with (empty when it ends with anything else)."""
-    start = len(messages)
-    while start > 0 and is_tool_answer(messages[start - 1]):
+def trailing_batch(items: Sequence[Item]) -> range:
+    """Indices of the tool answers the items end with (empty when they end with anything else)."""
+    start = len(items)
+    while start > 0 and is_tool_answer(items[start - 1]):
         start -= 1
-    return range(start, len(messages))
+    return range(start, len(items))
 
 
 def clip_trailing_results(
-    messages: list[dict[str, Any]],
-    counts: list[int],
+    messages: list[Piece],
+    items: Sequence[Item],
+    counts: Sequence[int],
     config: DefenseConfig,
-    count_text: Any,
+    count_text: CountText,
     unavailable: frozenset[str] = frozenset(),
-) -> tuple[list[dict[str, Any]] | None, list[int], list[ArtifactToStore]]:
+) -> tuple[list[Piece] | None, list[int], list[ArtifactToStore]]:
     """Offload each tool result of the trailing batch over ``CLIP_MIN_TOKENS``.
 
-    ``counts[i]`` is the token count of ``messages[i]``. Returns ``(new list or None if nothing
-    was clipped, the indices clipped, artifacts to store)``. The input is not mutated.
+    ``items[i]``/``counts[i]``: the model's item and the token count of ``messages[i]``. Returns
+    ``(new list or None if nothing was clipped, the indices clipped, artifacts to store)``. The
+    input is not mutated.
     """
     clip_config = dataclasses.replace(config, offload_tool_tokens=CLIP_MIN_TOKENS)
-    out: list[dict[str, Any]] | None = None
+    out: list[Piece] | None = None
     clipped: list[int] = []
     artifacts: list[ArtifactToStore] = []
-    for i in trailing_batch(messages):
+    for i in trailing_batch(items):
         if counts[i] <= CLIP_MIN_TOKENS:
             continue
         new, arts = offload_message(messages[i], counts[i], count_text, clip_config, unavailable)

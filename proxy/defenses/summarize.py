@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from proxy.defenses.hints import archive_url, search_hint
+from proxy.tokens.protocol import TextCounter
 
 SUMMARY_PHRASE = "summarize the conversation"
 """Literal phrase in every summary request (the fake upstream recognizes summary calls by it)."""
@@ -81,7 +82,7 @@ def render_message(message: dict[str, Any]) -> str:
     for call in message.get("tool_calls") or []:
         if not isinstance(call, dict):
             continue
-        fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+        fn: dict[str, Any] = call["function"] if isinstance(call.get("function"), dict) else {}
         lines.append(f"-> tool call {fn.get('name')} (id {call.get('id')}): {fn.get('arguments')}")
     legacy = message.get("function_call")
     if isinstance(legacy, dict):
@@ -97,11 +98,11 @@ def render_transcript(messages: list[dict[str, Any]]) -> str:
     return "\n\n".join(render_message(m) for m in messages)
 
 
-def _cut_to_fit(message: dict[str, Any], budget_tokens: int, counter: Any) -> dict[str, Any]:
+def _cut_to_fit(message: dict[str, Any], budget_tokens: int, counter: TextCounter) -> dict[str, Any]:
     """A stand-in for an oversized message: its rendered text cut (with a marker) to ``budget_tokens``,
     under the same header (role, name and answered call kept; the rest of the text is the content)."""
     text = render_message(message).partition("\n")[2]
-    header = {k: message[k] for k in ("role", "name", "tool_call_id") if k in message}
+    header: dict[str, Any] = {k: message[k] for k in ("role", "name", "tool_call_id") if k in message}
     keep = max(1, budget_tokens * 3)  # >= 3 chars/token for prose and code with o200k_base
     while True:
         cut = text[:keep] + _CUT_MARKER.format(n=len(text) - keep)
@@ -111,7 +112,8 @@ def _cut_to_fit(message: dict[str, Any], budget_tokens: int, counter: Any) -> di
         keep //= 2
 
 
-def summary_chunks(messages: list[dict[str, Any]], budget_tokens: int, counter: Any) -> list[list[dict[str, Any]]]:
+def summary_chunks(messages: list[dict[str, Any]], budget_tokens: int,
+                   counter: TextCounter) -> list[list[dict[str, Any]]]:
     """Split ``messages`` into consecutive chunks whose rendered transcript fits ``budget_tokens``.
 
     Measured with ``counter.count_text`` on the rendered text (what the summary request contains).

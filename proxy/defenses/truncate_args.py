@@ -84,7 +84,7 @@ def truncate_message(
         for call in calls:
             fn = call.get("function") if isinstance(call, dict) else None
             args = fn.get("arguments") if isinstance(fn, dict) else None
-            if isinstance(args, str) and fn.get("name") in tools:
+            if isinstance(fn, dict) and isinstance(args, str) and fn.get("name") in tools:
                 new_args = truncate_arguments(args, max_chars, keep_chars)
                 if new_args is not args:
                     call = {**call, "function": {**fn, "arguments": new_args}}

@@ -21,14 +21,32 @@ import hashlib
 import logging
 import math
 import os
-import re
 import tempfile
 import threading
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from proxy.cache import Memo
+from proxy.tokens.media import (
+    ANTHROPIC_IMAGE_MAX_TOKENS,
+    AUDIO_BYTES_PER_SECOND,
+    AUDIO_TOKENS_PER_SECOND,
+    FILE_BYTES_PER_TOKEN,
+    FILE_UNKNOWN_TOKENS,
+    IMAGE_BASE_TOKENS,
+    IMAGE_LOW_DETAIL_TOKENS,
+    IMAGE_UNKNOWN_SIZE_TOKENS,
+    _base64_decoded_bytes,
+    anthropic_image_tokens,
+    base64_image_size,
+    data_url_payload,
+    openai_image_tokens,
+)
+
+if TYPE_CHECKING:
+    from proxy.conversation.prefix import PrefixState
 
 log = logging.getLogger("context_proxy.tokens")
 
@@ -61,7 +79,6 @@ ENCODING_FILES: dict[str, tuple[str, str]] = {
 }
 """Download URL and pinned SHA-256 of each supported encoding (as in ``tiktoken_ext.openai_public``)."""
 
-_CL100K_MODELS = re.compile(r"^(gpt-4(?![o.\d])|gpt-3\.5|gpt-35|text-embedding-(ada|3))")
 
 
 def cache_file_for(encoding_name: str, cache_dir: str) -> str:
@@ -113,37 +130,11 @@ def _load_cached_encoding(encoding_name: str, cache_dir: str) -> tuple[Any, str 
             os.environ["TIKTOKEN_CACHE_DIR"] = previous
 
 
-from proxy.tokens.media import (
-    ANTHROPIC_IMAGE_MAX_TOKENS,
-    AUDIO_BYTES_PER_SECOND,
-    AUDIO_TOKENS_PER_SECOND,
-    FILE_BYTES_PER_TOKEN,
-    FILE_UNKNOWN_TOKENS,
-    IMAGE_BASE_TOKENS,
-    IMAGE_LOW_DETAIL_TOKENS,
-    IMAGE_UNKNOWN_SIZE_TOKENS,
-    _base64_decoded_bytes,
-    anthropic_image_tokens,
-    base64_image_size,
-    data_url_payload,
-    openai_image_tokens,
-)
-
-
 def estimate_text_tokens(text: str) -> int:
     """Fallback estimate of the tokens of ``text``: ``ceil(utf8_bytes / 4)``."""
     if text.isascii():
         return -(-len(text) // FALLBACK_BYTES_PER_TOKEN)
     return -(-len(text.encode("utf-8", "surrogatepass")) // FALLBACK_BYTES_PER_TOKEN)
-
-
-HISTORY_MEMO_MESSAGES = 100_000
-"""Per-message counts ``TokenCounter.count_history`` keeps over all histories (a list slot and
-often an int object each: about 40 bytes, 8 MB), least recently used history dropped first;
-a history unused for ``proxy.cache.MEMO_IDLE_S`` leaves too."""
-HISTORY_LOOKBACK = 64
-"""How many trailing messages ``count_history`` looks back for a history it counted before (a
-turn adds a reply and a user message; an agent step a few tool rounds)."""
 
 
 RECENT_TOOL_LISTS = 8
@@ -200,8 +191,7 @@ class TokenCounter:
         self._lock = threading.Lock()
         self.memo_hits = 0
         self.memo_misses = 0
-        self._histories = Memo(HISTORY_MEMO_MESSAGES, weight=len)
-        self._recent_tools: list[tuple[list[Any], int]] = []  # newest last (see ``count_tools``)
+        self._recent_tools: list[tuple[list[dict[str, Any]], int]] = []  # newest last (see ``count_tools``)
 
     def count_text(self, text: str) -> int:
         """Tokens of ``text`` (no framing). Special-token strings count as plain text."""
@@ -214,6 +204,11 @@ class TokenCounter:
             # a list of millions of ints is built holding the GIL (0.3 s at 20 MB), this is not
             return memoryview(self._buffer(text, _NO_SPECIAL)).nbytes // 4
         return len(self._enc.encode_ordinary(text))
+
+    @property
+    def memo_key(self) -> tuple[str, bool]:
+        """The key this counter's per-message counts are kept under in a ``PrefixState``."""
+        return self.encoding_name, self.exact
 
     def _count_json(self, value: Any) -> int:
         return self.count_text(orjson.dumps(value).decode())
@@ -237,6 +232,14 @@ class TokenCounter:
         payload = data_url_payload(url)
         size = base64_image_size(payload) if payload else None
         return openai_image_tokens(*size, detail) if size else IMAGE_UNKNOWN_SIZE_TOKENS
+
+    def count_part(self, part: Any) -> int:
+        """Tokens of one content part (``_part_tokens``), no message framing."""
+        return self._part_tokens(part)
+
+    def count_tool_call(self, call: Any) -> int:
+        """Tokens of one ``tool_calls`` entry: ``TOKENS_PER_TOOL_CALL`` + its name + its arguments."""
+        return self._count_tool_calls([call])
 
     def _part_tokens(self, part: Any) -> int:
         """Tokens of one content part. Text parts: their text. ``image_url``: ``openai_image_tokens``
@@ -337,7 +340,7 @@ class TokenCounter:
                 return self._message_tokens(message)
             key = "j:" + hashlib.blake2b(raw, digest_size=16).hexdigest()
         with self._lock:
-            hit = self._memo.get(key)
+            hit: int | None = self._memo.get(key)
         if hit is not None:
             self.memo_hits += 1
             return hit
@@ -347,31 +350,30 @@ class TokenCounter:
             self._memo.put(key, n)
         return n
 
-    def count_history(self, messages: list[dict[str, Any]], digests: list[str], chain: list[str]) -> list[int]:
-        """``[count_message(m, d) for m, d in zip(messages, digests)]``, memoized by chain hash.
+    def count_history(self, messages: Sequence[dict[str, Any]], digests: Sequence[str], chain: Sequence[str],
+                      state: PrefixState | None = None) -> list[int]:
+        """``[count_message(m, d) for m, d in zip(messages, digests)]``, reusing ``state``'s.
 
-        ``digests``/``chain``: from ``proxy.conversation.canonical.digests_and_chain(messages)``. A chain hash
-        identifies a whole prefix (SHA-256 over every digest before it), so the counts of the
-        previous request of a conversation are reused as they are and only the messages it lacks
-        are counted (looked up in the last ``HISTORY_LOOKBACK`` positions): a warm request costs
-        a few lookups instead of one memo lookup per message (0.3 ms per MB, measured at 5,000
-        messages). Returns a new list. Raises ``ValueError`` when the three lengths differ.
+        ``digests``/``chain``: from ``proxy.conversation.canonical.digests_and_chain(messages)``.
+        ``state``: the conversation's ``proxy.conversation.prefix.PrefixState`` (taken for
+        ``chain``; owned by the caller): the counts it holds for this counter (``memo_key``) are
+        reused as they are and only the messages past them are counted, then kept in it (a warm
+        request costs a few lookups instead of one memo lookup per message: 0.3 ms per MB,
+        measured at 5,000 messages). Without a state every message is looked up in the
+        per-message memo. Returns a new list. Raises ``ValueError`` when the three lengths differ.
         """
         n = len(messages)
         if len(digests) != n or len(chain) != n:
             raise ValueError(f"{n} messages but {len(digests)} digests and {len(chain)} chain hashes")
-        if not n:
-            return []
-        histories = self._histories
-        with self._lock:
-            counts, start = histories.pop_longest(chain, HISTORY_LOOKBACK)
-        if counts is None:
-            counts = []
-        if start < n:
-            count = self.count_message
-            counts += [count(m, d) for m, d in zip(messages[start:], digests[start:])]
-        with self._lock:
-            histories.put(chain[-1], counts)
+        count = self.count_message
+        if state is None:
+            return [count(m, d) for m, d in zip(messages, digests, strict=True)]
+        counts = state.counts.get(self.memo_key)
+        if counts is None or len(counts) > n:
+            counts = state.counts[self.memo_key] = []
+        start = len(counts)
+        if start < n:  # the state is the caller's, and only copies of the list leave it
+            counts += [count(m, d) for m, d in zip(messages[start:], digests[start:], strict=True)]
         return list(counts)
 
     def count_tools(self, tools: list[dict[str, Any]] | None) -> int:
@@ -386,10 +388,10 @@ class TokenCounter:
         # The same tools arrive with every request of a session, as new objects: a list equal to
         # one of the last few is matched by ``==`` (a C-level walk) before it is serialized and
         # hashed (that was ~1% of a small request's CPU, py-spy under ``tests/benchmarks``).
-        for seen, n in reversed(self._recent_tools):
+        for seen, known in reversed(self._recent_tools):
             if seen == tools:
                 self.memo_hits += 1
-                return n
+                return known
         n = self._count_tools(tools)
         self._recent_tools = [*self._recent_tools[-(RECENT_TOOL_LISTS - 1):], (tools, n)]
         return n
@@ -405,7 +407,7 @@ class TokenCounter:
         raw = orjson.dumps(parts, option=orjson.OPT_SORT_KEYS)
         key = "t:" + hashlib.blake2b(raw, digest_size=16).hexdigest()
         with self._lock:
-            hit = self._memo.get(key)
+            hit: int | None = self._memo.get(key)
         if hit is not None:
             self.memo_hits += 1
             return hit
@@ -421,16 +423,6 @@ class TokenCounter:
         for i, m in enumerate(messages):
             total += self.count_message(m, keys[i] if keys else None)
         return total
-
-    def count_request(
-        self,
-        body_messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        max_output_tokens: int,
-        keys: list[str] | None = None,
-    ) -> int:
-        """Tokens a request occupies in the context window: messages + tool schemas + reserved output."""
-        return self.count_messages(body_messages, keys) + self.count_tools(tools) + max(0, max_output_tokens)
 
 
 def reserved_output_tokens(body: dict[str, Any]) -> int:
@@ -457,44 +449,8 @@ def load_counter(cache_dir: str | None, encoding_name: str = "o200k_base", memo_
     return TokenCounter(encoding_name, memo_size, cache_dir=cache_dir)
 
 
-def encoding_for_model(model: str) -> str:
-    """Encoding that counts ``model``'s prompts: ``cl100k_base`` for GPT-4 (not 4o/4.1) and GPT-3.5,
-    ``o200k_base`` for everything else (exact for GPT-4o/4.1/5 and o-series; an estimate for
-    non-OpenAI models, whose tokenizers we do not ship). Provider prefixes (``openai/``) are ignored.
-    """
-    name = model.rsplit("/", 1)[-1].lower()
-    return "cl100k_base" if _CL100K_MODELS.match(name) else "o200k_base"
-
-
-class TokenCounters:
-    """One ``TokenCounter`` per encoding, built once at start; ``counter_for_model`` picks one.
-
-    If ``cl100k_base`` cannot be loaded but ``o200k_base`` can, GPT-4/3.5 are counted with
-    ``o200k_base`` (a close estimate) rather than with the byte fallback.
-    """
-
-    def __init__(self, cache_dir: str | None, memo_size: int = 200_000) -> None:
-        self.default = load_counter(cache_dir, "o200k_base", memo_size)
-        legacy = load_counter(cache_dir, "cl100k_base", memo_size)
-        self._by_encoding = {
-            "o200k_base": self.default,
-            "cl100k_base": legacy if legacy.exact or not self.default.exact else self.default,
-        }
-
-    @property
-    def exact(self) -> bool:
-        """``True`` when the default encoding is loaded (not the byte estimate)."""
-        return self.default.exact
-
-    def counter_for_model(self, model: str) -> TokenCounter:
-        """The counter for ``model`` (see ``encoding_for_model``)."""
-        return self._by_encoding[encoding_for_model(model)]
-
-
 __all__ = [
     "TokenCounter",
-    "TokenCounters",
-    "encoding_for_model",
     "estimate_text_tokens",
     "load_counter",
     "reserved_output_tokens",

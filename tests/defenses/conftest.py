@@ -15,5 +15,8 @@ def counter():
     from proxy.tokens.counter import TokenCounter
 
     c = TokenCounter("o200k_base")
-    assert c.exact, "tiktoken o200k_base must load from the shared cache"
+    if not c.exact:  # a public clone without ../shared: the expected figures are exact counts
+        from tests.support.shared import NO_ENCODINGS_REASON
+
+        pytest.skip(NO_ENCODINGS_REASON)
     return c

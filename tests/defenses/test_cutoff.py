@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from proxy.conversation.chat_codec import CHAT
 from proxy.defenses.cutoff import last_user_turn, leading_system_count, tail_start
 from tests.defenses.test_pairs import SYS, TOOL_RESULT, TOOL_USE, USER, asst, tool
 
@@ -27,7 +28,7 @@ from tests.defenses.test_pairs import SYS, TOOL_RESULT, TOOL_USE, USER, asst, to
     ],
 )
 def test_tail_start_by_tokens(messages, counts, keep_tokens, expected):
-    assert tail_start(messages, counts, 1, keep_tokens, None) == expected
+    assert tail_start(CHAT.items(messages), counts, 1, keep_tokens, None) == expected
 
 
 @pytest.mark.parametrize(
@@ -38,19 +39,19 @@ def test_tail_start_by_messages_is_pair_safe(n_pairs, keep_messages, expected):
     messages = [SYS, USER]
     for k in range(n_pairs):
         messages += [asst(f"c{k}"), tool(f"c{k}")]
-    s = tail_start(messages, [1] * len(messages), 1, None, keep_messages)
+    s = tail_start(CHAT.items(messages), [1] * len(messages), 1, None, keep_messages)
     assert s == expected
     assert messages[s]["role"] != "tool"
 
 
 def test_last_user_turn_skips_tool_result_carriers():
-    assert last_user_turn([SYS, USER, TOOL_USE, TOOL_RESULT]) == 1
-    assert last_user_turn([SYS, asst("a"), tool("a")]) is None
+    assert last_user_turn(CHAT.items([SYS, USER, TOOL_USE, TOOL_RESULT])) == 1
+    assert last_user_turn(CHAT.items([SYS, asst("a"), tool("a")])) is None
 
 
 def test_leading_system_count():
-    assert leading_system_count([SYS, {"role": "developer", "content": "d"}, USER, SYS]) == 2
-    assert leading_system_count([USER]) == 0
+    assert leading_system_count(CHAT.items([SYS, {"role": "developer", "content": "d"}, USER, SYS])) == 2
+    assert leading_system_count(CHAT.items([USER])) == 0
 
 
 IPYTHON = {"role": "ipython", "content": "42"}
@@ -68,17 +69,17 @@ CODE = {"role": "assistant", "content": "<|python_tag|>print(6*7)"}  # Llama's b
     ],
 )
 def test_tail_never_starts_at_an_unknown_role(messages, counts, keep_tokens, expected):
-    assert tail_start(messages, counts, 1, keep_tokens, None) == expected
+    assert tail_start(CHAT.items(messages), counts, 1, keep_tokens, None) == expected
 
 
 def test_tail_by_messages_never_starts_at_an_unknown_role():
     messages = [SYS, USER, CODE, IPYTHON, USER, CODE, IPYTHON, CODE, IPYTHON]
     for keep in range(1, len(messages)):
-        s = tail_start(messages, [1] * len(messages), 1, None, keep)
+        s = tail_start(CHAT.items(messages), [1] * len(messages), 1, None, keep)
         assert messages[s]["role"] != "ipython", keep
 
 
 def test_an_unknown_role_after_the_system_messages_stays_with_them():
-    assert leading_system_count([SYS, {"role": "wizard", "content": "w"}, USER]) == 2
-    assert leading_system_count([SYS, {"role": ["x"]}, {"role": "developer", "content": "d"}, IPYTHON, USER]) == 4
-    assert leading_system_count([IPYTHON, SYS, USER]) == 0  # nothing before it to stay with
+    assert leading_system_count(CHAT.items([SYS, {"role": "wizard", "content": "w"}, USER])) == 2
+    assert leading_system_count(CHAT.items([SYS, {"role": ["x"]}, {"role": "developer", "content": "d"}, IPYTHON, USER])) == 4
+    assert leading_system_count(CHAT.items([IPYTHON, SYS, USER])) == 0  # nothing before it to stay with

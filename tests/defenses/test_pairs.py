@@ -7,6 +7,7 @@ import itertools
 
 import pytest
 
+from proxy.conversation.chat_codec import CHAT
 from proxy.defenses.pairs import (
     CANCELLED_TEXT,
     dangling_calls,
@@ -41,7 +42,7 @@ TOOL_RESULT = {"role": "user", "content": [{"type": "tool_result", "tool_use_id"
      (USER, False), (asst("a"), False), (TOOL_USE, False), ({"role": "user", "content": [{"type": "text", "text": "x"}]}, False)],
 )
 def test_is_tool_answer(message, expected):
-    assert is_tool_answer(message) is expected
+    assert is_tool_answer(CHAT.item(message)) is expected
 
 
 PARALLEL = [SYS, USER, asst("a", "b", "c"), tool("a"), tool("b"), tool("c")]
@@ -59,7 +60,7 @@ PARALLEL = [SYS, USER, asst("a", "b", "c"), tool("a"), tool("b"), tool("c")]
     ],
 )
 def test_safe_start_never_splits_a_pair(messages, start, expected):
-    assert safe_start(messages, start) == expected
+    assert safe_start(CHAT.items(messages), start) == expected
 
 
 @pytest.mark.parametrize(
@@ -74,7 +75,7 @@ def test_safe_start_never_splits_a_pair(messages, start, expected):
     ],
 )
 def test_dangling_calls(messages, expected):
-    assert dangling_calls(messages) == expected
+    assert dangling_calls(CHAT.items(messages)) == expected
 
 
 @pytest.mark.parametrize(
@@ -123,7 +124,7 @@ LISTED = {"role": ["tool"], "content": "a role that is not a string (unhashable)
     ],
 )
 def test_safe_start_never_starts_at_an_unknown_role(messages, start, expected):
-    assert safe_start(messages, start) == expected
+    assert safe_start(CHAT.items(messages), start) == expected
 
 
 @pytest.mark.parametrize(
@@ -138,7 +139,7 @@ def test_safe_start_never_starts_at_an_unknown_role(messages, start, expected):
     ],
 )
 def test_dangling_calls_leave_a_block_with_an_unknown_role_alone(messages, expected):
-    assert dangling_calls(messages) == expected
+    assert dangling_calls(CHAT.items(messages)) == expected
 
 
 ALPHABET = [USER, asst("a"), asst("b"), tool("a"), tool("b"), IPYTHON, WIZARD, LISTED]
@@ -152,7 +153,7 @@ def test_no_rewrite_separates_an_unknown_role_from_the_message_before_it():
         for combo in itertools.product(ALPHABET, repeat=n):
             messages = [SYS, *combo]
             for start in range(len(messages)):
-                s = safe_start(messages, start)
+                s = safe_start(CHAT.items(messages), start)
                 assert s == 0 or messages[s]["role"] in ("system", "user", "assistant"), (messages, start)
             patched = patch_dangling(messages) or messages
             for before, m in itertools.pairwise(patched):

@@ -1,0 +1,224 @@
+"""The chat-completions codec: ``messages`` <-> the neutral model (``proxy.conversation.codec``).
+
+Pieces are the body's ``messages`` themselves. Items (``item``), by the message's ``role``:
+
+- a role the proxy does not know (``canonical.is_known_role``: Llama's ``ipython``, a vendor's,
+  none, not a string): ``OPAQUE``, bound to the message before it;
+- ``tool``/``function``: ``TOOL``, bound to the message before it, answering its
+  ``tool_call_id``;
+- ``system``/``developer``: ``SYSTEM``;
+- ``user``: ``USER``, or ``RESULTS`` when its content list carries Anthropic-style
+  ``tool_result`` blocks (bound to the message before it);
+- ``assistant``: ``ASSISTANT``, its ``calls`` the string ids of its ``tool_calls``.
+
+Any message carrying ``tool_result`` blocks is a tool answer (``Item.answer``) and bound to the
+message before it. ``tool_use`` blocks in chat content are not ``calls`` (their answers live inside
+the next message: never patched). Nothing in chat is sealed: no chat field is signed.
+
+``apply`` forwards the client's bytes when the messages are the body's own; otherwise the body with
+``messages`` replaced (``orjson``; key order and every other field kept, so the bytes are those
+the proxy forwarded before the model existed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+import orjson
+
+from proxy.conversation.canonical import ROLES, is_known_role
+from proxy.conversation.codec import PartCounter
+from proxy.conversation.model import (
+    ASSISTANT,
+    BINDS_NONE,
+    BINDS_PREVIOUS,
+    MEDIA,
+    OPAQUE,
+    OTHER,
+    RESULTS,
+    SYSTEM,
+    TEXT,
+    TOOL,
+    TOOL_CALL,
+    TOOL_RESULT,
+    USER,
+    Conversation,
+    Item,
+    Part,
+    Piece,
+)
+
+_ANSWER_ROLES = frozenset({"tool", "function"})
+_SYSTEM_ROLES = frozenset({"system", "developer"})
+_MEDIA_TYPES = frozenset({"image_url", "input_audio", "file", "image", "document"})
+_TEXT_TYPES = frozenset({"text", "input_text", "output_text"})
+
+def _build_common() -> dict[tuple[str, str | None, bool], Item]:
+    table: dict[tuple[str, str | None, bool], Item] = {}
+    for role in ROLES:
+        kind = (TOOL if role in _ANSWER_ROLES else SYSTEM if role in _SYSTEM_ROLES else USER if role == "user"
+                else ASSISTANT)
+        for answer in (False, True):
+            binds = BINDS_PREVIOUS if answer or kind == TOOL else BINDS_NONE
+            table[(kind, role, answer)] = Item(kind, role, answer=answer or kind == TOOL, binds=binds)
+        if role == "user":
+            table[(RESULTS, role, True)] = Item(RESULTS, role, answer=True, binds=BINDS_PREVIOUS)
+    return table
+
+
+_COMMON = MappingProxyType(_build_common())
+"""Items without call ids for every known role (most messages): one shared object each (a constant)."""
+
+
+def has_tool_result_blocks(message: Piece) -> bool:
+    """True if ``message`` carries Anthropic ``tool_result`` blocks in a content list."""
+    content = message.get("content")
+    if content.__class__ is not list:
+        return False
+    return any(p.__class__ is dict and p.get("type") == "tool_result" for p in content)
+
+
+def call_ids(message: Piece) -> tuple[str, ...]:
+    """String ids of an assistant message's ``tool_calls`` (none for any other role)."""
+    calls = message.get("tool_calls")
+    if message.get("role") != "assistant" or calls.__class__ is not list:
+        return ()
+    return tuple(c["id"] for c in calls if c.__class__ is dict and c.get("id").__class__ is str)
+
+
+def chat_item(message: Piece) -> Item:
+    """The ``Item`` of one chat message (rules in the module docstring)."""
+    role = message.get("role")
+    blocks = has_tool_result_blocks(message)
+    if not is_known_role(message):
+        return Item(OPAQUE, role if role.__class__ is str else None, answer=blocks, binds=BINDS_PREVIOUS)
+    if role in _ANSWER_ROLES:
+        answered = message.get("tool_call_id")
+        if answered.__class__ is str:
+            return Item(TOOL, role, answers=(answered,), answer=True, binds=BINDS_PREVIOUS)
+        return _COMMON[(TOOL, role, True)]
+    assert role.__class__ is str  # a known role
+    if role in _SYSTEM_ROLES:
+        return _COMMON[(SYSTEM, role, blocks)]
+    if role == "user":
+        return _COMMON[(RESULTS if blocks else USER, role, blocks)]
+    calls = call_ids(message)
+    if calls:
+        return Item(ASSISTANT, role, calls=calls, answer=blocks, binds=BINDS_PREVIOUS if blocks else BINDS_NONE)
+    return _COMMON[(ASSISTANT, role, blocks)]
+
+
+CANCELLED_TEXT = "[context-proxy] This tool call was cancelled or its result is unavailable."
+"""Content of the synthetic ``tool`` message that answers a dangling call (DESIGN.md section 2)."""
+
+
+class ChatCodec:
+    """The codec of ``POST /chat/completions`` (see the module docstring). Stateless."""
+
+    name = "chat"
+
+    def pieces(self, body: Mapping[str, Any]) -> list[Piece]:
+        """The body's ``messages`` (the list itself)."""
+        messages = body.get("messages")
+        return messages if isinstance(messages, list) else []
+
+    def item(self, piece: Piece) -> Item:
+        return chat_item(piece)
+
+    def items(self, pieces: Sequence[Piece]) -> list[Item]:
+        return list(map(chat_item, pieces))
+
+    def parse(self, body: dict[str, Any], raw: bytes, digests: list[str], chain: list[str]) -> Conversation:
+        """The conversation of a chat body the route accepted (``chat_request.parse_chat_request``)."""
+        pieces = self.pieces(body)
+        return Conversation(body, raw, pieces, self.items(pieces), digests, chain)
+
+    def parts(self, piece: Piece, counter: PartCounter) -> list[Part]:
+        """The parts of one message, in order: its ``content`` (a string is one ``TEXT`` part; a list
+        gives one part per element), then one ``TOOL_CALL`` part per ``tool_calls`` entry. A
+        ``tool``/``function`` message's text is its ``TOOL_RESULT``. Costs: ``counter.count_part``
+        / ``count_tool_call`` (no message framing)."""
+        out: list[Part] = []
+        answered = piece.get("tool_call_id")
+        call_id = answered if answered.__class__ is str else None
+        is_answer = piece.get("role") in _ANSWER_ROLES
+        content = piece.get("content")
+        if content.__class__ is str:
+            out.append(Part(TOOL_RESULT if is_answer else TEXT, counter.count_text(content), content,
+                            call_id if is_answer else None))
+        elif content.__class__ is list:
+            for part in content:
+                out.append(Part(_part_kind(part, is_answer), counter.count_part(part), part, _part_call_id(part)))
+        elif content is not None:
+            out.append(Part(OTHER, counter.count_part(content), content))
+        calls = piece.get("tool_calls")
+        if calls.__class__ is list:
+            for call in calls:
+                cid = call.get("id") if call.__class__ is dict else None
+                out.append(Part(TOOL_CALL, counter.count_tool_call(call), call,
+                                cid if cid.__class__ is str else None, "tool_calls"))
+        return out
+
+    def answer(self, call_id: str, text: str = CANCELLED_TEXT) -> Piece:
+        """The synthetic ``tool`` message answering ``call_id``."""
+        return {"role": "tool", "tool_call_id": call_id, "content": text}
+
+    def insert_answers(self, pieces: list[Piece], found: list[tuple[int, list[str]]],
+                       text: str = CANCELLED_TEXT) -> list[Piece]:
+        """``pieces`` with a synthetic answer for each ``(insert_at, ids)`` of ``found`` inserted at
+        ``insert_at`` (a new list; the pieces themselves are shared)."""
+        out: list[Piece] = []
+        prev = 0
+        for insert_at, ids in found:
+            out.extend(pieces[prev:insert_at])
+            out.extend(self.answer(cid, text) for cid in ids)
+            prev = insert_at
+        out.extend(pieces[prev:])
+        return out
+
+    def apply(self, conversation: Conversation, pieces: list[Piece],
+              extra: Mapping[str, Any] | None = None) -> tuple[bytes, dict[str, Any] | None]:
+        return apply_chat(conversation.body, conversation.raw, pieces, extra)
+
+
+def apply_chat(body: Mapping[str, Any], raw: bytes, messages: list[Piece],
+               extra: Mapping[str, Any] | None = None) -> tuple[bytes, dict[str, Any] | None]:
+    """``(bytes to forward, the body they encode or None)``: ``raw`` itself when ``messages`` is (or
+    equals) the body's own list and no ``extra`` field is set; else ``body`` with ``messages``
+    replaced and ``extra`` set, serialized by orjson (raises ``TypeError`` for a body nested
+    deeper than ``chat_request.MAX_JSON_DEPTH``, as before the codec)."""
+    native = body.get("messages")
+    if not extra and (messages is native or messages == native):
+        return raw, None
+    forwarded = {**body, "messages": messages}  # ``messages`` keeps its place in the key order
+    if extra:
+        forwarded.update(extra)
+    return orjson.dumps(forwarded), forwarded
+
+
+def _part_kind(part: Any, is_answer: bool) -> str:
+    if part.__class__ is not dict:
+        return TEXT if part.__class__ is str else OTHER
+    kind = part.get("type")
+    if kind == "tool_result":
+        return TOOL_RESULT
+    if kind == "tool_use":
+        return TOOL_CALL
+    if kind in _MEDIA_TYPES or "image_url" in part:
+        return MEDIA
+    if kind in _TEXT_TYPES or (kind is None and part.get("text").__class__ is str):
+        return TOOL_RESULT if is_answer else TEXT
+    return OTHER
+
+
+def _part_call_id(part: Any) -> str | None:
+    if part.__class__ is not dict:
+        return None
+    cid = part.get("tool_use_id") if part.get("type") == "tool_result" else part.get("id")
+    return cid if cid.__class__ is str and part.get("type") in ("tool_result", "tool_use") else None
+
+
+CHAT = ChatCodec()
+"""The chat codec (stateless: one instance serves every request)."""

@@ -1,0 +1,174 @@
+"""The Anthropic Messages codec (``POST /v1/messages``): a first version, for issue 19 to complete.
+
+It shows that Messages fits the model without changing the defenses (``tests/conversation``
+plans over a Messages conversation with the unchanged projection). Not wired to a route yet.
+
+Pieces: the top-level ``system`` (a string or text blocks) as a leading piece
+``{"role": "system", "content": system}``, then the body's ``messages`` themselves. Items:
+
+- ``system`` piece: ``SYSTEM``;
+- ``user``: ``RESULTS`` when its content holds ``tool_result`` blocks (bound to the turn before,
+  answering their ``tool_use_id``s), else ``USER``;
+- ``assistant``: ``ASSISTANT``, its ``calls`` the ids of its ``tool_use`` blocks; ``sealed`` when it
+  holds a ``thinking`` block with a ``signature`` or a ``redacted_thinking`` block (Anthropic
+  checks them, and they are bound to their turn and its ``tool_use`` blocks: kept or dropped whole);
+- any other role: ``OPAQUE``, bound to the turn before.
+
+Parts keep each block as it came (``cache_control`` included: a block a defense rewrites keeps
+its other fields). ``apply`` puts the leading system piece back as the top-level ``system``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from proxy.conversation.chat_codec import CANCELLED_TEXT
+from proxy.conversation.codec import PartCounter
+from proxy.conversation.model import (
+    ASSISTANT,
+    BINDS_NONE,
+    BINDS_PREVIOUS,
+    MEDIA,
+    OPAQUE,
+    OPAQUE_PART,
+    OTHER,
+    RESULTS,
+    SYSTEM,
+    TEXT,
+    TOOL_CALL,
+    TOOL_RESULT,
+    USER,
+    Conversation,
+    Item,
+    Part,
+    Piece,
+)
+
+_SIGNED = frozenset({"thinking", "redacted_thinking"})
+_MEDIA = frozenset({"image", "document"})
+
+
+def _blocks(piece: Piece) -> list[Any]:
+    content = piece.get("content")
+    return content if isinstance(content, list) else []
+
+
+def _ids(blocks: list[Any], kind: str, field: str) -> tuple[str, ...]:
+    return tuple(b[field] for b in blocks if isinstance(b, dict) and b.get("type") == kind
+                 and isinstance(b.get(field), str))
+
+
+def _signed(block: Any) -> bool:
+    if not isinstance(block, dict) or block.get("type") not in _SIGNED:
+        return False
+    return block.get("type") == "redacted_thinking" or isinstance(block.get("signature"), str)
+
+
+def messages_item(piece: Piece) -> Item:
+    """The ``Item`` of one Messages piece (rules in the module docstring)."""
+    role = piece.get("role")
+    blocks = _blocks(piece)
+    if role == "system":
+        return Item(SYSTEM, role)
+    if role == "user":
+        if any(isinstance(b, dict) and b.get("type") == "tool_result" for b in blocks):
+            return Item(RESULTS, role, answers=_ids(blocks, "tool_result", "tool_use_id"), answer=True,
+                        binds=BINDS_PREVIOUS)
+        return Item(USER, role)
+    if role == "assistant":
+        return Item(ASSISTANT, role, calls=_ids(blocks, "tool_use", "id"), binds=BINDS_NONE,
+                    sealed=any(map(_signed, blocks)))
+    return Item(OPAQUE, role if isinstance(role, str) else None, binds=BINDS_PREVIOUS)
+
+
+class MessagesCodec:
+    """The Messages codec (see the module docstring). Stateless."""
+
+    name = "messages"
+
+    def pieces(self, body: Mapping[str, Any]) -> list[Piece]:
+        """``[{"role": "system", "content": body["system"]}]`` when a ``system`` is set, then the
+        ``messages`` themselves."""
+        messages = body.get("messages")
+        out: list[Piece] = list(messages) if isinstance(messages, list) else []
+        system = body.get("system")
+        if system is not None and system != "" and system != []:
+            out.insert(0, {"role": "system", "content": system})
+        return out
+
+    def item(self, piece: Piece) -> Item:
+        return messages_item(piece)
+
+    def items(self, pieces: Sequence[Piece]) -> list[Item]:
+        return list(map(messages_item, pieces))
+
+    def parse(self, body: dict[str, Any], raw: bytes, digests: list[str], chain: list[str]) -> Conversation:
+        pieces = self.pieces(body)
+        return Conversation(body, raw, pieces, self.items(pieces), digests, chain)
+
+    def parts(self, piece: Piece, counter: PartCounter) -> list[Part]:
+        """One part per content block (a string content is one ``TEXT`` part)."""
+        content = piece.get("content")
+        if isinstance(content, str):
+            return [Part(TEXT, counter.count_text(content), content)]
+        out: list[Part] = []
+        for block in _blocks(piece):
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind == "text":
+                out.append(Part(TEXT, counter.count_part(block), block))
+            elif kind in _MEDIA:
+                out.append(Part(MEDIA, counter.count_part(block), block))
+            elif kind == "tool_use":
+                out.append(Part(TOOL_CALL, counter.count_part(block), block, _str(block.get("id"))))
+            elif kind == "tool_result":
+                out.append(Part(TOOL_RESULT, counter.count_part(block), block, _str(block.get("tool_use_id"))))
+            elif kind in _SIGNED:
+                out.append(Part(OPAQUE_PART, counter.count_part(block), block))
+            else:
+                out.append(Part(OTHER, counter.count_part(block), block))
+        return out
+
+    def insert_answers(self, pieces: list[Piece], found: list[tuple[int, list[str]]],
+                       text: str = CANCELLED_TEXT) -> list[Piece]:
+        """Answers go inside the next turn: ``tool_result`` blocks (``is_error``) at the start of the
+        ``user`` turn at ``insert_at`` (a copy of it), or in a new ``user`` turn there."""
+        out = list(pieces)
+        for insert_at, ids in reversed(found):
+            blocks: list[Any] = [{"type": "tool_result", "tool_use_id": cid, "content": text, "is_error": True}
+                                 for cid in ids]
+            nxt = out[insert_at] if insert_at < len(out) else None
+            if nxt is not None and nxt.get("role") == "user":
+                content = nxt.get("content")
+                rest = [{"type": "text", "text": content}] if isinstance(content, str) else list(_blocks(nxt))
+                out[insert_at] = {**nxt, "content": blocks + rest}
+            else:
+                out.insert(insert_at, {"role": "user", "content": blocks})
+        return out
+
+    def apply(self, conversation: Conversation, pieces: list[Piece],
+              extra: Mapping[str, Any] | None = None) -> tuple[bytes, dict[str, Any] | None]:
+        """The client's bytes when ``pieces`` are the conversation's own and no ``extra``; else the
+        body with ``system`` and ``messages`` from the pieces (other fields kept, in order)."""
+        if not extra and (pieces is conversation.pieces or pieces == conversation.pieces):
+            return conversation.raw, None
+        body = conversation.body
+        forwarded = dict(body)
+        rest = pieces
+        if pieces and pieces[0].get("role") == "system":
+            forwarded["system"] = pieces[0].get("content")
+            rest = pieces[1:]
+        forwarded["messages"] = rest
+        if extra:
+            forwarded.update(extra)
+        return orjson.dumps(forwarded), forwarded
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+MESSAGES = MessagesCodec()
+"""The Messages codec (stateless)."""

@@ -1,0 +1,164 @@
+"""The Messages codec (proxy/conversation/messages_codec.py), and the unchanged defenses planning
+over a Messages conversation (issue 18, item 1: Messages fits without changing the defenses)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from proxy.conversation.canonical import digests_and_chain
+from proxy.conversation.messages_codec import MESSAGES
+from proxy.conversation.model import ASSISTANT, OPAQUE_PART, RESULTS, SYSTEM, TOOL_CALL, TOOL_RESULT, USER, Conversation
+from proxy.defenses.config import DefenseConfig
+from proxy.defenses.pairs import CANCELLED_TEXT, dangling_calls
+from proxy.defenses.plans import SummaryPlan, TruncatePlan
+from proxy.projection import Projection, ProjectionMemos, project
+from proxy.tokens.counter import TokenCounter
+from tests.defenses.helpers import fabricate_event
+
+THINKING = {"type": "thinking", "thinking": "Let me look at the file first.", "signature": "c2lnbmVk"}
+
+
+def _use(cid: str, name: str = "read_file", **inp: Any) -> dict[str, Any]:
+    return {"type": "tool_use", "id": cid, "name": name, "input": inp or {"path": "a.py"}}
+
+
+def _result(cid: str, text: str) -> dict[str, Any]:
+    return {"type": "tool_result", "tool_use_id": cid, "content": text, "cache_control": {"type": "ephemeral"}}
+
+
+def _body(turns: int = 6) -> dict[str, Any]:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug in the parser, step by step."}]
+    for k in range(turns):
+        messages.append({"role": "assistant", "content": [THINKING | {"thinking": f"step {k}"}, _use(f"t{k}")]})
+        messages.append({"role": "user", "content": [_result(f"t{k}", f"line {k}\n" * 400)]})
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": f"Done with step {k}."}]})
+        messages.append({"role": "user", "content": f"Go on with step {k + 1}."})
+    messages.append({"role": "assistant", "content": [THINKING, _use("last")]})  # an agent mid-step
+    messages.append({"role": "user", "content": [_result("last", "small")]})
+    return {"model": "claude-sonnet-4", "max_tokens": 1024, "x_vendor": True,
+            "system": [{"type": "text", "text": "You are a careful engineer.", "cache_control": {"type": "ephemeral"}}],
+            "messages": messages}
+
+
+def _conversation(body: dict[str, Any]) -> Conversation:
+    pieces = MESSAGES.pieces(body)
+    digests, chain = digests_and_chain(pieces)
+    return MESSAGES.parse(body, orjson.dumps(body), digests, chain)
+
+
+def _project(conv: Conversation, counter: TokenCounter, cfg: DefenseConfig, events: list[Any],
+             memos: ProjectionMemos, **kw: Any) -> Projection:
+    return project(conv.pieces, digests=conv.digests, chain_hashes=conv.chain, events=events, config=cfg,
+                   counter=counter, session_id="s1", memos=memos, codec=MESSAGES,
+                   reserved_output_tokens=1024, **kw)
+
+
+def _valid_pairs(messages: list[dict[str, Any]]) -> None:
+    """Every tool_result block answers a tool_use block of the assistant turn right before it."""
+    for i, m in enumerate(messages):
+        blocks = m["content"] if isinstance(m.get("content"), list) else []
+        for b in blocks:
+            if b.get("type") == "tool_result":
+                before = messages[i - 1]
+                assert before["role"] == "assistant", (i, messages)
+                assert b["tool_use_id"] in [u["id"] for u in before["content"] if u.get("type") == "tool_use"]
+
+
+def test_parse_gives_items_with_the_messages_rules(counter: TokenCounter) -> None:
+    body = _body(1)
+    conv = _conversation(body)
+    assert conv.pieces[0] == {"role": "system", "content": body["system"]}
+    assert all(a is b for a, b in zip(conv.pieces[1:], body["messages"], strict=True))
+    assert [i.kind for i in conv.items] == [SYSTEM, USER, ASSISTANT, RESULTS, ASSISTANT, USER, ASSISTANT, RESULTS]
+    thinking_turn, results_turn = conv.items[2], conv.items[3]
+    assert thinking_turn.sealed and thinking_turn.calls == ("t0",) and not conv.items[4].sealed
+    assert results_turn.answers == ("t0",) and results_turn.answer
+    parts = MESSAGES.parts(conv.pieces[2], counter)
+    assert [p.kind for p in parts] == [OPAQUE_PART, TOOL_CALL] and parts[1].call_id == "t0"
+    (result,) = MESSAGES.parts(conv.pieces[3], counter)
+    assert result.kind == TOOL_RESULT and result.native is body["messages"][2]["content"][0]
+    assert dangling_calls(conv.items) == []
+
+
+def test_the_defenses_plan_and_apply_over_a_messages_conversation(counter: TokenCounter) -> None:
+    body = _body(6)
+    conv = _conversation(body)
+    memos = ProjectionMemos()
+    untouched = _project(conv, counter, DefenseConfig(context_window_tokens=1_000_000), [], memos)
+    assert untouched.messages is conv.pieces and MESSAGES.apply(conv, untouched.messages) == (conv.raw, None)
+
+    cfg = DefenseConfig(context_window_tokens=int(untouched.tokens_client / 0.85 * 0.9))
+    first = _project(conv, counter, cfg, [], memos)
+    plan = first.plan
+    assert isinstance(plan, SummaryPlan) and plan.first_index == 1  # the system piece stays first
+    tail = conv.items[plan.cutoff_index + 1]
+    assert tail.kind in (USER, ASSISTANT), tail  # the cut never separates a tool_result turn from its call
+    event = fabricate_event(plan)
+    second = _project(conv, counter, cfg, [event], memos)
+    assert second.plan is None and "summary" in second.applied and second.fits
+    assert second.tokens_forwarded < untouched.tokens_client
+    sent, forwarded = MESSAGES.apply(conv, second.messages)
+    assert forwarded is not None and orjson.loads(sent) == forwarded
+    assert list(forwarded) == list(body)  # every field kept, in order; system back at the top level
+    assert forwarded["system"] == body["system"] and forwarded["x_vendor"] is True
+    out = forwarded["messages"]
+    assert out[0]["role"] == "user" and "[context-proxy]" in out[0]["content"]
+    _valid_pairs(out)
+    kept = [m for m in out if m.get("role") == "assistant" and any(b.get("type") == "thinking" for b in m["content"])]
+    originals = [id(m) for m in body["messages"]]
+    assert kept and all(id(m) in originals for m in kept)  # sealed turns forwarded as the client sent them
+
+
+def test_a_dangling_tool_use_is_answered_inside_the_next_user_turn(counter: TokenCounter) -> None:
+    body = {"model": "claude", "max_tokens": 10, "messages": [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [_use("t1"), _use("t2")]},
+        {"role": "user", "content": [_result("t1", "ok"), {"type": "text", "text": "and then?"}]},
+    ]}
+    conv = _conversation(body)
+    assert dangling_calls(conv.items) == [(2, ["t2"])]
+    p = _project(conv, counter, DefenseConfig(context_window_tokens=100_000, patch_dangling_tool_calls="always"),
+                 [], ProjectionMemos())
+    assert p.applied == ("patch_dangling",)
+    patched = p.messages[2]["content"]
+    assert patched[0] == {"type": "tool_result", "tool_use_id": "t2", "content": CANCELLED_TEXT, "is_error": True}
+    assert patched[1:] == body["messages"][2]["content"] and len(p.messages) == 3
+    _valid_pairs(p.messages)
+
+
+def test_offload_keeps_a_tool_result_blocks_id_and_cache_control(counter: TokenCounter) -> None:
+    big = "x = 1  # a long generated file\n" * 6000
+    body = {"model": "claude", "max_tokens": 10, "messages": [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [_use("t1")]},
+        {"role": "user", "content": [_result("t1", big)]},
+    ]}
+    conv = _conversation(body)
+    p = _project(conv, counter, DefenseConfig(context_window_tokens=128_000), [], ProjectionMemos())
+    assert "offload" in p.applied and p.artifacts[0].content == big
+    (block,) = p.messages[2]["content"]
+    assert block["tool_use_id"] == "t1" and block["cache_control"] == {"type": "ephemeral"}
+    assert block["content"].startswith("[context-proxy]")
+
+
+def test_a_sealed_turn_is_never_rewritten_and_an_unsealed_one_is(counter: TokenCounter) -> None:
+    """Old ``write_file`` arguments are truncated (an event up to the last turn), except in a turn
+    with a signed thinking block: Anthropic checks those turns, so they go whole or not at all."""
+    big = {"path": "a.py", "content": "print('x')\n" * 400}
+    body = {"model": "claude", "max_tokens": 10, "messages": [
+        {"role": "user", "content": "write two files"},
+        {"role": "assistant", "content": [THINKING, _use("w1", "write_file", **big)]},
+        {"role": "user", "content": [_result("w1", "written")]},
+        {"role": "assistant", "content": [_use("w2", "write_file", **big)]},
+        {"role": "user", "content": [_result("w2", "written")]},
+        {"role": "user", "content": "thanks"},
+    ]}
+    conv = _conversation(body)
+    event = fabricate_event(TruncatePlan(conv.chain[3], 0, 0))
+    p = _project(conv, counter, DefenseConfig(context_window_tokens=1_000_000), [event], ProjectionMemos())
+    assert p.applied == ("truncate_args",)
+    assert p.messages[1] is body["messages"][1]  # sealed: the client's own turn
+    assert p.messages[3]["content"][0]["input"]["content"].endswith("...(argument truncated)")
+    assert p.messages[3]["content"][0]["id"] == "w2"

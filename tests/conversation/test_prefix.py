@@ -1,0 +1,61 @@
+"""The per-conversation prefix state (proxy/conversation/prefix.py): one lookback for all consumers."""
+
+from __future__ import annotations
+
+from proxy.conversation.canonical import digests_and_chain
+from proxy.conversation.chat_codec import CHAT
+from proxy.conversation.prefix import PrefixState, PrefixStates
+from proxy.defenses.config import DefenseConfig
+from proxy.projection import ProjectionMemos, project
+from proxy.tokens.counter import TokenCounter
+
+
+def _history(n: int) -> list[dict[str, str]]:
+    return [{"role": "user" if i % 2 else "assistant", "content": f"message {i}"} for i in range(n)]
+
+
+def test_take_finds_the_longest_kept_prefix_and_owns_it_until_keep() -> None:
+    states = PrefixStates()
+    _, chain = digests_and_chain(_history(10))
+    state = states.take(chain)
+    assert state.length == 0 and len(states) == 0
+    index = state.chain_index(chain)
+    assert index == {h: i for i, h in enumerate(chain)}
+    states.keep(chain, state)
+    _, longer = digests_and_chain(_history(12))
+    again = states.take(longer)
+    assert again is state and again.length == 10 and len(states) == 0  # taken: a concurrent request builds its own
+    assert states.take(longer).length == 0
+    extended = again.chain_index(longer)
+    assert extended is not index and len(index) == 10 and len(extended) == 12  # what was handed out never changes
+    states.keep(longer, again)
+    _, branch = digests_and_chain([*_history(11), {"role": "user", "content": "edited"}])
+    assert states.take(branch).length == 0  # the state of 12 is not a prefix of this branch
+
+
+def test_states_are_bounded_by_positions() -> None:
+    states = PrefixStates(max_positions=25)
+    for k in range(5):
+        _, chain = digests_and_chain([*_history(10), {"role": "user", "content": f"conversation {k}"}])
+        state = states.take(chain)
+        state.chain_index(chain)
+        states.keep(chain, state)
+    assert len(states) == 2  # 11 positions each
+
+
+def test_one_state_holds_the_counts_items_and_index_of_a_projection() -> None:
+    counter = TokenCounter("o200k_base")
+    memos = ProjectionMemos()
+    messages = _history(30)
+    digests, chain = digests_and_chain(messages)
+    cfg = DefenseConfig(context_window_tokens=100_000)
+    project(messages, digests=digests, chain_hashes=chain, events=[], config=cfg, counter=counter,
+            session_id="s", memos=memos)
+    state = memos.prefixes.take(chain)
+    assert isinstance(state, PrefixState) and state.length == 30
+    assert state.counts[counter.memo_key] == [counter.count_message(m) for m in messages]
+    assert state.items == [] and state.index == {}  # the shortcut needs neither: nothing built
+    state.items = CHAT.items(messages)
+    state.items_codec = CHAT.name
+    memos.prefixes.keep(chain, state)
+    assert state.weight() == 60

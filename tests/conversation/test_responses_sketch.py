@@ -1,0 +1,125 @@
+"""A test-only sketch of an OpenAI Responses codec: its ``input`` items fit the model, and the
+unchanged projection plans over them without cutting a ``reasoning`` item (with
+``encrypted_content``) from the item after it, nor a ``function_call`` from its output."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from proxy.conversation.canonical import digests_and_chain
+from proxy.conversation.chat_codec import CANCELLED_TEXT
+from proxy.conversation.model import (
+    ASSISTANT,
+    BINDS_NEXT,
+    BINDS_NONE,
+    BINDS_PREVIOUS,
+    CALL,
+    OPAQUE,
+    SYSTEM,
+    TOOL,
+    USER,
+    Item,
+    Piece,
+    group_start,
+)
+from proxy.defenses.config import DefenseConfig
+from proxy.defenses.pairs import dangling_calls
+from proxy.defenses.plans import SummaryPlan
+from proxy.projection import ProjectionMemos, project
+from proxy.tokens.counter import TokenCounter
+from tests.defenses.helpers import fabricate_event
+
+_ROLE_KINDS = {"user": USER, "assistant": ASSISTANT, "system": SYSTEM, "developer": SYSTEM}
+
+
+class ResponsesSketch:
+    """Just enough of a codec for the projection: pieces, items, answers (no parts, no apply)."""
+
+    name = "responses-sketch"
+
+    def pieces(self, body: Mapping[str, Any]) -> list[Piece]:
+        items = body.get("input")
+        out: list[Piece] = list(items) if isinstance(items, list) else [{"role": "user", "content": items}]
+        if isinstance(body.get("instructions"), str):
+            out.insert(0, {"role": "developer", "content": body["instructions"]})
+        return out
+
+    def item(self, piece: Piece) -> Item:
+        kind = piece.get("type", "message")
+        if kind == "message":
+            return Item(_ROLE_KINDS.get(piece.get("role", ""), OPAQUE), piece.get("role"))
+        if kind == "reasoning" and "encrypted_content" in piece:
+            return Item(OPAQUE, kind, binds=BINDS_NEXT, sealed=True)
+        if kind == "function_call":
+            return Item(CALL, kind, calls=(piece["call_id"],))
+        if kind == "function_call_output":
+            return Item(TOOL, kind, answers=(piece["call_id"],), answer=True, binds=BINDS_PREVIOUS)
+        return Item(OPAQUE, kind, binds=BINDS_PREVIOUS)
+
+    def items(self, pieces: Sequence[Piece]) -> list[Item]:
+        out = [self.item(p) for p in pieces]
+        for i in range(1, len(out)):  # parallel calls: a call right after a call is in its group
+            if out[i].kind == CALL and out[i - 1].kind == CALL:
+                out[i] = out[i]._replace(binds=BINDS_PREVIOUS)
+        return out
+
+    def insert_answers(self, pieces: list[Piece], found: list[tuple[int, list[str]]], text: str) -> list[Piece]:
+        out = list(pieces)
+        for at, ids in reversed(found):
+            out[at:at] = [{"type": "function_call_output", "call_id": cid, "output": text} for cid in ids]
+        return out
+
+
+SKETCH = ResponsesSketch()
+
+
+def _input(steps: int) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": "Refactor the parser."}]
+    for k in range(steps):
+        items += [
+            {"type": "reasoning", "id": f"rs_{k}", "summary": [], "encrypted_content": "gAAAA" + "x" * 200},
+            {"type": "function_call", "call_id": f"a{k}", "name": "read_file", "arguments": '{"path": "p.py"}'},
+            {"type": "function_call", "call_id": f"b{k}", "name": "read_file", "arguments": '{"path": "q.py"}'},
+            {"type": "function_call_output", "call_id": f"a{k}", "output": f"line {k}\n" * 300},
+            {"type": "function_call_output", "call_id": f"b{k}", "output": f"line {k}\n" * 300},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": f"Step {k} done."}]},
+        ]
+    return items
+
+
+def test_responses_items_fit_the_model() -> None:
+    pieces = SKETCH.pieces({"instructions": "Be brief.", "input": _input(1)})
+    items = SKETCH.items(pieces)
+    assert [i.kind for i in items] == [SYSTEM, USER, OPAQUE, CALL, CALL, TOOL, TOOL, ASSISTANT]
+    assert items[2].binds == BINDS_NEXT and items[3].binds == BINDS_NONE and items[4].binds == BINDS_PREVIOUS
+    for i in (3, 4, 5, 6):
+        assert group_start(items, i) == 2  # reasoning, its calls and their outputs: one group
+    assert dangling_calls(items) == []
+    assert dangling_calls(items[:6]) == [(6, ["b0"])]
+
+
+def test_the_projection_plans_over_responses_items_without_splitting_their_groups() -> None:
+    counter = TokenCounter("o200k_base")
+    pieces = SKETCH.pieces({"instructions": "Be brief.", "input": _input(8)})
+    digests, chain = digests_and_chain(pieces)
+    memos = ProjectionMemos()
+    kw: dict[str, Any] = {"digests": digests, "chain_hashes": chain, "counter": counter, "session_id": "s",
+                          "memos": memos, "codec": SKETCH}
+    whole = project(pieces, events=[], config=DefenseConfig(context_window_tokens=10_000_000), **kw)
+    cfg = DefenseConfig(context_window_tokens=int(whole.tokens_client / 0.85 * 0.9))
+    plan = project(pieces, events=[], config=cfg, **kw).plan
+    assert isinstance(plan, SummaryPlan)
+    items = SKETCH.items(pieces)
+    assert group_start(items, plan.cutoff_index + 1) == plan.cutoff_index + 1  # a group boundary
+    p = project(pieces, events=[fabricate_event(plan)], config=cfg, **kw)
+    assert p.plan is None and "summary" in p.applied
+    kept = p.messages[2:]
+    assert kept[0].get("type") in ("reasoning", "message")
+    for i, piece in enumerate(kept):
+        if piece.get("type") == "reasoning":
+            assert kept[i + 1].get("type") == "function_call"  # never the last of what is kept
+        if piece.get("type") == "function_call_output":
+            calls = [q["call_id"] for q in kept[:i] if q.get("type") == "function_call"]
+            assert piece["call_id"] in calls
+    assert all(piece.get("output") != CANCELLED_TEXT for piece in p.messages)
