@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from proxy.compaction.overflow import Overflow, classify_error, classify_stream_event
 from tests.fakes.styles import OVERFLOW_STYLES, OverflowContext
+from tests.support.shared import needs_cases
 
 CASES_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "cases"
 REQUEST_ID = "req_8c1f20250613a7e9d3b4201477"  # digits a careless parser would read
@@ -191,6 +192,7 @@ def _case_errors() -> list[Any]:
 CASE_ERRORS = _case_errors()
 
 
+@needs_cases
 def test_case_files_were_found_and_parsed() -> None:
     ids = {p.id for p in CASE_ERRORS}
     assert {"008-style", "010-style", "011-style-message", "013-style", "014-style", "019-rule0", "031-rule0", "032-rule0"} <= ids

@@ -124,7 +124,7 @@ def test_arguments_query_alone_reference_alone_and_both() -> None:
 
 
 def test_the_texts_tell_the_model_to_search_and_stay_stable() -> None:
-    props = read_tool_schema.__wrapped__("context_proxy_read")["function"]["parameters"]["properties"]
+    props = read_tool_schema("context_proxy_read")["function"]["parameters"]["properties"]
     assert {"query", "regex", "reference", "offset", "limit"} == set(props)
-    assert "Search first" in read_tool_schema.__wrapped__("context_proxy_read")["function"]["description"]
+    assert "Search first" in read_tool_schema("context_proxy_read")["function"]["description"]
     assert search_hint("t", "art_1") == 'Search it first with `t` {"query": "words", "reference": "art_1"}, then read around a match.'

@@ -1,4 +1,4 @@
-"""``compactor.ReferenceMemo``: ``any(references_in(messages))``, reading only messages new since a
+"""``proxy.compaction.references.ReferenceMemo``: ``any(references_in(messages))``, reading only messages new since a
 remembered prefix (the per-request cost of deciding whether to offer the read tool)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from proxy.compaction.compactor import (
+from proxy.compaction.references import (
     REFERENCE_CHECKPOINT,
     REFERENCE_LOOKBACK,
     ReferenceMemo,

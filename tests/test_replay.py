@@ -8,6 +8,7 @@ from proxy.offline.replay import load_trace, offline_summary, replay, request_in
 from proxy.settings import Settings
 from proxy.tokens.counter import load_counter
 from tests.conftest import SHARED_DIR
+from tests.support.shared import needs_traces
 
 TRACES = sorted((SHARED_DIR / "traces").glob("*.jsonl"))
 
@@ -49,6 +50,7 @@ def test_every_trace_fits_a_16k_window_with_the_proxy(trace, counter) -> None:
         assert report.summary_calls >= report.compactions.get("summary", 0)
 
 
+@needs_traces
 def test_replay_is_deterministic_and_uses_the_model_profile(counter) -> None:
     messages = load_trace(SHARED_DIR / "traces" / "swe-agent__pydicom-1458__gpt-4.jsonl")
     first = replay(messages, model="gpt-4", settings=Settings(), window_tokens=8192, counter=counter)
@@ -57,3 +59,16 @@ def test_replay_is_deterministic_and_uses_the_model_profile(counter) -> None:
     profiled = replay(messages, model="gpt-4o", settings=Settings(), counter=counter)
     assert profiled.window_tokens == 128_000 and profiled.compactions == {}
     assert profiled.tokens_with == profiled.tokens_without
+
+
+def test_replay_forwards_the_same_bytes_each_time_and_untouched_requests_as_sent(counter) -> None:
+    import orjson
+
+    messages = load_trace(SHARED_DIR / "traces" / "swe-agent__pydicom-1458__gpt-4.jsonl")
+    runs: list[list[tuple[int, bytes]]] = [[], []]
+    for bodies in runs:
+        replay(messages, model="gpt-4o", settings=Settings(), window_tokens=128_000, counter=counter,
+               on_forward=lambda turn, body, bodies=bodies: bodies.append((turn, body)))
+    assert runs[0] == runs[1]
+    first = request_indices(messages)[0]
+    assert runs[0][0] == (1, orjson.dumps({"model": "gpt-4o", "messages": messages[:first]}))

@@ -135,7 +135,9 @@ class _Known:
     def window(self) -> int | None:
         """The learned window in force (``None``: none, or expired)."""
         r = self.record
-        if r is None or r.context_window_tokens is None or (r.expires_at is not None and r.expires_at <= datetime.now(UTC)):
+        if r is None or r.context_window_tokens is None:
+            return None
+        if r.expires_at is not None and r.expires_at <= datetime.now(UTC):
             return None
         return r.context_window_tokens
 
@@ -185,7 +187,8 @@ class LearnedLimits:
         Raises ``StorageError`` when the stored limits cannot be read."""
         known = await self._get(tenant, model)
         profile = self.profiles.resolve(model, known.window if known is not None else None)
-        tokens, source = (profile.context_window_tokens, profile.source) if profile is not None else (None, None)
+        tokens: int | None = profile.context_window_tokens if profile is not None else None
+        source: str | None = profile.source if profile is not None else None
         if source == "learned" and known is not None and known.record is not None and known.record.source == "usage":
             source = "usage"
         local = self._session.fresh((tenant, model, session_pk)) if session_pk is not None else None
@@ -225,7 +228,8 @@ class LearnedLimits:
         if prompt is not None and not (estimate / STATED_FACTOR <= prompt <= estimate * STATED_FACTOR):
             return None, None  # not about this request: believe neither number
         if window is not None:
-            largest = (prompt + sent.reserved_tokens) * 1.1 + 16 if prompt is not None else sent.estimate_tokens * STATED_FACTOR
+            largest = ((prompt + sent.reserved_tokens) * 1.1 + 16 if prompt is not None
+                       else sent.estimate_tokens * STATED_FACTOR)
             if window < MIN_STATED_WINDOW_TOKENS or window > largest:
                 window = None
         return window, prompt
@@ -262,7 +266,7 @@ class LearnedLimits:
         prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
         if not isinstance(prompt, int) or isinstance(prompt, bool) or prompt <= 0 or len(sent.model) > MAX_MODEL_CHARS:
             return False
-        known = self._known.fresh((sent.tenant, sent.model))
+        known: _Known | None = self._known.fresh((sent.tenant, sent.model))
         if known is None:
             return False  # every request reads its limits first (``view``): nothing to compare with
         if known.window is not None and prompt > known.window:  # the provider took more: it was wrong
@@ -278,7 +282,8 @@ class LearnedLimits:
         if estimate > prompt * TRUNCATION_SUSPECT_RATIO and self.exact:
             if estimate >= USAGE_MIN_ESTIMATE_TOKENS:
                 self._suspect(sent, known, prompt)
-        elif not any(w and abs(prompt - w) <= USAGE_AGREEMENT * w for w in (known.window, local, known.suspected_prompt)):
+        elif not any(w and abs(prompt - w) <= USAGE_AGREEMENT * w
+                     for w in (known.window, local, known.suspected_prompt)):
             self._sample(known, prompt / estimate)  # (a count at a window is a cut prompt, not a ratio)
         return known.window_dirty or known.ratio_dirty
 
@@ -307,7 +312,8 @@ class LearnedLimits:
         ttl_s = self.ttl_s if source != "usage" else min(self.ttl_s, USAGE_WINDOW_S)
         expires = now + timedelta(seconds=ttl_s) if window is not None else None
         base = known.record or LearnedLimitRecord(sent.tenant, self.upstream, sent.model, None, None, None, now, None)
-        known.record = dataclasses.replace(base, context_window_tokens=window, source=source, updated_at=now, expires_at=expires)
+        known.record = dataclasses.replace(base, context_window_tokens=window, source=source, updated_at=now,
+                                           expires_at=expires)
         known.window_dirty = True
 
     async def _store_window(self, sent: Sent, known: _Known, window: int, source: str) -> None:
@@ -319,7 +325,7 @@ class LearnedLimits:
         """Store what changed for ``sent``'s tenant and model: the window columns and the ratio
         column each on their own (another replica's write of the other part is kept). Never raises."""
         known = self._known.fresh((sent.tenant, sent.model))
-        if known is None or known.record is None and known.ratio is None:
+        if known is None or (known.record is None and known.ratio is None):
             return
         now = datetime.now(UTC)
         key = (sent.tenant, self.upstream, sent.model)

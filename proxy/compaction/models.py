@@ -134,13 +134,11 @@ def _best(rules: list[_Rule], names: list[str]) -> ModelProfile | None:
     most literal characters, then the earliest in the table."""
     best: _Rule | None = None
     for rule in rules:
-        if rule.exact:
-            hit = rule.pattern in names
-        else:
-            hit = any(fnmatch.fnmatchcase(n, rule.pattern) for n in names)
+        hit = rule.pattern in names if rule.exact else any(fnmatch.fnmatchcase(n, rule.pattern) for n in names)
         if not hit:
             continue
-        if best is None or (rule.exact, rule.literal_chars, -rule.order) > (best.exact, best.literal_chars, -best.order):
+        rank = (rule.exact, rule.literal_chars, -rule.order)
+        if best is None or rank > (best.exact, best.literal_chars, -best.order):
             best = rule
     return best.profile if best else None
 
@@ -156,7 +154,8 @@ def load_table(path: str) -> Any:
             return orjson.loads(text)
         return yaml.safe_load(text)
     except (orjson.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ValueError(f"models file {path}: not valid {'JSON' if path.endswith('.json') else 'YAML'}: {exc}") from exc
+        kind = "JSON" if path.endswith(".json") else "YAML"
+        raise ValueError(f"models file {path}: not valid {kind}: {exc}") from exc
 
 
 class ModelProfiles:
@@ -168,7 +167,8 @@ class ModelProfiles:
     def __init__(self, models_file: str | None = None) -> None:
         builtin = yaml.safe_load(resources.files("proxy.compaction").joinpath("models_builtin.yaml").read_text())
         self._builtin = _parse_rules(builtin, "builtin", "models_builtin.yaml")
-        self._config = _parse_rules(load_table(models_file), "config", f"models file {models_file}") if models_file else []
+        self._config = (_parse_rules(load_table(models_file), "config", f"models file {models_file}")
+                        if models_file else [])
         self._lookups: dict[str, ModelProfile | None] = {}
 
     def lookup(self, model: str) -> ModelProfile | None:

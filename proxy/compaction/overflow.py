@@ -345,7 +345,8 @@ def _classify(status: int, parsed: _Parsed, sent: Any) -> Overflow | None:
     return Overflow("context", parsed.n_ctx or stated, strong or rule.provider_style, message, prompt)
 
 
-def classify_error(status: int, body: bytes, headers: Mapping[str, str] | None = None, *, sent: Any = None) -> Overflow | None:
+def classify_error(status: int, body: bytes, headers: Mapping[str, str] | None = None, *,
+                   sent: Any = None) -> Overflow | None:
     """Classify an upstream error response. Returns an ``Overflow`` or ``None`` (not an overflow).
 
     ``status`` is the HTTP status, ``body`` the raw response bytes. ``headers`` is accepted for

@@ -26,7 +26,8 @@ def plot_replay(report: ReplayReport, path: str | Path, title: str | None = None
     ax.plot(turns, [t.tokens_without for t in report.turns], label="without the proxy", color="#c0392b")
     ax.plot(turns, [t.tokens_with for t in report.turns], label="with the proxy", color="#2471a3")
     if report.window_tokens:
-        ax.axhline(report.window_tokens, linestyle="--", color="gray", label=f"context window ({report.window_tokens:,})")
+        ax.axhline(report.window_tokens, linestyle="--", color="gray",
+                   label=f"context window ({report.window_tokens:,})")
     labelled = False
     for t in report.turns:
         if t.compactions:
@@ -34,7 +35,8 @@ def plot_replay(report: ReplayReport, path: str | Path, title: str | None = None
             labelled = True
     ax.set_xlabel("request (turn)")
     ax.set_ylabel("prompt tokens")
-    ax.set_title(title or f"{report.model}: {report.saved_fraction:.0%} fewer prompt tokens ({OFFLINE_LABEL.split(':')[0]})")
+    label = OFFLINE_LABEL.split(":")[0]
+    ax.set_title(title or f"{report.model}: {report.saved_fraction:.0%} fewer prompt tokens ({label})")
     ax.legend(loc="upper left")
     ax.grid(alpha=0.3)
     fig.tight_layout()

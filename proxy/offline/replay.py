@@ -2,12 +2,15 @@
 
 ``context-proxy replay TRACE.jsonl --model M`` reads a trace (one chat message per line, the format
 of ``../shared/traces``), and replays it as its agent sent it: before each assistant message the
-client sends every message so far. Each request goes through ``proxy.projection.project`` and the
-plan loop of ``proxy.compaction.compactor.ProjectingCompactor.prepare`` (at most ``MAX_PLAN_ROUNDS`` plans
-executed per request, events kept in memory for the rest of the session, a forced compaction when
-the forwarded estimate would still overflow, at most ``max_overflow_retries`` times).
+client sends every message so far. Each request goes through the proxy's own plan loop
+(``proxy.compaction.plan_loop.PlanLoop``, the code ``ProjectingCompactor.prepare`` runs: the same
+projection, event ids, own tools and body bytes), with events kept in memory for the rest of the
+session and a forced compaction when the forwarded estimate would still overflow, at most
+``max_overflow_retries`` times. Given the live session (``ReplaySession``) and the live summaries
+(``summary_model``), it forwards byte for byte what the proxy forwarded
+(``tests/compaction/test_replay_live_bytes.py``); what differs is only where the I/O went.
 
-**It is an offline estimate.** Summaries come from a deterministic local summarizer
+**By default it is an offline estimate.** Summaries come from a deterministic local summarizer
 (``offline_summary``: the first line of each summarized message and the lines that carry facts,
 ``FACT:``/``DECISION:``/``TODO:``/``NOTE:``), cut to the size the planner expects of a model's
 summary (``DefenseConfig.summary_estimate_tokens``). A real summary differs in wording, not in
@@ -17,9 +20,10 @@ estimate exceeds the context window.
 
 from __future__ import annotations
 
-import hashlib
+import asyncio
+import contextlib
 import re
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,18 +31,15 @@ from typing import Any
 
 import orjson
 
-from proxy.compaction.compactor import MAX_PLAN_ROUNDS
 from proxy.compaction.models import ModelProfiles
+from proxy.compaction.offer import OwnToolOffer
+from proxy.compaction.plan_loop import PlanLoop
+from proxy.compaction.references import StoredContent
+from proxy.compaction.summarizer import Summarizer, SummaryModel
 from proxy.conversation.canonical import digests_and_chain
-from proxy.defenses.config import SUMMARY_HEADER_TOKENS
-from proxy.defenses.summarize import (
-    PROMPT_OVERHEAD_TOKENS,
-    chunk_budget_tokens,
-    render_message,
-    render_transcript,
-    summary_chunks,
-)
-from proxy.projection import DefenseConfig, Projection, SummaryPlan, project
+from proxy.defenses.config import SUMMARY_HEADER_TOKENS, DefenseConfig
+from proxy.defenses.offload import ArtifactToStore
+from proxy.defenses.summarize import PROMPT_OVERHEAD_TOKENS, render_message, render_transcript
 from proxy.settings import Settings
 from proxy.tokens.counter import TokenCounter, load_counter
 from storage.records import EventRecord
@@ -69,7 +70,8 @@ def load_trace(path: str | Path) -> list[dict[str, Any]]:
     return messages
 
 
-def offline_summary(previous: str | None, messages: list[dict[str, Any]], budget_tokens: int, counter: TokenCounter) -> str:
+def offline_summary(previous: str | None, messages: list[dict[str, Any]], budget_tokens: int,
+                    counter: TokenCounter) -> str:
     """A deterministic stand-in for a model's summary of ``messages`` folded into ``previous``.
 
     Keeps, in order, the previous summary's lines, then per message its role and first line (cut
@@ -175,81 +177,123 @@ def request_indices(messages: list[dict[str, Any]]) -> list[int]:
     return [i for i, m in enumerate(messages) if m.get("role") == "assistant" and i > 0]
 
 
-class _Session:
-    """Replays one conversation; events live in memory as the store would keep them."""
+class OfflineSummaryModel:
+    """``offline_summary`` as a ``proxy.compaction.summarizer.SummaryModel``: each summary cut to
+    ``budget_tokens`` (the size the planner expects of a model's summary), whatever the reply budget."""
 
-    def __init__(self, messages: list[dict[str, Any]], model: str, settings: Settings, window: int | None,
-                 counter: TokenCounter, tools: list[dict[str, Any]] | None, reserved_output_tokens: int) -> None:
-        self.messages, self.model, self.settings, self.counter = messages, model, settings, counter
-        self.tools, self.reserved = tools, reserved_output_tokens
-        self.cfg = DefenseConfig.from_settings(settings, window)
-        self.digests, self.chain = digests_and_chain(messages)
+    def __init__(self, counter: TokenCounter, budget_tokens: int) -> None:
+        self.counter, self.budget_tokens = counter, budget_tokens
+
+    async def summarize(self, previous: str | None, chunk: list[dict[str, Any]], reply_tokens: int) -> str:
+        return offline_summary(previous, chunk, self.budget_tokens, self.counter)
+
+
+class _Counted:
+    """A ``SummaryModel`` that counts the calls made of ``inner`` and their input tokens (the
+    transcript, the prompt's fixed part and the previous summary, as the proxy would send)."""
+
+    def __init__(self, inner: SummaryModel, counter: TokenCounter) -> None:
+        self.inner, self.counter = inner, counter
+        self.calls = self.input_tokens = 0
+
+    async def summarize(self, previous: str | None, chunk: list[dict[str, Any]], reply_tokens: int) -> str:
+        prior = self.counter.count_text(previous) if previous else 0
+        self.calls += 1
+        self.input_tokens += self.counter.count_text(render_transcript(chunk)) + PROMPT_OVERHEAD_TOKENS + prior
+        return await self.inner.summarize(previous, chunk, reply_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplaySession:
+    """The session a replay stands for: its store key and the client's session id (both appear in
+    what is forwarded: event ids hash ``pk``, archive URLs name ``session_id``)."""
+
+    pk: int = 0
+    session_id: str = REPLAY_SESSION_ID
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayRequest:
+    """One replayed request as the plan loop reads it (``proxy.compaction.plan_loop.PlanInput``)."""
+
+    body: dict[str, Any]
+    raw: bytes
+    messages: list[dict[str, Any]]
+    digests: list[str]
+    chain: list[str]
+    session: ReplaySession
+    expanded: bool = False
+    compact_tool: bool = False
+
+
+class _MemoryEffects:
+    """The plan loop's I/O kept in memory: artifacts count as stored, events live in a list as the
+    store would keep them, summaries come from ``model``."""
+
+    def __init__(self, model: _Counted) -> None:
+        self.model = model
         self.events: list[EventRecord] = []
+        self.added: list[str] = []
 
-    def _project(self, n: int, force: bool) -> Projection:
-        return project(
-            self.messages[:n], digests=self.digests[:n], chain_hashes=self.chain[:n], tools=self.tools,
-            reserved_output_tokens=self.reserved, events=self.events, config=self.cfg, counter=self.counter,
-            session_id=REPLAY_SESSION_ID, force=force,
-        )
+    async def store_artifacts(self, artifacts: Sequence[ArtifactToStore]) -> bool:
+        return True
 
-    def _execute(self, proj: Projection, result: dict[str, Any]) -> EventRecord:
-        plan = proj.plan
-        assert plan is not None
-        if isinstance(plan, SummaryPlan):
-            summary, calls, cost = self._summarize(plan)
-            result["summary_calls"] += calls
-            result["summary_input_tokens"] += cost
-            payload, after = plan.payload(summary), plan.tokens_after_estimate
-        else:
-            payload, after = plan.payload(), plan.tokens_after
-        digest = hashlib.sha256(f"{plan.kind}:{plan.anchor_hash}".encode()).hexdigest()[:24]
-        event = EventRecord(f"evt_{digest}", 0, plan.kind, plan.anchor_hash, payload, plan.tokens_before, after,
-                            _EPOCH)
-        result["compactions"].append(plan.kind)
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[list[EventRecord]]:
+        yield self.events
+
+    async def add_event(self, event: EventRecord, events: list[EventRecord]) -> EventRecord:
+        self.events = [*events, event]
+        self.added.append(event.kind)
         return event
 
-    def _summarize(self, plan: SummaryPlan) -> tuple[str, int, int]:
-        """The offline summary, and the summary calls (count, input tokens) the proxy would make."""
-        window = self.cfg.context_window_tokens or self.settings.fallback_trigger_tokens
-        budget = self.cfg.summary_estimate_tokens - SUMMARY_HEADER_TOKENS
-        summary = plan.previous_summary
-        calls = cost = 0
-        prior = self.counter.count_text(summary) if summary else 0
-        for chunk in summary_chunks(plan.to_summarize, chunk_budget_tokens(window, self.settings.summary_max_tokens, prior),
-                                    self.counter):
-            cost += self.counter.count_text(render_transcript(chunk)) + PROMPT_OVERHEAD_TOKENS + prior
-            calls += 1
-            summary = offline_summary(summary, chunk, budget, self.counter)
-            prior = self.counter.count_text(summary)
-        return summary or "", calls, cost
+    def summary_model(self) -> SummaryModel:
+        return self.model
 
-    def prepare(self, n: int, force: bool, result: dict[str, Any]) -> Projection:
-        """``ProjectingCompactor.prepare`` without I/O (artifacts count as stored)."""
-        proj = self._project(n, force)
-        for _ in range(MAX_PLAN_ROUNDS):
-            if proj.plan is None:
+    def now(self) -> datetime:
+        return _EPOCH
+
+
+class _Session:
+    """Replays one conversation through the live plan loop (``PlanLoop``)."""
+
+    def __init__(self, messages: list[dict[str, Any]], model: str, settings: Settings, window: int | None,
+                 counter: TokenCounter, fields: dict[str, Any], session: ReplaySession,
+                 summary_model: SummaryModel | None) -> None:
+        self.messages, self.model, self.settings, self.counter = messages, model, settings, counter
+        self.window, self.fields, self.session = window, fields, session
+        self.loop = PlanLoop(settings, counter, OwnToolOffer(settings, StoredContent()), Summarizer(settings, counter))
+        if summary_model is None:
+            budget = DefenseConfig.from_settings(settings, window).summary_estimate_tokens - SUMMARY_HEADER_TOKENS
+            summary_model = OfflineSummaryModel(counter, budget)
+        self.effects = _MemoryEffects(_Counted(summary_model, counter))
+        self.digests, self.chain = digests_and_chain(messages)
+
+    def request(self, n: int) -> ReplayRequest:
+        """The client's request before message ``n``: ``{"model", "messages", **fields}``."""
+        body = {"model": self.model, "messages": self.messages[:n], **self.fields}
+        return ReplayRequest(body, orjson.dumps(body), body["messages"], self.digests[:n], self.chain[:n], self.session)
+
+    async def turn(self, number: int, n: int, on_forward: Callable[[int, bytes], None] | None) -> TurnResult:
+        model, effects = self.effects.model, self.effects
+        calls, cost, added = model.calls, model.input_tokens, len(effects.added)
+        req, window = self.request(n), self.window
+        force = False
+        for retries in range(self.settings.max_overflow_retries + 1):
+            planned = await self.loop.prepare(req, window, effects.events, effects, force=force, force_media=False)
+            p, proj = planned.prepared, planned.projection
+            if on_forward is not None:
+                on_forward(number, p.body)
+            over = window is not None and (p.tokens_forwarded or 0) > window
+            if not over or proj.reason_unfittable or retries == self.settings.max_overflow_retries:
                 break
-            self.events.append(self._execute(proj, result))
-            force = False
-            proj = self._project(n, force)
-        return proj
-
-    def turn(self, number: int, n: int) -> TurnResult:
-        result: dict[str, Any] = {"compactions": [], "summary_calls": 0, "summary_input_tokens": 0}
-        window = self.cfg.context_window_tokens
-        proj = self.prepare(n, False, result)
-        retries = 0
-        while (window is not None and proj.tokens_forwarded > window and not proj.reason_unfittable
-               and retries < self.settings.max_overflow_retries):
-            retries += 1  # the upstream would answer with an overflow: the pipeline compacts and retries
-            proj = self.prepare(n, True, result)
-        over = window is not None and proj.tokens_forwarded > window
+            force = True  # the upstream would answer with an overflow: the pipeline compacts and retries
+        tokens_client, tokens_forwarded = p.tokens_client or 0, p.tokens_forwarded or 0
         return TurnResult(
-            turn=number, message_count=n, tokens_without=proj.tokens_client, tokens_with=proj.tokens_forwarded,
-            compactions=tuple(result["compactions"]), applied=proj.applied,
-            summary_calls=result["summary_calls"], summary_input_tokens=result["summary_input_tokens"],
-            overflow_without=window is not None and proj.tokens_client > window,
+            turn=number, message_count=n, tokens_without=tokens_client, tokens_with=tokens_forwarded,
+            compactions=tuple(effects.added[added:]), applied=p.applied,
+            summary_calls=model.calls - calls, summary_input_tokens=model.input_tokens - cost,
+            overflow_without=window is not None and tokens_client > window,
             overflow_with=over or proj.reason_unfittable is not None, unfittable=proj.reason_unfittable,
         )
 
@@ -272,20 +316,54 @@ def replay(
     tools: list[dict[str, Any]] | None = None,
     reserved_output_tokens: int = 0,
     on_turn: Callable[[TurnResult, int], None] | None = None,
+    session: ReplaySession | None = None,
+    summary_model: SummaryModel | None = None,
+    on_forward: Callable[[int, bytes], None] | None = None,
+) -> ReplayReport:
+    """``areplay`` run to its end in a new event loop (for callers outside one: the CLI, tests)."""
+    return asyncio.run(areplay(messages, model=model, settings=settings, window_tokens=window_tokens, counter=counter,
+                               tools=tools, reserved_output_tokens=reserved_output_tokens, on_turn=on_turn,
+                               session=session, summary_model=summary_model, on_forward=on_forward))
+
+
+async def areplay(
+    messages: list[dict[str, Any]],
+    *,
+    model: str,
+    settings: Settings,
+    window_tokens: int | None = None,
+    counter: TokenCounter | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    reserved_output_tokens: int = 0,
+    on_turn: Callable[[TurnResult, int], None] | None = None,
+    session: ReplaySession | None = None,
+    summary_model: SummaryModel | None = None,
+    on_forward: Callable[[int, bytes], None] | None = None,
 ) -> ReplayReport:
     """Replay ``messages`` (a trace) turn by turn; ``on_turn(result, total_turns)`` after each turn.
 
-    ``window_tokens`` overrides the model profile's window. ``counter`` defaults to the proxy's
-    (``load_counter(settings.tiktoken_cache_dir)``). Deterministic: the same input gives the
-    same report.
+    Each request is ``{"model": model, "messages": messages[:n]}`` (plus ``tools`` and
+    ``max_tokens: reserved_output_tokens`` when given), serialized as ``orjson.dumps`` does, and
+    goes through the live plan loop (``proxy.compaction.plan_loop.PlanLoop.prepare``) with the
+    window ``window_tokens`` (default: the model profile's) and events kept in memory;
+    ``on_forward(turn, body)`` gets every body the proxy would forward (a forced compaction's
+    retry too). ``session``: the session the events belong to (default ``pk`` 0, id
+    ``"replay"``); ``summary_model``: who writes summaries (default ``OfflineSummaryModel``).
+    ``counter`` defaults to the proxy's (``load_counter(settings.tiktoken_cache_dir)``).
+    Deterministic: the same input gives the same report and the same bytes.
     """
     counter = counter or load_counter(settings.tiktoken_cache_dir)
     window = resolve_window(model, settings, window_tokens)
-    session = _Session(messages, model, settings, window, counter, tools, reserved_output_tokens)
+    fields: dict[str, Any] = {}
+    if tools:
+        fields["tools"] = tools
+    if reserved_output_tokens > 0:
+        fields["max_tokens"] = reserved_output_tokens
+    replayed = _Session(messages, model, settings, window, counter, fields, session or ReplaySession(), summary_model)
     report = ReplayReport(model=model, window_tokens=window, exact_tokens=counter.exact)
     indices = request_indices(messages)
     for number, n in enumerate(indices, 1):
-        result = session.turn(number, n)
+        result = await replayed.turn(number, n, on_forward)
         report.turns.append(result)
         if on_turn is not None:
             on_turn(result, len(indices))

@@ -12,8 +12,8 @@ Untrusted text (message content, names, roles, ids, tool names and arguments) ca
 structure: block text is fenced with more backticks than any run inside it and indented two
 spaces (so no untrusted line starts at column 0, even for a reader that does not parse
 Markdown), inline values are JSON-quoted in code spans, and headings and the "internal (served
-by context-proxy)" marker come only from our data. Lines are separated by ``\\n`` only (other line breaks ``str.splitlines``
-knows become ``\\n``; lone surrogates become ``\\udXXX``), and no line is longer than
+by context-proxy)" marker come only from our data. Lines are separated by ``\\n`` only (other line
+breaks ``str.splitlines`` knows become ``\\n``; lone surrogates become ``\\udXXX``), and no line is longer than
 ``LINE_CHARS`` characters (longer content lines continue on the next line), so splitting by
 ``\\n`` and by ``str.splitlines`` gives the same numbering.
 """
@@ -21,7 +21,7 @@ knows become ``\\n``; lone surrogates become ``\\udXXX``), and no line is longer
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -125,7 +125,8 @@ def _block(text: str, info: str) -> Iterator[str]:
     indented by ``BLOCK_INDENT`` (Markdown strips it again: CommonMark removes a fence's own
     indentation from its lines), so no untrusted line starts at column 0."""
     lines = _wrapped(_clean(text))
-    fence = "`" * max(3, 1 + max((len(m) for line in lines if "`" in line for m in _BACKTICKS.findall(line)), default=0))
+    longest = max((len(m) for line in lines if "`" in line for m in _BACKTICKS.findall(line)), default=0)
+    fence = "`" * max(3, 1 + longest)
     yield BLOCK_INDENT + fence + info
     for line in lines:
         yield BLOCK_INDENT + line
@@ -152,7 +153,8 @@ def message_lines(record: MessageRecord) -> Iterator[str]:
     content = m.get("content")
     if isinstance(content, list):
         for part in content:
-            if isinstance(part, dict) and not isinstance(part.get("text"), str) and not isinstance(part.get("content"), str):
+            if (isinstance(part, dict) and not isinstance(part.get("text"), str)
+                    and not isinstance(part.get("content"), str)):
                 yield f"[{_inline(part.get('type', 'part'))} part: {len(orjson.dumps(part))} bytes]"
                 yield ""
     text = text_of(content)
@@ -162,7 +164,7 @@ def message_lines(record: MessageRecord) -> Iterator[str]:
     calls = m.get("tool_calls")
     for call in calls if isinstance(calls, list) else ():
         call = call if isinstance(call, dict) else {}
-        fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+        fn = call["function"] if isinstance(call.get("function"), dict) else {}
         arguments = fn.get("arguments", "")
         yield f"**tool call** {_inline(call.get('id'))} {_inline(fn.get('name'))}:"
         yield ""
@@ -243,7 +245,7 @@ def render_archive(session_id: str, messages: Sequence[MessageRecord], events: S
 
 async def stream_archive_lines(
     store: Store, session_id: str, session_pk: int, leaf_hash: str | None, *, page_messages: int = PAGE_MESSAGES
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     """The archive's lines for the branch ending at ``leaf_hash`` (a tip the caller resolved;
     ``None``: an empty session). The branch's message ids are read once, then the messages in
     pages by id of about ``PAGE_CHARS`` characters (at most ``page_messages`` messages), so memory

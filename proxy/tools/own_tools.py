@@ -33,12 +33,15 @@ class OwnCall:
     arguments: list[str] = field(default_factory=list)
 
     def as_tool_call(self) -> dict[str, Any]:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": "".join(self.arguments)}}
+        function = {"name": self.name, "arguments": "".join(self.arguments)}
+        return {"id": self.id, "type": "function", "function": function}
 
 
-def split_calls(calls: list[dict[str, Any]] | None, own: frozenset[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def split_calls(calls: list[dict[str, Any]] | None,
+                own: frozenset[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """``(own_calls, client_calls)`` of a complete ``tool_calls`` list."""
-    mine, theirs = [], []
+    mine: list[dict[str, Any]] = []
+    theirs: list[dict[str, Any]] = []
     for call in calls or ():
         name = (call.get("function") or {}).get("name")
         (mine if name in own else theirs).append(call)
@@ -103,6 +106,7 @@ class StreamToolFilter:
         new_delta = {k: v for k, v in delta.items() if k != "tool_calls"}
         if kept:
             new_delta["tool_calls"] = kept
-        if not kept and not new_delta.get("content") and not choice.get("finish_reason") and len(choices) == 1 and not chunk.get("usage"):
+        if (not kept and not new_delta.get("content") and not choice.get("finish_reason") and len(choices) == 1
+                and not chunk.get("usage")):
             return None
         return chunk | {"choices": [choice | {"delta": new_delta}, *choices[1:]]}

@@ -24,10 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,10 +67,9 @@ def archive_urls(session_id: str) -> tuple[str, ...]:
     return (encoded,) if encoded == raw else (encoded, raw)
 
 
-@functools.lru_cache(maxsize=8)
 def read_tool_schema(name: str) -> dict[str, Any]:
-    """The read tool, in OpenAI's function-tool shape. One object per name, shared by every
-    request that offers the tool (callers copy before changing it; none does)."""
+    """The read tool named ``name``, in OpenAI's function-tool shape (a new object each call: its
+    owner, ``proxy.compaction.offer.OwnToolOffer``, builds it once and shares it)."""
     return {
         "type": "function",
         "function": {
@@ -87,20 +85,24 @@ def read_tool_schema(name: str) -> dict[str, Any]:
             "parameters": {
                 "type": "object",
                 "properties": {
-                    "query": {"type": "string", "description": "Words to search for (case-insensitive); best matches first."},
+                    "query": {"type": "string",
+                              "description": "Words to search for (case-insensitive); best matches first."},
                     "regex": {"type": "boolean", "description": "Treat query as a regular expression."},
-                    "reference": {"type": "string", "description": "Artifact id, /artifacts/… URL, or /sessions/…/archive URL; without query, read it by lines."},
-                    "offset": {"type": "integer", "description": "First line to read (from 0), or with query the first match to list.", "minimum": 0},
-                    "limit": {"type": "integer", "description": f"Lines to read (default {DEFAULT_LIMIT_LINES}), or with query matches to list (default {DEFAULT_MATCHES}).", "minimum": 1},
+                    "reference": {"type": "string", "description": (
+                        "Artifact id, /artifacts/… URL, or /sessions/…/archive URL; without query, read it by lines.")},
+                    "offset": {"type": "integer", "description": (
+                        "First line to read (from 0), or with query the first match to list."), "minimum": 0},
+                    "limit": {"type": "integer", "description": (
+                        f"Lines to read (default {DEFAULT_LIMIT_LINES}), or with query matches to list "
+                        f"(default {DEFAULT_MATCHES})."), "minimum": 1},
                 },
             },
         },
     }
 
 
-@functools.lru_cache(maxsize=8)
 def compact_tool_schema(name: str) -> dict[str, Any]:
-    """The opt-in manual compaction tool (one shared object per name, as ``read_tool_schema``)."""
+    """The opt-in manual compaction tool named ``name`` (a new object each call, as ``read_tool_schema``)."""
     return {
         "type": "function",
         "function": {
@@ -151,7 +153,7 @@ class Visible:
         return any(text == content for text in _texts(self.client, len(content)))
 
 
-def _texts(messages: Sequence[dict[str, Any]], size: int) -> Any:
+def _texts(messages: Sequence[dict[str, Any]], size: int) -> Iterator[str]:
     """The texts of ``messages`` (strings, parts' text/content, media URLs) of length ``size``."""
     for m in messages:
         content = m.get("content") if isinstance(m, dict) else None
@@ -163,19 +165,22 @@ def _texts(messages: Sequence[dict[str, Any]], size: int) -> Any:
                 if not isinstance(part, dict):
                     continue
                 media = part.get("image_url")
-                for text in (part.get("text"), part.get("content"), media.get("url") if isinstance(media, dict) else None):
+                url = media.get("url") if isinstance(media, dict) else None
+                for text in (part.get("text"), part.get("content"), url):
                     if isinstance(text, str) and len(text) == size:
                         yield text
 
 
-def visible_in(forwarded: Sequence[dict[str, Any]], client: Sequence[dict[str, Any]], scope: str, session_id: str) -> Visible:
+def visible_in(forwarded: Sequence[dict[str, Any]], client: Sequence[dict[str, Any]], scope: str,
+               session_id: str) -> Visible:
     """``Visible`` for a request of session ``session_id`` that forwarded ``forwarded`` (internal
     rounds included) for the client's ``client`` messages. The archive is visible when a message
     names this session's archive URL exactly (``archive_urls``: any session id, quotes, spaces
     and ``%`` included)."""
     artifacts, _ = ordered_references(forwarded)
     urls = archive_urls(session_id)
-    named = any(url in text for m in forwarded for text in (text_of(m.get("content")),) if "/archive" in text for url in urls)
+    named = any(url in text for m in forwarded for text in (text_of(m.get("content")),) if "/archive" in text
+                for url in urls)
     return Visible(tuple(artifacts), frozenset({session_id} if named else ()), client, scope)
 
 
@@ -194,7 +199,8 @@ def parse_arguments(arguments: str) -> ReadRequest | str:
     try:
         args = parse_json(arguments or "{}")
     except orjson.JSONDecodeError:
-        return "[context-proxy] The arguments were not valid JSON; pass {\"query\": \"words\"} or {\"reference\": \"art_…\"}."
+        return ("[context-proxy] The arguments were not valid JSON; pass {\"query\": \"words\"} or "
+                "{\"reference\": \"art_…\"}.")
     if not isinstance(args, dict):
         return "[context-proxy] Pass an object: {\"query\": \"words\"} or {\"reference\": \"art_…\"}."
     reference = args.get("reference")
@@ -240,7 +246,8 @@ def _slice(lines: Sequence[str], total: int | None, offset: int, max_chars: int,
     return (head + "\n" + body)[:max_chars]
 
 
-UNKNOWN = "[context-proxy] Unknown reference; pass an artifact id (art_…) or the archive URL named in this conversation."
+UNKNOWN = ("[context-proxy] Unknown reference; pass an artifact id (art_…) or the archive URL named in this "
+           "conversation.")
 
 
 class _Loader:
@@ -260,10 +267,10 @@ class _Loader:
             return record
         return None
 
-    def _archive_stream(self) -> Any:
+    def _archive_stream(self) -> AsyncGenerator[str, None]:
         store, session = self.store, self.session
 
-        async def lines() -> Any:
+        async def lines() -> AsyncGenerator[str, None]:
             leaf = await store.branch_leaf(session.pk, None)
             stream = stream_archive_lines(store, session.session_id, session.pk, leaf.chain_hash if leaf else None)
             async with contextlib.aclosing(stream):

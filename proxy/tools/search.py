@@ -24,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 import re2
 
@@ -71,17 +71,30 @@ class Source:
     lines: Sequence[str]
 
 
+class Match(Protocol):
+    """What ``Searcher`` reads of a regex match: where it starts (characters)."""
+
+    def start(self) -> int: ...
+
+
+class Pattern(Protocol):
+    """A compiled RE2 pattern (``re2`` ships no types): ``search`` is all the search uses."""
+
+    def search(self, text: str) -> Match | None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Query:
     """A checked query: lower-cased words, or a compiled RE2 pattern. ``dropped``: words ignored."""
 
     text: str
     words: tuple[str, ...] = ()
-    pattern: Any = None
+    pattern: Pattern | None = None
     dropped: int = 0
 
 
-def _options() -> Any:
+def _options() -> object:
+    """RE2's options: ``REGEX_MAX_MEM`` bytes, case-insensitive, nothing logged."""
     options = re2.Options()
     options.max_mem = REGEX_MAX_MEM
     options.case_sensitive = False
@@ -215,20 +228,23 @@ class Searcher:
         if self.stopped:
             head += " (stopped: the search took too long; narrow it, or pass reference)"
         if not page:
-            tail = "no more matches" if total else "no match; try other words, or read by lines with reference, offset and limit"
+            tail = ("no more matches" if total
+                    else "no match; try other words, or read by lines with reference, offset and limit")
             return _cap(f"{head}. {tail}.", max_chars)
         first = page[0]
         around = f'{{"reference": "{first.reference}", "offset": {max(0, first.line - 20)}, "limit": 40}}'
 
         def ending(end: int, cut: bool) -> tuple[str, str]:
             if end < total and cut:
-                more = f"cut to fit the context window; call again with the same query and offset={end} (next_offset={end})"
+                more = (f"cut to fit the context window; call again with the same query and offset={end} "
+                        f"(next_offset={end})")
             elif end < total:
                 more = f"more matches: call again with the same query and offset={end} (next_offset={end})"
             else:
                 more = "no more matches"
             return (f", best first; matches {offset}-{end - 1}:",
-                    f"[context-proxy] {more}. To read around a match, call with its reference and offset, e.g. {around}.")
+                    f"[context-proxy] {more}. To read around a match, call with its reference and offset, "
+                    f"e.g. {around}.")
 
         worst = ending(offset + len(page), True)  # the longest ending: reserved before the blocks
         room = max_chars - len(head) - len(worst[0]) - len(worst[1]) - 2

@@ -18,7 +18,7 @@ import httpx
 import orjson
 import pytest
 
-import proxy.compaction.compactor
+import proxy.compaction.plan_loop
 import proxy.conversation.canonical
 from tests.benchmarks.inproc import InProcessProxy
 from tests.benchmarks.servers import COMPLETION
@@ -68,13 +68,13 @@ class Ticker:
 def where_projected(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """One entry per projection: ``True`` when it ran on the event loop's (main) thread."""
     seen: list[bool] = []
-    real = proxy.compaction.compactor.project
+    real = proxy.compaction.plan_loop.project
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         seen.append(threading.current_thread() is threading.main_thread())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(proxy.compaction.compactor, "project", recording)
+    monkeypatch.setattr(proxy.compaction.plan_loop, "project", recording)
     return seen
 
 
@@ -118,7 +118,7 @@ async def test_30000_messages_leave_the_loop_responsive_and_forward_the_same_byt
     assert t.max_gap_s < MAX_STALL_S, f"the event loop stalled {t.max_gap_s:.2f} s"
     assert where_projected and not any(where_projected)
     # the same request with every stage on the loop: the summary calls and the forwarded body alike
-    monkeypatch.setattr(proxy.compaction.compactor, "OFF_LOOP_BYTES", 1 << 62)
+    monkeypatch.setattr(proxy.compaction.plan_loop, "OFF_LOOP_BYTES", 1 << 62)
     monkeypatch.setattr(proxy.conversation.canonical, "OFF_LOOP_DIGEST_BYTES", 1 << 62)
     monkeypatch.setattr(proxy.conversation.canonical, "OFF_LOOP_DIGEST_MESSAGES", 1 << 62)
     where_projected.clear()

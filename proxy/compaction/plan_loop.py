@@ -1,0 +1,290 @@
+"""The plan loop: from one request, the window it is sized for and its session's events, to the
+bytes forwarded. The same code for the live proxy (``proxy.compaction.compactor``) and for
+``proxy.offline.replay``, which is why replay reproduces what the proxy forwarded.
+
+``PlanLoop.prepare`` projects (``proxy.projection.project``: pure), then carries out what the
+projection asks, at most ``MAX_PLAN_ROUNDS`` times: store the artifacts its stubs name (an
+artifact that fails to store is forwarded in full instead), execute a planned compaction (a
+truncation boundary, or summary calls) and store it as an event, and project again. It then
+chooses the proxy's own tools (``proxy.compaction.offer``) and builds the forwarded body: the
+client's bytes when nothing changed, else the body with the projected messages (and tools).
+
+All I/O goes through the ``PlanEffects`` its caller passes (the store, the lock, the summary
+model, the clock): the loop itself reads nothing but its inputs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import logging
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from proxy.compaction.base import Prepared
+from proxy.compaction.offer import Offer, OwnToolOffer
+from proxy.compaction.summarizer import Summarizer, SummaryFailed, SummaryModel
+from proxy.conversation.chat_codec import apply_chat
+from proxy.defenses.config import DefenseConfig
+from proxy.defenses.offload import ArtifactToStore
+from proxy.defenses.plans import SummaryPlan
+from proxy.projection import Projection, ProjectionMemos, project
+from proxy.settings import Settings
+from proxy.tokens.counter import TokenCounter
+from storage.records import EventRecord
+
+log = logging.getLogger("context_proxy.compaction")
+
+MAX_PLAN_ROUNDS = 4
+"""Plans executed per request at most (truncate, summarize, clip, media): a bound, not a target."""
+OFF_LOOP_BYTES = 1 << 20
+"""Requests whose body has at least this many bytes are projected (counted, transformed) and split
+into summary chunks in a worker thread, not on the event loop; smaller ones stay on the loop (a
+thread hop costs ~0.2 ms, more than projecting a small request)."""
+CONFIG_MEMO = 4096
+"""Defense configs kept (one per window and read-tool flag)."""
+
+
+class SessionRef(Protocol):
+    """The session a request belongs to: ``pk`` (the store's key) and the client's ``session_id``."""
+
+    @property
+    def pk(self) -> int: ...
+    @property
+    def session_id(self) -> str: ...
+
+
+class PlanInput(Protocol):
+    """What the plan loop reads of one request (``proxy.compaction.base.CompactionInput`` is one).
+
+    ``messages``: the client's (with ``expanded``, the proxy's earlier rounds put back);
+    ``digests``/``chain``: one per message; ``raw``: the client's body bytes, ``body`` it parsed."""
+
+    @property
+    def body(self) -> Mapping[str, Any]: ...
+    @property
+    def raw(self) -> bytes: ...
+    @property
+    def messages(self) -> list[dict[str, Any]]: ...
+    @property
+    def digests(self) -> list[str]: ...
+    @property
+    def chain(self) -> list[str]: ...
+    @property
+    def session(self) -> SessionRef: ...
+    @property
+    def expanded(self) -> bool: ...
+    @property
+    def compact_tool(self) -> bool: ...
+
+
+class PlanEffects(Protocol):
+    """The I/O the plan loop asks of its caller for one request."""
+
+    async def store_artifacts(self, artifacts: Sequence[ArtifactToStore]) -> bool:
+        """Store ``artifacts`` (those not known stored); ``False`` when that failed (they are
+        then forwarded in full). Never raises."""
+        ...
+
+    def exclusive(self) -> AbstractAsyncContextManager[list[EventRecord]]:
+        """Hold the session's compaction lock; enter with its events as stored now (another
+        request or replica may have compacted since they were read)."""
+        ...
+
+    async def add_event(self, event: EventRecord, events: list[EventRecord]) -> EventRecord:
+        """Store ``event`` (the session's ``events`` precede it); the stored one is returned (another
+        request's, when it stored the same id first). Raises ``storage.errors.StorageError``."""
+        ...
+
+    def summary_model(self) -> SummaryModel:
+        """Who writes this request's summaries."""
+        ...
+
+    def now(self) -> datetime:
+        """The ``created_at`` of a new event."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """What ``PlanLoop.prepare`` decided: the ``prepared`` forward and the ``projection`` behind it."""
+
+    prepared: Prepared
+    projection: Projection
+
+
+def event_id(session_pk: int, kind: str, anchor_hash: str) -> str:
+    """The id of a compaction event: a function of the session, the kind and the anchor (so two
+    requests planning the same event store one row). Summary messages name it."""
+    return "evt_" + hashlib.sha256(f"{session_pk}:{kind}:{anchor_hash}".encode()).hexdigest()[:24]
+
+
+def reserved_tokens(body: Mapping[str, Any]) -> int:
+    """Output tokens the request reserves: its positive ``max_completion_tokens`` or ``max_tokens`` (else 0)."""
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 0
+
+
+class PlanLoop:
+    """Runs the defenses over one request at a time; one per compactor (or replay).
+
+    State: the defense configs (at most ``CONFIG_MEMO``: one per window and read-tool flag), the
+    projection's memos (``ProjectionMemos``, bounded there) and the ``OwnToolOffer`` (its
+    ``StoredContent`` memo is bounded there). Not locked: one event loop (the projection's memos
+    lock themselves, for the worker thread of a big request).
+    """
+
+    def __init__(self, settings: Settings, counter: TokenCounter, offer: OwnToolOffer, summarizer: Summarizer) -> None:
+        self.settings = settings
+        self.counter = counter
+        self.offer = offer
+        self.summarizer = summarizer
+        self.memos = ProjectionMemos()
+        """The projection's memos (bounds in ``ProjectionMemos``)."""
+        self._configs: dict[tuple[int | None, bool], DefenseConfig] = {}
+
+    def config(self, window: int | None, read_tool: bool) -> DefenseConfig:
+        """The defenses' config for ``window`` (tokens; with the read tool named in stubs or not),
+        built once per pair: the settings never change, and building one per request cost about
+        3% of a small request's CPU (py-spy)."""
+        key = (window, read_tool)
+        cfg = self._configs.get(key)
+        if cfg is None:
+            cfg = DefenseConfig.from_settings(self.settings, window)
+            if read_tool:
+                cfg = dataclasses.replace(cfg, read_tool_name=self.settings.read_tool_name)
+            if len(self._configs) >= CONFIG_MEMO:
+                self._configs.clear()
+            self._configs[key] = cfg
+        return cfg
+
+    async def prepare(self, req: PlanInput, window: int | None, events: list[EventRecord], effects: PlanEffects, *,
+                      force: bool, force_media: bool) -> Planned:
+        """What to forward for ``req`` sized for ``window`` (estimated tokens; ``None``: unknown),
+        given the session's ``events``. ``force``: plan a compaction even under the trigger (after
+        an overflow); ``force_media``: offload media too (after a body-size error). Raises what
+        ``effects`` raise (``StorageError``) and ``TypeError`` for a body too deep to serialize."""
+        offer = self.offer.offerable(req.body, req.compact_tool)
+        cfg = self.config(window, offer.has(self.settings.read_tool_name))
+        client_tools = req.body.get("tools") or None
+        # counted against the window: the client's tools and the proxy's that will be sent (the
+        # read tool when stored content may be named: a session with events, or a read URL)
+        expected = self.offer.expected(offer, bool(events), req.raw, req.messages, req.chain, req.expanded)
+        count_tools = [*(client_tools or []), *expected] or None
+        proj = await self.run(req, cfg, count_tools, events, effects, force=force, force_media=force_media)
+        return Planned(self._assemble(req, proj, offer, client_tools, expected, count_tools, window), proj)
+
+    async def run(self, req: PlanInput, cfg: DefenseConfig, count_tools: list[dict[str, Any]] | None,
+                  events: list[EventRecord], effects: PlanEffects, *, force: bool, force_media: bool) -> Projection:
+        """The loop itself: project, store artifacts, execute a plan, project again (at most
+        ``MAX_PLAN_ROUNDS`` rounds); the last projection."""
+        unavailable: set[str] = set()
+        proj = await self.project(req, cfg, count_tools, events, force, force_media, unavailable)
+        for _ in range(MAX_PLAN_ROUNDS):
+            if proj.artifacts and not await effects.store_artifacts(proj.artifacts):
+                unavailable.update(a.id for a in proj.artifacts)
+                proj = await self.project(req, cfg, count_tools, events, force, force_media, unavailable)
+                continue
+            if proj.plan is None:
+                break
+            async with effects.exclusive() as fresh:
+                # under the lock, re-read: another request or replica may have compacted already
+                if [e.id for e in fresh] != [e.id for e in events]:
+                    events = fresh
+                    proj = await self.project(req, cfg, count_tools, events, force, force_media, unavailable)
+                    continue
+                event = await self.execute(req, cfg, proj, events, effects)
+            if event is None:
+                break
+            events = [*events, event]
+            force = False
+            proj = await self.project(req, cfg, count_tools, events, force, force_media, unavailable)
+        return proj
+
+    async def project(
+        self, req: PlanInput, cfg: DefenseConfig, count_tools: list[dict[str, Any]] | None, events: list[EventRecord],
+        force: bool, force_media: bool, unavailable: set[str], *, truncate_first: bool = True,
+    ) -> Projection:
+        """``proxy.projection.project`` of ``req``; for a big request (a body of ``OFF_LOOP_BYTES``
+        or more) in a worker thread, so that counting and transforming it does not stall the
+        event loop's other requests (the projection's memos and the counter's are locked; the
+        result is the same)."""
+        if len(req.raw) < OFF_LOOP_BYTES:
+            return self._project(req, cfg, count_tools, events, force, force_media, unavailable, truncate_first)
+        return await asyncio.to_thread(self._project, req, cfg, count_tools, events, force, force_media, unavailable,
+                                       truncate_first)
+
+    def _project(self, req: PlanInput, cfg: DefenseConfig, count_tools: list[dict[str, Any]] | None,
+                 events: list[EventRecord], force: bool, force_media: bool, unavailable: set[str],
+                 truncate_first: bool) -> Projection:
+        return project(
+            req.messages,
+            digests=req.digests,
+            chain_hashes=req.chain,
+            tools=count_tools,
+            reserved_output_tokens=reserved_tokens(req.body),
+            events=events,
+            config=cfg,
+            counter=self.counter,
+            session_id=req.session.session_id,
+            memos=self.memos,
+            force=force,
+            force_media=force_media,
+            unavailable_artifacts=frozenset(unavailable),
+            truncate_first=truncate_first,
+        )
+
+    async def execute(self, req: PlanInput, cfg: DefenseConfig, proj: Projection, events: list[EventRecord],
+                      effects: PlanEffects) -> EventRecord | None:
+        """Carry out ``proj.plan`` (summary calls for a ``SummaryPlan``) and store it as an event
+        after ``events``; the stored event, or ``None`` when the summary failed (logged: the
+        request is then forwarded uncompacted). Raises what ``effects.add_event`` raises."""
+        plan = proj.plan
+        assert plan is not None
+        if isinstance(plan, SummaryPlan):
+            try:
+                summary = await self.summarizer.fold(plan, cfg.context_window_tokens, effects.summary_model(),
+                                                      off_loop=len(req.raw) >= OFF_LOOP_BYTES)
+            except SummaryFailed as exc:
+                log.error("summary call failed: %s", exc, extra={"session_id": req.session.session_id})
+                return None
+            payload, after = plan.payload(summary), plan.tokens_after_estimate
+        else:
+            payload, after = plan.payload(), plan.tokens_after
+        event = EventRecord(
+            id=event_id(req.session.pk, plan.kind, plan.anchor_hash),
+            session_pk=req.session.pk,
+            kind=plan.kind,
+            anchor_hash=plan.anchor_hash,
+            payload=payload,
+            tokens_before=plan.tokens_before,
+            tokens_after=after,
+            created_at=effects.now(),
+        )
+        return await effects.add_event(event, events)
+
+    def _assemble(self, req: PlanInput, proj: Projection, offer: Offer, client_tools: list[dict[str, Any]] | None,
+                  expected: list[dict[str, Any]], count_tools: list[dict[str, Any]] | None,
+                  window: int | None) -> Prepared:
+        """The forwarded body (the client's bytes when nothing changed and no tool is added) and
+        its token estimates, exact for the tools: the client's for the client, those sent for
+        the forwarded."""
+        own = self.offer.chosen(offer, req.raw, req.messages, req.chain, req.expanded, proj.messages, proj.applied)
+        # the chat codec: the client's bytes when the messages are the body's own, else only they change
+        extra = {"tools": [*(req.body.get("tools") or []), *own]} if own else None
+        body, forwarded = apply_chat(req.body, req.raw, proj.messages, extra)
+        names = frozenset(t["function"]["name"] for t in own)
+        tokens_client, tokens_forwarded = proj.tokens_client, proj.tokens_forwarded
+        if expected or own:
+            counted = self.counter.count_tools(count_tools)
+            tokens_client -= counted - self.counter.count_tools(client_tools)
+            tokens_forwarded += self.counter.count_tools([*(client_tools or []), *own] or None) - counted
+        return Prepared(body, tokens_client, tokens_forwarded, proj.applied, proj.event_ids, forwarded, names, window,
+                        count_tools=count_tools)

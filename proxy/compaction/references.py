@@ -1,0 +1,135 @@
+"""Does a request name stored content (an artifact or an archive)? Asked to decide whether the
+proxy's read tool goes with the forwarded request.
+
+``StoredContent`` answers it cheaply: a stub defense that applied always names stored content; a
+small body is searched for a read URL; a long one asks its ``ReferenceMemo``, which reads only the
+messages new since a remembered prefix (a client resends its whole history each turn), so the
+long body is almost never searched (that search cost 3.4 ms at 5,000 messages, 5.3 MB, on every
+request: ``tests/benchmarks``, pipeline section).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from proxy.cache import Memo
+from proxy.tools.read_tool import references_in
+
+ARCHIVE_URL = re.compile(rb"/sessions/[^/\s]+/archive")
+STUB_DEFENSES = frozenset({"offload", "summary", "clip", "media"})
+"""Defenses whose output names stored content (a stub or a summary pointing at it)."""
+SUBSTRING_FIRST_BYTES = 16 * 1024
+"""Bodies up to this size are searched for a stored-content URL before ``ReferenceMemo`` is asked
+(the search is cheaper than the memo's lookups there: about a fifth of a small request's
+``prepare``, cProfile); longer ones ask the memo first, which spares the search of most requests."""
+REFERENCE_MEMO_SIZE = 20_000
+"""Chain hashes ``ReferenceMemo`` remembers (about 200 bytes each: 10 MB at most; a session needs
+one, plus one per ``REFERENCE_CHECKPOINT`` messages of its history)."""
+REFERENCE_LOOKBACK = 64
+"""Newest positions of a request searched for a remembered chain hash (a client resends its
+history plus a few messages; an edit further back is found at a checkpoint)."""
+REFERENCE_CHECKPOINT = 256
+"""Every this many positions, a scan remembers its answer so far (branches from older places)."""
+
+
+class ReferenceMemo:
+    """``names(messages, chain)`` is ``any(references_in(messages))``, reading only new messages.
+
+    Whether some message up to position ``i`` names an artifact or archive is a function of
+    ``chain[i]`` (a chain hash identifies a message together with everything before it), so the
+    answer for the longest remembered prefix is reused and only the messages after it are read.
+    A client resends its whole history each turn: a warm request reads the two or three messages
+    it adds. Bounded (LRU over ``size`` chain hashes, idle ones out after ``proxy.cache.MEMO_IDLE_S``);
+    not locked (one event loop).
+    """
+
+    def __init__(self, size: int = REFERENCE_MEMO_SIZE) -> None:
+        self._seen = Memo(size)
+
+    def names(self, messages: Sequence[dict[str, Any]], chain: Sequence[str]) -> bool:
+        """True iff the text of some message in ``messages`` names stored content.
+
+        ``chain``: the chain hashes of ``messages`` (``proxy.conversation.canonical.digests_and_chain``), one per
+        message. Raises ``ValueError`` when the lengths differ.
+        """
+        n = len(messages)
+        if len(chain) != n:
+            raise ValueError(f"{n} messages but {len(chain)} chain hashes")
+        start, found = 0, False
+        for i in self._probes(n):
+            hit = self._seen.get(chain[i])
+            if hit is not None:
+                start, found = i + 1, hit
+                break
+        for i in range(start, n):
+            if found:
+                break
+            found = any(references_in(messages[i:i + 1]))
+            if (i + 1) % REFERENCE_CHECKPOINT == 0:
+                self._seen.put(chain[i], found)
+        if n:
+            self._seen.put(chain[-1], found)
+        return found
+
+    @staticmethod
+    def _probes(n: int) -> list[int]:
+        """Positions to look up, deepest first: the newest ``REFERENCE_LOOKBACK``, then checkpoints."""
+        newest = range(n - 1, max(-1, n - 1 - REFERENCE_LOOKBACK), -1)
+        checkpoints = range((n - REFERENCE_LOOKBACK) // REFERENCE_CHECKPOINT * REFERENCE_CHECKPOINT - 1, -1,
+                            -REFERENCE_CHECKPOINT)
+        return [*newest, *checkpoints]
+
+
+def url_in_body(raw: bytes, expanded: bool) -> bool:
+    """Could the body ``raw`` name stored content: a read URL or archive URL in it, or the proxy's
+    own rounds put back (``expanded``)? (a plain substring first: the regex over a long body costs
+    ~0.3 ms per MB)"""
+    return (b"/artifacts/art_" in raw or (b"/archive" in raw and ARCHIVE_URL.search(raw) is not None)
+            or expanded)
+
+
+class StoredContent:
+    """Answers "does this request name stored content?" for the read tool's offer.
+
+    Owns one ``ReferenceMemo`` (bounded by ``memo_size`` chain hashes); one per compactor (or
+    replay). Not locked: one event loop.
+    """
+
+    def __init__(self, memo_size: int = REFERENCE_MEMO_SIZE) -> None:
+        self.memo = ReferenceMemo(memo_size)
+
+    def may_be_named(self, raw: bytes, messages: Sequence[dict[str, Any]], chain: Sequence[str],
+                     expanded: bool) -> bool:
+        """Could the client's messages name stored content (before projecting)? The cheap checks
+        of ``named``: a small body searched, a long one asked of the memo (which ``named`` then
+        answers from its newest entry), never searched."""
+        if len(raw) <= SUBSTRING_FIRST_BYTES:
+            return url_in_body(raw, expanded)
+        return expanded or self.memo.names(messages, chain)
+
+    def named(self, raw: bytes, messages: list[dict[str, Any]], chain: Sequence[str], expanded: bool,
+              forwarded: list[dict[str, Any]], applied: Sequence[str]) -> bool:
+        """Do the forwarded messages name an artifact or archive? (cheap checks first)
+
+        ``messages``/``chain``/``raw``: the client's; ``forwarded``: the projection's messages
+        (``messages`` itself when nothing applied); ``applied``: the defenses that did.
+        True when a stub defense applied. Else False when the body names no read URL or archive
+        URL (and carries no internal rounds): a body up to ``SUBSTRING_FIRST_BYTES`` is searched
+        for them first; a longer one asks the memo first (only messages new since the last
+        request are read), which answers False on almost every request, so that the body is not
+        searched at all. Else ``references_in(forwarded)`` (or the memo's answer, when the
+        forwarded messages are the client's) decides.
+        """
+        if STUB_DEFENSES.intersection(applied):
+            return True
+        small = len(raw) <= SUBSTRING_FIRST_BYTES
+        if small and not url_in_body(raw, expanded):
+            return False  # what the lines below answer too, without the memo's bookkeeping
+        hit = self.memo.names(messages, chain) if forwarded is messages else None
+        if hit is False:
+            return False
+        if not small and not url_in_body(raw, expanded):
+            return False
+        return hit if hit is not None else any(references_in(forwarded))
