@@ -10,7 +10,7 @@ import orjson
 from proxy.compaction.overflow import classify_stream_event
 from proxy.conversation.chat_request import parse_chat_request
 from proxy.defenses.truncate_args import MARKER, truncate_arguments
-from proxy.forward.pipeline import _reply_of
+from proxy.forward.rounds import reply_of as _reply_of
 from proxy.forward.sse import ReplyAssembler, SSEEvent
 from proxy.forward.streaming import provider_error_event
 from proxy.forward.tool_rounds import ToolRounds

@@ -10,7 +10,8 @@ import pytest
 
 from proxy.compaction.base import Compactor
 from proxy.conversation.canonical import digests_and_chain
-from proxy.forward.pipeline import ChatContext, ChatPipeline
+from proxy.forward.context import ChatContext
+from proxy.forward.pipeline import ChatPipeline
 from proxy.forward.session_log import SessionLog, new_id, now
 from proxy.settings import Settings
 from storage.records import EventRecord
@@ -60,7 +61,7 @@ async def test_a_session_retention_deleted_before_the_append_is_the_one_the_requ
         finally:
             untrack_writes(with_writes)
         pipeline = ChatPipeline(Settings(), log, None, Compactor())  # type: ignore[arg-type]  (no upstream call)
-        await pipeline._finish(ctx, 403 if refused else 200, None if refused else {"role": "assistant", "content": "hi"}, None)
+        await pipeline.writer.finish(ctx, 403 if refused else 200, None if refused else {"role": "assistant", "content": "hi"}, None)
         session = await store.find_session("s", "t")
         assert session is not None and session.pk == ctx.session.pk
         rows, _ = await store.list_requests(session.pk, 10, None)

@@ -10,7 +10,6 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 import orjson
 import pytest
 
@@ -165,7 +164,7 @@ async def test_chunks_that_are_there_already_are_held_whatever_the_time(monkeypa
 
 
 async def test_a_failure_before_the_first_event_is_our_502_and_closes_the_response() -> None:
-    resp = Parts(ROLE[:20], aiohttp.ClientPayloadError("cut"))
+    resp = Parts(ROLE[:20], UpstreamUnreachable("cut"))  # (a transport's reads raise ours only)
     with pytest.raises(UpstreamUnreachable):
         await start_stream(resp, hold=True)
     assert resp.closed
@@ -173,7 +172,7 @@ async def test_a_failure_before_the_first_event_is_our_502_and_closes_the_respon
 
 async def test_a_failure_after_a_held_event_is_reported_by_the_relay_after_it() -> None:
     """As before holding: once the stream has sent an event, a failure goes in-band."""
-    state = await start_stream(Parts(ROLE, aiohttp.ClientPayloadError("cut")), hold=True)
+    state = await start_stream(Parts(ROLE, UpstreamUnreachable("cut")), hold=True)
     sent = []
     with pytest.raises(UpstreamUnreachable):
         async for part in relay_plain(state):

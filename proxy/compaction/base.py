@@ -1,19 +1,95 @@
-"""The compaction shell around the pure projection: what the pipeline asks before each forward.
+"""The compaction interface the chat use case calls before each forward, and its pass-through.
 
-``Compactor`` is the pass-through base (used when compaction is disabled): it forwards the
-client's bytes unchanged. ``proxy.compaction.compactor.ProjectingCompactor`` runs the defenses.
+Dependencies point one way: ``proxy.forward`` calls this package, never the reverse. What the
+compactor reads of a request is ``CompactionInput`` (a Protocol of read-only members: the pipeline's
+``proxy.forward.context.ChatContext`` is one, checked structurally, so nothing here imports it);
+what it returns is ``Prepared`` (frozen). The compactor never writes to its input. The one thing it
+asks of the caller is ``CompactionInput.ensure_logged()``: write the client's messages now, because a
+compaction event about to be stored anchors on them (an event never anchors on a message missing from
+the log); it is the caller's to do (the pipeline passes it in, on the input), and afterwards
+``session`` reads the session they went to.
+
+``Compactor`` is the pass-through (compaction disabled): it forwards the client's bytes unchanged
+and never retries an overflow. ``proxy.compaction.compactor.ProjectingCompactor`` runs the defenses.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 if TYPE_CHECKING:
     from proxy.compaction.overflow import Overflow
-    from proxy.forward.pipeline import ChatContext
+    from storage.records import SessionRecord
+
+
+class MessageCounter(Protocol):
+    """The token counter the proxy's tool rounds size their results with (tiktoken estimates)."""
+
+    def count_message(self, message: dict[str, Any], key: str | None = None) -> int:
+        """Tokens of one chat message (content, tool calls, frame)."""
+        ...
+
+    def count_text(self, text: str) -> int:
+        """Tokens of a plain text."""
+        ...
+
+
+class CompactionInput(Protocol):
+    """What the compactor reads of one chat request; read-only (the compactor never writes to it).
+
+    ``messages`` are the client's messages (with ``expanded``: with the proxy's earlier tool rounds
+    put back), ``digests``/``chain`` their digests and chain hashes (one per message,
+    ``proxy.conversation.canonical``); ``raw`` the client's body bytes and ``body`` it parsed;
+    ``upstream_headers`` the headers a summary call sends (the client's credentials);
+    ``prepared`` the last ``prepare``'s result (``None`` before the first) and ``internal`` the
+    messages of the proxy's own tool rounds sent since it (both read by ``learn``,
+    ``usage_observed`` and ``compact_now``).
+    """
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def session(self) -> SessionRecord:
+        """The request's session; after ``ensure_logged``, the one its messages went to (opened
+        again if retention had deleted the request's)."""
+        ...
+    @property
+    def body(self) -> dict[str, Any]: ...
+    @property
+    def raw(self) -> bytes: ...
+    @property
+    def messages(self) -> list[dict[str, Any]]: ...
+    @property
+    def digests(self) -> list[str]: ...
+    @property
+    def chain(self) -> list[str]: ...
+    @property
+    def upstream_headers(self) -> list[tuple[str, str]]: ...
+    @property
+    def compact_tool(self) -> bool:
+        """The client asked for the manual compaction tool (header ``X-Context-Proxy-Compact-Tool``)."""
+        ...
+    @property
+    def expanded(self) -> bool:
+        """``messages`` include internal rounds the client's history does not (forward them, not ``raw``)."""
+        ...
+    @property
+    def prepared(self) -> Prepared | None: ...
+    @property
+    def internal(self) -> Sequence[dict[str, Any]]: ...
+
+    async def ensure_logged(self) -> object:
+        """Write the client's messages now if not yet written (before a compaction event anchors on
+        them); shielded from the request's cancellation. Raises ``storage.errors.StorageError``."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,31 +110,45 @@ class Prepared:
     own_tools: frozenset[str] = frozenset()
     """Names of the proxy's own tools appended to ``tools`` (served by the proxy, hidden from the client)."""
     window_tokens: int | None = None
+    count_tools: list[dict[str, Any]] | None = None
+    """Tool schemas counted against the window: the client's plus the proxy's own it expected to send
+    (``None``: none)."""
 
 
 class Compactor:
-    """Pass-through: forwards the body as sent and never retries an overflow."""
+    """Pass-through: forwards the body as sent and never retries an overflow.
+
+    Every method takes the request as a ``CompactionInput``; none writes to it."""
 
     retries_overflows = False
     """Whether an overflow can be compacted and retried at all (a stream's first events are then
     held until they carry something, so that an error event among them can be retried)."""
+    counter: MessageCounter
+    """The token counter the proxy's tool rounds use (``ToolRounds``). Not set on the pass-through:
+    it offers none of the proxy's tools (``Prepared.own_tools`` is empty), so no tool round asks."""
 
-    async def prepare(self, ctx: ChatContext, *, overflow: Overflow | None) -> Prepared:
+    async def prepare(self, ctx: CompactionInput, *, overflow: Overflow | None) -> Prepared:
+        """What to forward (after an ``overflow``: compacted even below the trigger). Raises
+        ``proxy.errors.CannotFit`` (an operator's limit the request cannot fit),
+        ``storage.errors.StorageError``, and ``TypeError`` for a body nested too deep to serialize."""
         if ctx.expanded:
             forwarded = ctx.body | {"messages": ctx.messages}
             return Prepared(orjson.dumps(forwarded), forwarded=forwarded)
         return Prepared(ctx.raw)
 
-    async def compact_now(self, ctx: ChatContext) -> str:
+    async def compact_now(self, ctx: CompactionInput) -> str:
+        """Serve the manual compaction tool: the text of its result (never raises)."""
         return "[context-proxy] Compaction is disabled on this proxy; nothing was removed."
 
-    async def learn(self, ctx: ChatContext, overflow: Overflow) -> None:
-        return None
+    async def learn(self, ctx: CompactionInput, overflow: Overflow) -> None:
+        """Learn from the provider's ``overflow`` of ``ctx``'s last attempt (``ctx.prepared``)."""
+        return
 
-    def can_retry(self, ctx: ChatContext, overflow: Overflow) -> bool:
+    def can_retry(self, ctx: CompactionInput, overflow: Overflow) -> bool:
         return False
 
-    def usage_observed(self, ctx: ChatContext, usage: dict[str, Any] | None) -> bool:
+    def usage_observed(self, ctx: CompactionInput, usage: dict[str, Any] | None) -> bool:
+        """Take a reply's ``usage`` in (no I/O); ``True`` when ``persist_observed`` has something to store."""
         return False
 
     def forget_refused(self, session_pk: int, tenant: str, artifact_ids: list[str], events_deleted: bool) -> None:
@@ -70,5 +160,6 @@ class Compactor:
         """Drop what this process remembers of learned limits (after a reset); ``None``: all."""
         return
 
-    async def persist_observed(self, ctx: ChatContext) -> None:
-        return None
+    async def persist_observed(self, ctx: CompactionInput) -> None:
+        """Store what ``usage_observed`` changed. Never raises."""
+        return

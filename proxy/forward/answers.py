@@ -1,13 +1,15 @@
 """What the chat pipeline answers (``Buffered``, ``Streamed``) and the state of one request's
-upstream exchanges (``Turn``: the round loop's, ``proxy.forward.pipeline.ChatPipeline._exchanges``)."""
+upstream exchanges (``Turn``: the round loop's, ``proxy.forward.rounds.RoundLoop.exchanges``; ``Reply``:
+the complete upstream answer it ended with)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.forward.sse import ReplyAssembler
+from proxy.upstream.transport import UpstreamResponse
 
 DISCONNECTED = "client disconnected"
 """``Turn.error`` until the stream ends otherwise: a relay closed by a disconnect is partial."""
@@ -37,14 +39,30 @@ class Streamed:
 
 
 @dataclass(slots=True)
+class Reply:
+    """A complete upstream answer the round loop ended with, for the pipeline to log and return.
+
+    ``status``/``headers``: the upstream's; ``data``: the body bytes as the client gets them (the
+    proxy's own tool calls removed); ``message``/``usage``/``finish_reason``: its choice 0 as logged
+    (``None`` for an error status or a body that is not a chat completion)."""
+
+    status: int
+    headers: Mapping[str, str]
+    data: bytes
+    message: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
+    finish_reason: str | None = None
+
+
+@dataclass(slots=True)
 class Turn:
     """The upstream exchanges of one chat request: its rounds and overflow retries."""
 
     assembler: ReplyAssembler = field(default_factory=ReplyAssembler)
     """The reply as a stream's client saw it, across rounds and retries."""
-    resp: Any = None
+    resp: UpstreamResponse | None = None
     """The upstream response being read (closed when the next is sent and when the turn ends)."""
-    answer: Buffered | None = None
+    reply: Reply | None = None
     """A complete answer: not a stream, or answered before a stream's first byte."""
     committed: bool = False
     """A stream's client has been sent bytes: whatever follows goes in-band."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from storage.errors import StorageUnavailable
 from storage.store import Store
 
 log = logging.getLogger("context_proxy.database")
@@ -32,6 +33,11 @@ class DatabaseHealth:
         if not self.down:
             log.error("database unavailable; requests fail per database_failure_mode until it answers again")
         self.down = True
+
+    def saw(self, exc: BaseException) -> None:
+        """A database call raised ``exc``: ``failed()`` if it is a ``StorageUnavailable``."""
+        if isinstance(exc, StorageUnavailable):
+            self.failed()
 
     async def usable(self) -> bool:
         """True unless the database is down and a probe says it still is.

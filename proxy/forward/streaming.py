@@ -23,21 +23,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import orjson
 
 from proxy.compaction.overflow import Overflow, classify_error, classify_stream_event
-from proxy.errors import ProxyError, UpstreamUnreachable
-from proxy.forward.answers import DISCONNECTED
+from proxy.errors import ProxyError, UpstreamError, UpstreamUnreachable
+from proxy.forward.answers import DISCONNECTED, Turn
 from proxy.forward.sse import ReplyAssembler, SSEEvent, SSESplitter
 from proxy.json_text import parse_json
-from proxy.upstream.client import TRANSPORT_ERRORS, translate
-
-if TYPE_CHECKING:
-    from proxy.forward.answers import Turn
+from proxy.upstream.transport import UpstreamResponse
 
 INCOMPLETE = UpstreamUnreachable("The upstream stream ended before it was complete.")
 HOLD_MAX_EVENTS = 64
@@ -49,15 +46,15 @@ HOLD_MAX_S = 3.0
 sends its role chunk and then thinks for a minute: the client gets the headers and what was held
 then, within a load balancer's usual time-to-first-byte limit). An overflow's error event comes
 at once, with or right after the role chunk."""
-_EMPTY = (None, "", [], {})
+_EMPTY: tuple[object, ...] = (None, "", [], {})
 
 
 @dataclass
 class StreamState:
     """One upstream stream: what was read of it, and what was learned from its start."""
 
-    resp: Any
-    """The upstream response (``proxy.upstream.client.AiohttpResponse`` or ``httpx.Response``)."""
+    resp: UpstreamResponse
+    """The upstream response (its reads raise ``UpstreamError`` only)."""
     chunks: AsyncIterator[bytes]
     assembler: ReplyAssembler = field(default_factory=ReplyAssembler)
     """The reply as the client sees it (shared by the streams of one request's rounds)."""
@@ -77,7 +74,8 @@ def error_event(exc: ProxyError) -> bytes:
     return b"data: " + exc.body() + b"\n\n"
 
 
-async def start_stream(resp: Any, *, hold: bool, assembler: ReplyAssembler | None = None, sent: Any = None) -> StreamState:
+async def start_stream(resp: UpstreamResponse, *, hold: bool, assembler: ReplyAssembler | None = None,
+                       sent: dict[str, Any] | None = None) -> StreamState:
     """Read the start of a stream: its first complete event, or with ``hold`` every event up to the
     first that carries something (module docstring). An error event read there that is an overflow
     sets ``overflow`` (``sent``: the forwarded body, for ``proxy.compaction.overflow``). Raises our 502/504
@@ -111,12 +109,12 @@ async def start_stream(resp: Any, *, hold: bool, assembler: ReplyAssembler | Non
                 return state
         _hold_ends(state, state.splitter.flush(), hold, sent)  # ended while held (no final blank line)
         state.chunks = _ended()
-    except TRANSPORT_ERRORS as exc:
+    except UpstreamError as exc:
         if state.first:
             state.chunks = _failing(exc)
             return state
         await resp.aclose()
-        raise in_band(exc) from exc
+        raise
     except BaseException:
         if pending is not None:
             pending.cancel()
@@ -157,7 +155,7 @@ async def _failing(exc: BaseException) -> AsyncIterator[bytes]:
     yield b""  # an async generator (never reached)
 
 
-def _hold_ends(state: StreamState, events: list[SSEEvent], hold: bool, sent: Any) -> bool:
+def _hold_ends(state: StreamState, events: list[SSEEvent], hold: bool, sent: dict[str, Any] | None) -> bool:
     """Keep ``events`` in ``state.first``; True when the start has been read (holding ends)."""
     ends = False
     for event in events:
@@ -200,7 +198,7 @@ def _carried(event: SSEEvent) -> Literal["error", "nothing", "something"]:
     return "nothing"
 
 
-def _overflow(event: SSEEvent, sent: Any) -> Overflow | None:
+def _overflow(event: SSEEvent, sent: dict[str, Any] | None) -> Overflow | None:
     """An error event read as an error body: a named ``error`` event's data is the error itself
     (``event: error``; llama.cpp's older ``error:`` field), else ``{"error": ...}``."""
     if event.event == "error":
@@ -208,31 +206,28 @@ def _overflow(event: SSEEvent, sent: Any) -> Overflow | None:
     return classify_stream_event(event.data, sent=sent)
 
 
-async def relay_plain(state: StreamState) -> AsyncIterator[bytes]:
+async def relay_plain(state: StreamState) -> AsyncGenerator[bytes, None]:
     """The upstream's bytes, unchanged, chunk by chunk; the reply reassembled on the side. Raises
     our 502/504 error if the upstream fails."""
     for event in state.first:
         state.assembler.add(event)
     for chunk in state.prebuffer:
         yield chunk
-    try:
-        async for chunk in state.chunks:
-            for event in state.splitter.feed(chunk):
-                state.assembler.add(event)
-            yield chunk
-    except TRANSPORT_ERRORS as exc:
-        raise in_band(exc) from exc
+    async for chunk in state.chunks:
+        for event in state.splitter.feed(chunk):
+            state.assembler.add(event)
+        yield chunk
     for event in state.splitter.flush():
         state.assembler.add(event)
 
 
-Segment = bytes | AsyncIterator[bytes]
+Segment = bytes | AsyncGenerator[bytes, None]
 """What the round loop yields for a stream's client: bytes (a keep-alive comment, an error event),
 or one upstream stream's relay, read to its end before the loop goes on."""
 
 
 async def relay_turn(turn: Turn, first: Segment, steps: AsyncIterator[Segment], *,
-                     started: Callable[[], None], ended: Callable[[], Awaitable[None]]) -> AsyncIterator[bytes]:
+                     started: Callable[[], None], ended: Callable[[], Awaitable[None]]) -> AsyncGenerator[bytes, None]:
     """Relay a stream to its end: ``first``, then the rest of the round loop's segments. A failure
     is reported in an error event; a stream that ends without ``[DONE]`` gets one too, unless the
     upstream sent an error event itself; ``turn.error`` says how it ended (``None``: complete).
@@ -247,7 +242,7 @@ async def relay_turn(turn: Turn, first: Segment, steps: AsyncIterator[Segment], 
                 if isinstance(segment, bytes):
                     yield segment
                 else:
-                    async with contextlib.aclosing(segment):  # type: ignore[type-var]
+                    async with contextlib.aclosing(segment):
                         async for data in segment:
                             yield data
                             if notify is not None:
@@ -258,7 +253,7 @@ async def relay_turn(turn: Turn, first: Segment, steps: AsyncIterator[Segment], 
             turn.error = exc.message
             yield error_event(exc)
             return
-        except Exception as exc:  # a storage or transport failure inside a round: end the stream cleanly
+        except Exception as exc:  # noqa: BLE001  (a storage or transport failure inside a round: end the stream cleanly)
             err = in_band(exc)
             turn.error = err.message
             yield error_event(err)
@@ -288,20 +283,19 @@ def provider_error_event(body: bytes) -> bytes:
 
 
 def in_band(exc: BaseException) -> ProxyError:
-    """Our error for a failure after a stream started (reported in an error event)."""
-    translated = translate(exc)
-    if isinstance(translated, ProxyError):
-        return translated
+    """Our error for a failure after a stream started (reported in an error event): ours as it is,
+    any other (a storage failure in a round, say) a 502 naming only its type."""
+    if isinstance(exc, ProxyError):
+        return exc
     return UpstreamUnreachable(f"context-proxy could not complete the stream ({type(exc).__name__}).")
 
 
-async def relay_unlogged(resp: Any) -> AsyncIterator[bytes]:
-    """Fail-open relay: bytes through, nothing observed."""
+async def relay_unlogged(resp: UpstreamResponse) -> AsyncIterator[bytes]:
+    """Fail-open relay: bytes through, nothing observed (a failure: an error event at the end)."""
     try:
         async for chunk in resp.aiter_raw():
             yield chunk
-    except TRANSPORT_ERRORS as exc:
-        translated = translate(exc)
-        yield error_event(translated if isinstance(translated, ProxyError) else INCOMPLETE)
+    except UpstreamError as exc:
+        yield error_event(exc)
     finally:
         await resp.aclose()

@@ -3,8 +3,8 @@
 A round: the model called only the proxy's tools; the proxy answers each call from the database,
 appends the assistant message and the tool results to the forwarded messages (and to
 ``ctx.internal``, logged as internal messages), and asks the model again. The loop over rounds
-(and over overflow retries) is one, for streams and not: ``ChatPipeline._exchanges``; this module
-serves the calls and filters a round's stream. Streams stay open in the meantime (an SSE comment
+(and over overflow retries) is one, for streams and not: ``proxy.forward.rounds.RoundLoop``; this
+module serves the calls and filters a round's stream. Streams stay open in the meantime (an SSE comment
 line, which SDKs ignore) and stay well-formed: the finish, usage and ``[DONE]`` events of the
 rounds the client does not see are held back and dropped.
 """
@@ -15,22 +15,20 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from proxy.forward.sse import SSEEvent
-from proxy.forward.streaming import in_band
 from proxy.json_text import parse_json
 from proxy.tools.own_tools import StreamToolFilter, split_calls
 from proxy.tools.read_tool import Visible, serve_read, visible_in
-from proxy.upstream.client import TRANSPORT_ERRORS
 from storage.errors import StorageError
 
 if TYPE_CHECKING:
-    from proxy.compaction.compactor import ProjectingCompactor
-    from proxy.forward.pipeline import ChatContext
+    from proxy.compaction.base import Compactor
+    from proxy.forward.context import ChatContext
     from proxy.forward.streaming import StreamState
     from proxy.settings import Settings
     from storage.store import Store
@@ -66,10 +64,11 @@ class ToolRounds:
     without the proxy's tools, so the model answers.
     """
 
-    def __init__(self, settings: Settings, store: Store, compactor: Any) -> None:
+    def __init__(self, settings: Settings, store: Store, compactor: Compactor) -> None:
         self.settings = settings
         self.store = store
-        self.compactor: ProjectingCompactor | Any = compactor
+        self.compactor = compactor
+        """Serves the compaction tool, and counts tokens (``Compactor.counter``)."""
 
     def may_continue(self, ctx: ChatContext) -> bool:
         if ctx.read_rounds >= self.settings.read_tool_max_rounds:
@@ -103,7 +102,8 @@ class ToolRounds:
                     text = await self._read(ctx, fn.get("arguments", ""), visible, budget, deadline)
             except StorageError:
                 log.error("serving %s failed: database error", fn.get("name"))
-                text = "[context-proxy] The stored content could not be read right now (database unavailable); nothing was changed."
+                text = ("[context-proxy] The stored content could not be read right now (database unavailable); "
+                        "nothing was changed.")
             except MemoryError:
                 log.error("serving %s failed: out of memory", fn.get("name"))
                 text = "[context-proxy] This read needed too much memory; narrow it (a simpler query, or a reference)."
@@ -117,8 +117,11 @@ class ToolRounds:
         ctx.read_rounds += 1
         body = forwarded | {"messages": [*forwarded["messages"], *ctx.internal]}
         if not self.may_continue(ctx):  # the last round: the model must answer
-            tools = [t for t in body.get("tools") or () if (t.get("function") or {}).get("name") not in ctx.prepared.own_tools]
-            body = {k: v for k, v in body.items() if k not in ("tools", "tool_choice")} | ({"tools": tools} if tools else {})
+            own = ctx.prepared.own_tools
+            tools = [t for t in body.get("tools") or () if (t.get("function") or {}).get("name") not in own]
+            body = {k: v for k, v in body.items() if k not in ("tools", "tool_choice")}
+            if tools:
+                body["tools"] = tools
             if tools and "tool_choice" in forwarded:
                 body["tool_choice"] = forwarded["tool_choice"]
         ctx.prepared = dataclasses.replace(ctx.prepared, body=orjson.dumps(body))
@@ -155,7 +158,8 @@ class ToolRounds:
         room = window - (ctx.prepared.tokens_forwarded or 0) - spent
         return max(0, min(total - spent, room // 2))
 
-    def strip(self, data: bytes, reply: dict[str, Any], client_calls: list[dict[str, Any]]) -> tuple[bytes, dict[str, Any]]:
+    def strip(self, data: bytes, reply: dict[str, Any],
+              client_calls: list[dict[str, Any]]) -> tuple[bytes, dict[str, Any]]:
         """A non-streaming response with the proxy's calls removed (the client's kept)."""
         parsed = parse_json(data)  # as ``_reply_of`` read it (``proxy.json_text``)
         choice = parsed["choices"][0]
@@ -171,13 +175,13 @@ class ToolRounds:
         choice["message"] = message
         return orjson.dumps(parsed), reply
 
-    async def relay_round(self, ctx: ChatContext, state: StreamState) -> AsyncIterator[bytes]:
+    async def relay_round(self, ctx: ChatContext, state: StreamState) -> AsyncGenerator[bytes, None]:
         """Relay one upstream stream of a request that offered the proxy's tools: their call deltas
         removed, the finish, usage and ``[DONE]`` events held back to the end and sent only if this
         round is the client's last. When the model called only the proxy's tools and another round
         may follow (``serves``), nothing of the end is sent and ``state.own_calls`` holds the calls
         for the round loop (``ChatPipeline._exchanges``) to serve. ``state.assembler`` gets what
-        the client is sent. Raises our translated error if the upstream fails."""
+        the client is sent. Raises ``UpstreamError`` if the upstream fails."""
         assert ctx.prepared is not None
         assembler = state.assembler
         filt = StreamToolFilter(ctx.prepared.own_tools)
@@ -206,7 +210,8 @@ class ToolRounds:
                     continue
                 data = event.raw + b"\n\n" if out is chunk else b"data: " + orjson.dumps(out) + b"\n\n"
                 choices = out.get("choices") or []
-                if (choices and isinstance(choices[0], dict) and choices[0].get("finish_reason")) or (not choices and out.get("usage")):
+                finish = bool(choices) and isinstance(choices[0], dict) and bool(choices[0].get("finish_reason"))
+                if finish or (not choices and out.get("usage")):
                     if len(held) >= HELD_MAX_EVENTS:  # a hostile upstream repeating them: the newest kept
                         del held[0]
                     held.append(data)  # sent only if this round is the client's last
@@ -225,7 +230,7 @@ class ToolRounds:
         return bool(own_calls) and not client_calls and self.may_continue(ctx)
 
 
-def fit_tokens(text: str, tokens: int, budget: int, count: Any) -> str:
+def fit_tokens(text: str, tokens: int, budget: int, count: Callable[[str], int]) -> str:
     """``text`` (``tokens`` long) cut to at most ``budget`` tokens by ``count``: its start and, when
     it fits, its last line (a result's way to continue); nothing but a marker when even that is over."""
     last = text.rsplit("\n", 1)[-1] if "\n" in text else ""
@@ -243,16 +248,13 @@ def fit_tokens(text: str, tokens: int, budget: int, count: Any) -> str:
     return "[context-proxy] Cut: the result did not fit the read budget."
 
 
-async def _events(state: StreamState) -> AsyncIterator[SSEEvent]:
+async def _events(state: StreamState) -> AsyncGenerator[SSEEvent, None]:
     """The stream's events: those read while holding, then the rest as it arrives."""
     for event in state.first:
         yield event
-    try:
-        async for chunk in state.chunks:
-            for event in state.splitter.feed(chunk):
-                yield event
-    except TRANSPORT_ERRORS as exc:
-        raise in_band(exc) from exc
+    async for chunk in state.chunks:
+        for event in state.splitter.feed(chunk):
+            yield event
     for event in state.splitter.flush():
         yield event
 

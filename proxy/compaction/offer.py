@@ -1,0 +1,76 @@
+"""Which of the proxy's own tools (the read tool, the manual compaction tool) a request carries.
+
+Offered: the read tool when ``Settings.read_tool_enabled``, the compaction tool when the client
+asked for it (``X-Context-Proxy-Compact-Tool``); never under a name of the client's own tools, and
+none at all with ``tool_choice: "none"``. Sent: the compaction tool whenever offered, the read tool
+only when the forwarded messages name stored content (``proxy.compaction.references``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.compaction.references import StoredContent
+from proxy.settings import Settings
+from proxy.tools.read_tool import compact_tool_schema, read_tool_schema
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """The proxy's tools one request may carry: ``names[i]`` is the function name of ``schemas[i]``."""
+
+    names: tuple[str, ...] = ()
+    schemas: tuple[dict[str, Any], ...] = ()
+
+    def has(self, name: str) -> bool:
+        return name in self.names
+
+
+class OwnToolOffer:
+    """Decides the proxy's tools per request; one per compactor (or replay). State: the two
+    schemas, built once (one object each, shared by every request that carries it: never
+    mutated), and the ``StoredContent`` it is given (bounded there)."""
+
+    def __init__(self, settings: Settings, stored: StoredContent) -> None:
+        self.settings = settings
+        self.stored = stored
+        self.read_schema = read_tool_schema(settings.read_tool_name)
+        self.compact_schema = compact_tool_schema(settings.compact_tool_name)
+
+    def offerable(self, body: Mapping[str, Any], compact_tool: bool) -> Offer:
+        """The tools this request may carry (the client's tool names never shadowed)."""
+        if body.get("tool_choice") == "none":
+            return Offer()
+        client = {(t.get("function") or {}).get("name") for t in body.get("tools") or () if isinstance(t, dict)}
+        names: list[str] = []
+        schemas: list[dict[str, Any]] = []
+        s = self.settings
+        if s.read_tool_enabled and s.read_tool_name not in client:
+            names.append(s.read_tool_name)
+            schemas.append(self.read_schema)
+        if compact_tool and s.compact_tool_name not in client:
+            names.append(s.compact_tool_name)
+            schemas.append(self.compact_schema)
+        return Offer(tuple(names), tuple(schemas))
+
+    def expected(self, offer: Offer, has_events: bool, raw: bytes, messages: Sequence[dict[str, Any]],
+                 chain: Sequence[str], expanded: bool) -> list[dict[str, Any]]:
+        """The schemas counted against the window before projecting: the read tool's when stored
+        content may be named (the session has events, or the client's messages may name it)."""
+        read = self.settings.read_tool_name
+        return [schema for name, schema in zip(offer.names, offer.schemas, strict=True)
+                if name != read or has_events or self.stored.may_be_named(raw, messages, chain, expanded)]
+
+    def chosen(self, offer: Offer, raw: bytes, messages: list[dict[str, Any]], chain: Sequence[str], expanded: bool,
+               forwarded: list[dict[str, Any]], applied: Sequence[str]) -> list[dict[str, Any]]:
+        """The schemas to append to ``tools``: the read tool's only when the forwarded messages
+        name stored content (``StoredContent.named``)."""
+        out = []
+        for name, schema in zip(offer.names, offer.schemas, strict=True):
+            if name == self.settings.read_tool_name and not self.stored.named(raw, messages, chain, expanded,
+                                                                               forwarded, applied):
+                continue
+            out.append(schema)
+        return out

@@ -1,0 +1,85 @@
+"""The per-request context of the chat use case: what one chat request carries through the pipeline.
+
+``ChatContext`` is built by ``proxy.forward.pipeline.ChatPipeline.handle`` once the request is parsed
+and its session named, and lives until its log write ends. The compactor reads it as a
+``proxy.compaction.base.CompactionInput`` (read-only, checked structurally: compaction never imports
+this module); the round loop (``proxy.forward.rounds``), the tool rounds and the log writer update it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.compaction.base import Prepared
+from proxy.compaction.overflow import Overflow
+from proxy.forward.session_log import LoggedRequest, SessionLog
+from storage.records import SessionRecord
+from storage.refused import RequestWrites
+
+
+@dataclass(slots=True)
+class ChatContext:
+    """Everything one chat request carries through the pipeline.
+
+    ``messages``/``digests``/``chain``: the client's messages (with ``expanded``: the proxy's earlier
+    rounds put back), one digest and chain hash per message; ``raw``: the client's body bytes, ``body``
+    it parsed; ``started``: ``time.perf_counter()`` seconds when it was read."""
+
+    request_id: str
+    tenant: str
+    session: SessionRecord
+    body: dict[str, Any]
+    raw: bytes
+    messages: list[dict[str, Any]]
+    digests: list[str]
+    chain: list[str]
+    upstream_headers: list[tuple[str, str]]
+    stream: bool
+    started: float
+    session_log: SessionLog
+    append_task: asyncio.Task[LoggedRequest] | None = None
+    """Set when the client's messages are written before the reply (streams; compactions)."""
+    finished: bool = False
+    prepared: Prepared | None = None
+    """What the last ``Compactor.prepare`` (and the tool rounds since) made of the request: what is sent."""
+    retries: int = 0
+    """Overflow retries so far (at most ``Settings.max_overflow_retries``)."""
+    unrecovered: Overflow | None = None
+    """The provider's overflow this request ended with, no retry left (its answer returned as sent)."""
+    compact_tool: bool = False
+    """The client asked for the manual compaction tool (header ``X-Context-Proxy-Compact-Tool``)."""
+    internal: list[dict[str, Any]] = field(default_factory=list)
+    """Messages of the proxy's own tool rounds in this request (logged as internal)."""
+    read_rounds: int = 0
+    expanded: bool = False
+    """``messages`` include internal rounds the client's history does not (forward them, not ``raw``)."""
+    degraded: bool = False
+    """The database failed and ``database_failure_mode`` is open: forwarded without compaction."""
+    refused: bool = False
+    """The provider refused the client's own key (401/403, keys passed through): only the request
+    record is logged, none of the content (anyone can send a body under a made-up key)."""
+    writes: RequestWrites = field(default_factory=RequestWrites)
+    """The artifact and event rows this request's own inserts created (tracked while it is
+    handled: ``storage.refused.track_writes``), deleted if it is ``refused``."""
+
+    @property
+    def model(self) -> str:
+        return str(self.body.get("model"))
+
+    async def ensure_logged(self) -> LoggedRequest:
+        """Write the client's messages now (before a compaction event anchors on them). Shielded:
+        a request cancelled meanwhile (its client left) does not cancel the write. Raises
+        ``storage.errors.StorageError``."""
+        if self.append_task is None:
+            write = self.session_log.append_request(self.session, self.messages, self.chain)
+            self.append_task = asyncio.ensure_future(write)
+        logged = await asyncio.shield(self.append_task)
+        self.use_session(logged)
+        return logged
+
+    def use_session(self, logged: LoggedRequest) -> None:
+        """Go on in the session the messages went to (opened again if the request's was gone)."""
+        if logged.session is not None:
+            self.session = logged.session

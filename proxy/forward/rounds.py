@@ -1,0 +1,190 @@
+"""The round loop of one chat request, one for streams and not: forward, recover, serve, ask again.
+
+A request's exchanges with the provider: forward what the compactor prepared; on an overflow (an
+error status, or an error event before anything a stream carried) learn from it, compact even below
+the trigger and retry (bounded by ``Settings.max_overflow_retries``; when no retry is left the
+provider's answer goes back as it came); when the model called only the proxy's own tools, serve
+them (``proxy.forward.tool_rounds``) and ask again. Overflow recovery and tool rounds are the same
+loop whether the client streams or not, so a later round that overflows is compacted and retried in
+both. The loop does no logging and builds no client response: it yields what a stream's client is
+sent (``Segment``s, relayed by ``proxy.forward.streaming.relay_turn``) and leaves a complete
+answer (not a stream, or answered before a stream's first byte) in ``Turn.reply`` for the pipeline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import orjson
+
+from proxy.compaction.base import Compactor, Prepared
+from proxy.compaction.overflow import Overflow, classify_error
+from proxy.conversation.chat_request import is_too_deep, too_deep
+from proxy.errors import UpstreamUnreachable
+from proxy.forward.answers import Reply, Turn
+from proxy.forward.context import ChatContext
+from proxy.forward.db_health import DatabaseHealth
+from proxy.forward.streaming import (
+    Segment,
+    provider_error_event,
+    relay_plain,
+    start_stream,
+)
+from proxy.forward.tool_rounds import KEEPALIVE, ToolRounds, own_only
+from proxy.json_text import parse_json
+from proxy.settings import Settings
+from proxy.telemetry.metrics import Metrics
+from proxy.upstream.client import Upstream
+from storage.errors import StorageError
+
+CHAT_PATH = "/chat/completions"
+COMPACTING = b": context-proxy is compacting after an overflow\n\n"
+"""Keep-alive comment of a stream whose later round overflowed (summary calls take a while)."""
+
+
+class RoundLoop:
+    """Runs the exchanges of the pipeline's requests (one per pipeline; no per-request state)."""
+
+    def __init__(self, settings: Settings, upstream: Upstream, compactor: Compactor, tools: ToolRounds,
+                 metrics: Metrics, health: DatabaseHealth) -> None:
+        self.settings = settings
+        self.upstream = upstream
+        self.compactor = compactor
+        self.tools = tools
+        self.metrics = metrics
+        self.health = health
+
+    async def prepare(self, ctx: ChatContext, overflow: Overflow | None) -> None:
+        """Set ``ctx.prepared``: what to forward (the defenses; forced after an ``overflow``). A
+        database failure with ``database_failure_mode`` open marks ``ctx.degraded`` and forwards the
+        request as it came; closed, it raises (``storage.errors.StorageError``). Raises the 400 of a
+        body nested too deep to serialize, and ``proxy.errors.CannotFit``."""
+        try:
+            ctx.prepared = await self.compactor.prepare(ctx, overflow=overflow)
+        except orjson.JSONEncodeError as exc:  # ``TypeError`` itself: only the depth limit is the client's
+            if not is_too_deep(exc):
+                raise
+            raise too_deep() from None
+        except StorageError as exc:
+            self.health.saw(exc)
+            if self.settings.database_failure_mode != "open":
+                raise
+            self.metrics.database_error("fail_open")
+            ctx.degraded = True
+            ctx.prepared = Prepared(orjson.dumps(ctx.body | {"messages": ctx.messages}) if ctx.expanded else ctx.raw)
+
+    async def exchanges(self, ctx: ChatContext, turn: Turn) -> AsyncGenerator[Segment, None]:
+        """The loop (module docstring), after ``prepare``. Yields what a stream's client is sent, as
+        ``Segment``s for ``relay_turn`` (a stream keeps relaying across rounds and retries); a
+        complete answer is left in ``turn.reply``. The upstream response is closed however this
+        ends. Raises our 502/504 errors when the upstream fails (in a stream, after its start: in
+        what the relay reads)."""
+        hold = self.compactor.retries_overflows  # an overflow in a stream's start can be retried
+        try:
+            while True:
+                assert ctx.prepared is not None
+                if turn.resp is not None:
+                    await turn.resp.aclose()
+                sent = ctx.prepared.forwarded or ctx.body  # what overflow errors may quote back
+                if ctx.internal:
+                    sent = sent | {"messages": [*sent["messages"], *ctx.internal]}
+                started = time.perf_counter()
+                resp = turn.resp = await self.upstream.send("POST", CHAT_PATH, headers=ctx.upstream_headers,
+                                                            content=ctx.prepared.body, tenant=ctx.tenant)
+                self.metrics.upstream_answered(ctx.model, time.perf_counter() - started)
+                if resp.status_code >= 400:
+                    data = await resp.aread()
+                    await resp.aclose()  # read whole: its pool slot is free for a summary call
+                    overflow = classify_error(resp.status_code, data, resp.headers, sent=sent)
+                    if overflow is not None:
+                        if turn.committed:
+                            yield COMPACTING
+                        if await self._retry(ctx, turn, overflow):
+                            continue
+                    if turn.committed:
+                        turn.error = f"the upstream answered {resp.status_code} in a later round"
+                        turn.assembler.upstream_error = True
+                        yield provider_error_event(data)
+                    else:
+                        turn.reply = Reply(resp.status_code, resp.headers, data)
+                    return
+                if ctx.stream and "text/event-stream" in resp.headers.get("content-type", ""):
+                    state = await start_stream(resp, hold=hold, assembler=turn.assembler, sent=sent)
+                    if state.overflow is not None:
+                        if turn.committed:
+                            yield COMPACTING
+                        if await self._retry(ctx, turn, state.overflow):
+                            continue
+                    if not turn.committed:
+                        turn.committed, turn.status = True, resp.status_code
+                    yield self.tools.relay_round(ctx, state) if ctx.prepared.own_tools else relay_plain(state)
+                    # (resumed once that relay was read to its end)
+                    if not state.own_calls or turn.assembler.upstream_error:
+                        return  # an error event relayed ends the stream's rounds too
+                    yield KEEPALIVE
+                    await self.tools.serve(ctx, {"content": None}, state.own_calls)
+                    turn.assembler.reset_round()
+                    continue
+                data = await resp.aread()
+                message, usage, finish_reason = reply_of(data)
+                mine, theirs = own_only(message, ctx.prepared.own_tools)
+                if self.tools.serves(ctx, mine, len(theirs)):
+                    await self.tools.serve(ctx, message or {}, mine)
+                    continue
+                if turn.committed:
+                    raise UpstreamUnreachable("The upstream answered a streamed round without an event stream.")
+                if mine and message is not None:  # the model called the proxy's tools too: those are removed
+                    data, message = self.tools.strip(data, message, theirs)
+                    finish_reason = "stop" if not theirs else finish_reason
+                turn.reply = Reply(resp.status_code, resp.headers, data, message, usage, finish_reason)
+                return
+        finally:
+            if turn.resp is not None:
+                await turn.resp.aclose()
+
+    async def _retry(self, ctx: ChatContext, turn: Turn, overflow: Overflow) -> bool:
+        """After an overflow: learn from it; when a retry is left (``max_overflow_retries``, and
+        the compactor can), compact and prepare it and return True. The proxy's rounds start over
+        on the compacted request, unless a stream's client has seen text from them: then they are
+        kept after it (asked again from scratch, the model would say that text again). False when no
+        retry is left, or when compacting changed nothing (the same body would overflow again):
+        the provider's answer is returned as it came, with headers saying what was tried (the
+        proxy never words an overflow of its own)."""
+        await self.compactor.learn(ctx, overflow)
+        if not (turn.committed and not turn.assembler.empty):
+            ctx.internal, ctx.read_rounds = [], 0  # rounds that led to an overflow are not kept
+        if ctx.retries >= self.settings.max_overflow_retries or not self.compactor.can_retry(ctx, overflow):
+            return self._unrecovered(ctx, overflow)
+        assert ctx.prepared is not None
+        before = ctx.prepared.body
+        await self.prepare(ctx, overflow)
+        if ctx.internal:
+            base = ctx.prepared.forwarded or ctx.body
+            body = orjson.dumps(base | {"messages": [*base["messages"], *ctx.internal]})
+            ctx.prepared = dataclasses.replace(ctx.prepared, body=body)
+        if ctx.prepared.body == before:
+            return self._unrecovered(ctx, overflow)
+        ctx.retries += 1
+        self.metrics.overflow("retried")
+        turn.assembler.reset_round()
+        return True
+
+    def _unrecovered(self, ctx: ChatContext, overflow: Overflow) -> bool:
+        ctx.unrecovered = overflow
+        self.metrics.overflow("unrecoverable")
+        return False
+
+
+def reply_of(data: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str | None]:
+    """``(message, usage, finish_reason)`` of a chat.completion body (choice 0); Nones if unusable.
+    A lone surrogate escape in it is usable, replaced by U+FFFD (``proxy.json_text``)."""
+    try:
+        parsed = parse_json(data)
+        choice = parsed["choices"][0]
+        message = dict(choice["message"])
+        return message, parsed.get("usage"), choice.get("finish_reason")
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+        return None, None, None

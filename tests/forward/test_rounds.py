@@ -1,0 +1,190 @@
+"""proxy/forward/rounds.py, in process: one round loop for streams and not (tool rounds, overflow retry).
+
+The proxy app and the fake provider run in the test's event loop (``tests.support.inprocess``). The
+fake model reads back an offloaded tool result with the proxy's read tool (``tests/fakes/read_tool.py``)
+and answers from it; a round of that loop is made to overflow with a provider error queued by a
+responder (``FakeState.fail_next``), the way a provider answers a prompt the round made too long.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fakes.read_tool import respond_read_tool
+from tests.fakes.responders import Prompt, Reply
+from tests.fakes.state import FakeState
+from tests.support.inprocess import FakeProvider, InProcessProxy
+
+MODEL = "fake-32k-openai"
+READ = "context_proxy_read"
+TOOLS = [{"type": "function", "function": {"name": "fetch_log", "description": "Fetch a log.",
+                                           "parameters": {"type": "object", "properties": {}}}}]
+
+
+@pytest.fixture
+def models_file(tmp_path: Path) -> str:
+    path = tmp_path / "models.yaml"
+    path.write_text(f'"{MODEL}":\n  context_window_tokens: 32768\n')
+    return str(path)
+
+
+def history(fact: str, chat_turns: int = 0) -> list[dict[str, Any]]:
+    """A conversation whose big tool result is offloaded (a stub goes upstream), the fact inside it;
+    ``chat_turns`` earlier exchanges of plain text (about 150 tokens each) before it."""
+    rows = [f"{i:05d} INFO worker-{i % 7} processed batch {i} in {i % 97} ms" for i in range(1500)]
+    rows[500] = fact
+    earlier: list[dict[str, Any]] = []
+    for k in range(chat_turns):
+        earlier += [{"role": "user", "content": f"Step {k}: check the worker pool and report. " + "details here " * 30},
+                    {"role": "assistant", "content": f"Step {k} done: the pool looks healthy. " + "notes written " * 30}]
+    return [
+        {"role": "system", "content": "You are an ops agent."},
+        *earlier,
+        {"role": "user", "content": "Fetch the deploy log."},
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "fetch_log", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "\n".join(rows)},
+        {"role": "user", "content": "QUESTION: build_id"},
+    ]
+
+
+def body(stream: bool, chat_turns: int = 0) -> dict[str, Any]:
+    out: dict[str, Any] = {"model": MODEL, "messages": history("FACT: build_id=B-7741", chat_turns), "tools": TOOLS}
+    if stream:
+        out |= {"stream": True, "stream_options": {"include_usage": True}}
+    return out
+
+
+def window_shrinks_after_the_first_read(margin_tokens: int = 200) -> Any:
+    """A responder: when the model first calls the proxy's read tool, the provider's window turns out
+    to be ``margin_tokens`` above that request's prompt (less than the profile said), so the next
+    request, the round with the read's result, overflows (the fake's OpenAI wording, its numbers)."""
+
+    def respond(prompt: Prompt, state: FakeState) -> Reply | None:
+        reply = respond_read_tool(prompt, state)
+        if reply is not None and reply.tool_calls and MODEL not in state.windows:
+            state.windows[MODEL] = (state.requests[-1].prompt_tokens or 0) + margin_tokens
+        return reply
+
+    return respond
+
+
+async def send(proxy: InProcessProxy, payload: dict[str, Any], session: str) -> tuple[int, dict[str, str], str, str]:
+    """``(status, headers, answer text, raw body)`` of one request, streamed or not."""
+    headers = {"x-session-id": session}
+    if not payload.get("stream"):
+        resp = await proxy.chat(payload, headers=headers)
+        message = resp.json()["choices"][0]["message"] if resp.status_code == 200 else {}
+        assert not message.get("tool_calls")
+        if resp.status_code == 200:
+            assert resp.json()["choices"][0]["finish_reason"] == "stop"
+        return resp.status_code, dict(resp.headers), message.get("content") or "", resp.text
+    async with proxy.http.stream("POST", "/v1/chat/completions", json=payload, headers=headers) as resp:
+        raw = (await resp.aread()).decode()
+    events = [e[6:] for e in raw.split("\n\n") if e.startswith("data: ")]
+    assert events.count("[DONE]") == 1 and events[-1] == "[DONE]", raw
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert not any("error" in c for c in chunks), raw
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c.get("choices") and c["choices"][0].get("finish_reason")]
+    assert finishes == ["stop"], raw
+    return resp.status_code, dict(resp.headers), text, raw
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["complete", "streamed"])
+async def test_the_proxys_tool_rounds_are_served_and_hidden(
+    stream: bool, inprocess_factory: Any, fake_provider: FakeProvider, models_file: str
+) -> None:
+    proxy = await inprocess_factory(models_file=models_file)
+    status, headers, text, raw = await send(proxy, body(stream), "rounds")
+    assert status == 200 and text == "ANSWER: B-7741"
+    assert READ not in raw  # the client never sees the proxy's tool
+    first, *rounds = fake_provider.state.model_requests
+    assert [t["function"]["name"] for t in first.json["tools"]] == ["fetch_log", READ]
+    assert rounds and rounds[-1].json["messages"][-1]["role"] == "tool"
+    assert "x-context-proxy-overflow-retries" not in headers
+    session = await proxy.wait_logged("rounds", requests=1)
+    assert session["request_count"] == 1
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["complete", "streamed"])
+async def test_a_later_round_that_overflows_is_compacted_and_retried(
+    stream: bool, inprocess_factory: Any, fake_provider: FakeProvider, models_file: str
+) -> None:
+    state = fake_provider.state
+    state.responders.insert(0, window_shrinks_after_the_first_read())
+    proxy = await inprocess_factory(models_file=models_file)
+    status, headers, text, raw = await send(proxy, body(stream, chat_turns=30), "later")
+    assert status == 200, raw
+    assert text == "ANSWER: B-7741"  # a normal answer: the provider's overflow never reaches the client
+    assert READ not in raw
+    if not stream:  # (a stream's headers went out with its first round, before the overflow)
+        assert headers["x-context-proxy-overflow-retries"] == "1"
+    assert "x-context-proxy-overflow" not in headers  # recovered: no overflow returned as it came
+    outcomes = [r.outcome for r in state.model_requests]
+    failed = outcomes.index("overflow")
+    assert failed >= 1  # a later round overflowed, not the first request
+    assert state.model_requests[failed].json["messages"][-1]["role"] == "tool"  # it carried the read's result
+    retried = state.model_requests[failed + 1].json["messages"]
+    # the retry starts from the client's messages again, compacted for the window the error stated
+    assert not any(m.get("tool_call_id", "").startswith("call_") for m in retried if m["role"] == "tool")
+    if stream:
+        assert ": context-proxy is compacting after an overflow" in raw
+    await proxy.wait_logged("later", requests=1)
+    metrics = (await proxy.http.get("/metrics")).text
+    assert 'context_proxy_overflows_total{outcome="retried"} 1.0' in metrics
+    assert 'context_proxy_overflows_total{outcome="recovered"} 1.0' in metrics
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["complete", "streamed"])
+async def test_an_overflow_with_no_retry_left_is_the_providers_answer(
+    stream: bool, inprocess_factory: Any, fake_provider: FakeProvider, models_file: str
+) -> None:
+    state = fake_provider.state
+    state.responders.insert(0, window_shrinks_after_the_first_read())
+    proxy = await inprocess_factory(models_file=models_file, max_overflow_retries=0)
+    payload = body(stream, chat_turns=30)
+    headers = {"x-session-id": "noretry"}
+    if not stream:
+        resp = await proxy.chat(payload, headers=headers)
+        assert resp.status_code == 400  # the provider's own error, as it sent it
+        assert resp.json()["error"]["code"] == "context_length_exceeded"
+        assert resp.headers["x-context-proxy-overflow"] and resp.headers["x-context-proxy-overflow-retries"] == "0"
+        return
+    async with proxy.http.stream("POST", "/v1/chat/completions", json=payload, headers=headers) as r:
+        raw = (await r.aread()).decode()
+    assert r.status_code == 200  # the stream had started: the error goes in-band, as the provider worded it
+    assert "context_length_exceeded" in raw and "[DONE]" not in raw
+
+
+def overflow_error_after_the_first_read(state: FakeState) -> Any:
+    """A responder: when the model first calls the proxy's read tool, the next request gets an
+    overflow error stating a window far below what the proxy estimated it sent (8,192 tokens for a
+    prompt of about 1,000 by our count: the proxy learns a window of under 1,000 of its tokens)."""
+
+    def respond(prompt: Prompt, st: FakeState) -> Reply | None:
+        reply = respond_read_tool(prompt, st)
+        if reply is not None and reply.tool_calls and not st.fail_next and len(st.model_requests) == 1:
+            message = "This model's maximum context length is 8192 tokens. Please reduce the length of the messages."
+            st.fail_next.append(("status", 400, {"error": {"message": message, "type": "invalid_request_error",
+                                                           "param": "messages", "code": "context_length_exceeded"}}))
+        return reply
+
+    return respond
+
+
+@pytest.mark.xfail(strict=True, reason="known (reported by H2, issue 18): the read tool is offered with no read budget "
+                   "left; the model's call to it is then removed and the client gets an empty answer")
+async def test_a_read_call_with_no_budget_left_still_gets_an_answer(
+    inprocess_factory: Any, fake_provider: FakeProvider, models_file: str
+) -> None:
+    state = fake_provider.state
+    state.responders.insert(0, overflow_error_after_the_first_read(state))
+    proxy = await inprocess_factory(models_file=models_file)
+    status, headers, text, _ = await send(proxy, body(False), "nobudget")
+    assert status == 200 and headers["x-context-proxy-overflow-retries"] == "1"
+    assert text  # today: "" with finish_reason "stop"
