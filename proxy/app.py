@@ -1,14 +1,19 @@
-"""``create_app(settings)``: the ASGI app, its lifespan (one upstream client, one store) and error rendering."""
+"""``create_app(settings)``: the ASGI app, its lifespan (the state it builds and owns) and error rendering.
+
+The lifespan builds ``ProxyState`` (the store, the upstream client, the pipeline and every memo and
+cache the app uses) and closes it at shutdown; nothing the app uses lives in module globals. The
+chat route is ``proxy.routes.chat.ChatEndpoint``, reached straight from ``ProxyApp.__call__``
+(see there); every other route goes through FastAPI.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
@@ -20,15 +25,16 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from proxy import __version__
 from proxy.admission import BodyBudget
 from proxy.compaction.base import Compactor
-from proxy.errors import BadRequest, NotFound, ProxyError
+from proxy.errors import BadRequest, NotFound, ProxyError, client_error
 from proxy.forward.pipeline import ChatPipeline
 from proxy.forward.session_log import SessionLog
-from proxy.routes import chat, health, limits, passthrough, read
+from proxy.routes import health, limits, passthrough, read
 from proxy.routes.auth import Authenticator
-from proxy.routes.chat_fast import CHAT_PATH, ChatFastPath, error_of, serve_chat_counted
+from proxy.routes.chat import CHAT_PATH, ERROR_SCHEMA, OPENAPI_PATH_ITEM, ChatEndpoint, chat_route
 from proxy.settings import Settings
 from proxy.telemetry.metrics import Metrics, MetricsMiddleware
 from proxy.upstream.client import Upstream
+from proxy.upstream.transport import UpstreamTransport
 from storage.errors import StorageError
 from storage.migrate import upgrade
 from storage.store import Store
@@ -38,7 +44,12 @@ log = logging.getLogger("context_proxy.app")
 
 @dataclass
 class ProxyState:
-    """What the routes reach through ``request.app.state.proxy``."""
+    """What the app's lifespan builds, what the routes reach through ``request.app.state.proxy``,
+    and what it closes at shutdown.
+
+    Every memo and cache of the app is one of these objects' state (or of the objects they own),
+    built here and gone with the app; their bounds are listed in one table, ``proxy.bounds.BOUNDS``.
+    """
 
     settings: Settings
     auth: Authenticator
@@ -80,10 +91,11 @@ def build_compactor(settings: Settings, store: Store, upstream: Upstream, metric
     return ProjectingCompactor(settings, store, upstream, metrics=metrics)
 
 
-def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
-    """The proxy as an ASGI app. ``upstream_transport`` replaces the aiohttp transport (tests)."""
-    if settings.tiktoken_cache_dir:
-        os.environ["TIKTOKEN_CACHE_DIR"] = settings.tiktoken_cache_dir
+def create_app(settings: Settings, *,
+               upstream_transport: httpx.AsyncBaseTransport | UpstreamTransport | None = None) -> FastAPI:
+    """The proxy as an ASGI app. ``upstream_transport`` replaces the aiohttp transport: an httpx
+    transport or any ``proxy.upstream.transport.UpstreamTransport`` (tests, benchmarks). Touches
+    no process-wide state (the garbage collector is ``context-proxy serve``'s: ``proxy.server.process``)."""
     metrics = Metrics()
 
     @asynccontextmanager
@@ -105,31 +117,25 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
         state = ProxyState(settings, Authenticator(settings), store, upstream, pipeline, migrated=migrated)
         app.state.proxy = state
         retry = None if migrated else asyncio.create_task(_migrate_until_done(state))
-        # the startup objects (tokenizer tables, routes, model table) live as long as the process:
-        # out of the collector's sight, a full collection no longer walks them (about 8 ms each,
-        # measured in the pipeline benchmark, once every few requests of a long history)
-        if not _frozen:  # once per process (each app a test creates would stay in memory)
-            gc.freeze()
-            _frozen.append(True)
-        if settings.gc_young_threshold:
-            gc.set_threshold(settings.gc_young_threshold, *gc.get_threshold()[1:])
         try:
             yield
         finally:
             if retry is not None:
                 retry.cancel()
-            await pipeline.drain()
+            await pipeline.writer.drain()
             await upstream.aclose()
             await store.close()
 
-    app = _ProxyApp(
+    app = ProxyApp(
         title="context-proxy",
         version=__version__,
         description="OpenAI-compatible proxy that keeps agents inside their context window. Read API for sessions.",
         lifespan=lifespan,
     )
-    for router in (health.router, read.router, limits.router, chat.router, passthrough.router):
+    for router in (health.router, read.router, limits.router):
         app.include_router(router)
+    app.router.routes.append(chat_route(app.chat))  # before the pass-through's /v1/{path}
+    app.include_router(passthrough.router)
     app.state.metrics = metrics
     app.state.body_budget = BodyBudget(settings.max_held_body_bytes, settings.max_body_bytes)
     app.add_route("/metrics", metrics.endpoint, methods=["GET"], include_in_schema=False)
@@ -137,16 +143,19 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
     return app
 
 
-_frozen: list[bool] = []
-
-
-class _ProxyApp(FastAPI):
-    """FastAPI with ``MetricsMiddleware`` and ``ChatFastPath`` outermost: the chat route skips
-    FastAPI's own layers too (error pages, telemetry, body limit: about 5% of a small chat
-    request's CPU, measured with py-spy; the chat route has its own limit and error envelopes).
-    Every other route still passes all of them."""
+class ProxyApp(FastAPI):
+    """FastAPI whose chat route (``POST /v1/chat/completions``, ``self.chat``) skips FastAPI's
+    own layers (error pages, telemetry, body limit: about 5% of a small chat request's CPU,
+    measured with py-spy and cProfile at concurrency 16; the endpoint has its own limit, error
+    envelopes and counting), unless FastAPI traces requests: then it goes through FastAPI,
+    ``MetricsMiddleware`` and the router like every other route. The schema documents it
+    (``openapi``)."""
 
     _traced: bool | None = None
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.chat = ChatEndpoint()
 
     def chat_traced(self) -> bool:
         """Whether FastAPI's own OpenTelemetry instrumentation is on, as FastAPI decides it for a
@@ -160,7 +169,17 @@ class _ProxyApp(FastAPI):
         return self._traced
 
     def build_middleware_stack(self) -> ASGIApp:
-        return MetricsMiddleware(ChatFastPath(super().build_middleware_stack()), metrics=self.state.metrics)
+        return MetricsMiddleware(super().build_middleware_stack(), metrics=self.state.metrics)
+
+    def openapi(self) -> dict[str, Any]:
+        """FastAPI's schema with the chat route (``proxy.routes.chat.OPENAPI_PATH_ITEM``) first and
+        OpenAI's error envelope as the ``Error`` schema."""
+        if self.openapi_schema is None:
+            schema = super().openapi()
+            schema["paths"] = {CHAT_PATH: OPENAPI_PATH_ITEM, **schema.get("paths", {})}
+            schema.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
+            self.openapi_schema = schema
+        return self.openapi_schema
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Every HTTP request with a body counted against ``max_held_body_bytes`` while it runs
@@ -171,32 +190,33 @@ class _ProxyApp(FastAPI):
             await self._serve(scope, receive, send)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The chat route straight to ``serve_chat_counted``, unless FastAPI traces requests (then
-        through FastAPI, ``MetricsMiddleware`` and ``ChatFastPath``, as every other route). Its
-        layers and the wrapped ``send`` were about 5% of a small chat request's CPU (cProfile,
-        ``tests/benchmarks`` overhead at concurrency 16)."""
+        """The chat route straight to ``self.chat.counted`` unless traced (class docstring)."""
         chat = scope["type"] == "http" and scope["path"] == CHAT_PATH and scope["method"] == "POST"
         if chat and not self.chat_traced():
             if self.root_path:
                 scope["root_path"] = self.root_path
             scope["app"] = self
-            await serve_chat_counted(scope, receive, send)
+            await self.chat.counted(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
 
 
 def _render(exc: ProxyError) -> Response:
-    return Response(exc.body(), status_code=exc.status, media_type="application/json", headers=dict(exc.headers) or None)
+    return Response(exc.body(), status_code=exc.status, media_type="application/json",
+                    headers=dict(exc.headers) or None)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
+    """Every error in OpenAI's envelope: ours as they are, a storage error or anything unexpected
+    as ``proxy.errors.client_error`` maps it, FastAPI's validation and HTTP errors as 400/404/..."""
+
     @app.exception_handler(ProxyError)
     async def proxy_error(request: Request, exc: ProxyError) -> Response:
         return _render(exc)
 
     @app.exception_handler(StorageError)
     async def storage_error(request: Request, exc: StorageError) -> Response:
-        return _render(error_of(exc, request.app.state.metrics))
+        return _render(client_error(exc, request.app.state.metrics))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:
@@ -217,4 +237,4 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def unexpected(request: Request, exc: Exception) -> Response:
         if isinstance(exc, asyncio.CancelledError):
             raise exc
-        return _render(error_of(exc, request.app.state.metrics))
+        return _render(client_error(exc, request.app.state.metrics))

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 
-class BoundedCache(OrderedDict):  # type: ignore[type-arg]
+class BoundedCache(OrderedDict):
     """An LRU mapping of at most ``size`` entries; ``ttl_s`` bounds how long ``fresh`` trusts one."""
 
     def __init__(self, size: int, ttl_s: float | None = None) -> None:

@@ -27,7 +27,8 @@ import typer
 
 from proxy.settings import Settings
 
-app = typer.Typer(help="context-proxy: an OpenAI-compatible proxy that keeps agents inside their context window.", no_args_is_help=True)
+app = typer.Typer(help="context-proxy: an OpenAI-compatible proxy that keeps agents inside their context window.",
+                  no_args_is_help=True)
 db_app = typer.Typer(help="Database commands.", no_args_is_help=True)
 sessions_app = typer.Typer(help="Browse the stored sessions (all tenants).", no_args_is_help=True)
 app.add_typer(db_app, name="db")
@@ -64,7 +65,8 @@ def serve(
     upstream_url: str | None = typer.Option(None, help="Provider base URL [env CONTEXT_PROXY_UPSTREAM_URL]."),
     database_url: str | None = typer.Option(None, help=DATABASE_HELP),
     log_format: str | None = typer.Option(None, help="json or text [env CONTEXT_PROXY_LOG_FORMAT, default json]."),
-    shutdown_grace_s: float | None = typer.Option(None, help="Seconds in-flight streams get after SIGTERM [env CONTEXT_PROXY_SHUTDOWN_GRACE_S]."),
+    shutdown_grace_s: float | None = typer.Option(
+        None, help="Seconds in-flight streams get after SIGTERM [env CONTEXT_PROXY_SHUTDOWN_GRACE_S]."),
 ) -> None:
     """Run the proxy (migrates the database at start).
 
@@ -75,6 +77,7 @@ def serve(
 
     from proxy.app import create_app
     from proxy.server.http_guard import server_options
+    from proxy.server.process import run
     from proxy.telemetry.logs import configure_logging
 
     settings = load_settings(host=host, port=port, upstream_url=upstream_url, database_url=database_url,
@@ -83,7 +86,7 @@ def serve(
     # uvicorn handles SIGTERM while serving, then re-raises it once shut down: this handler makes
     # that (and a SIGTERM before uvicorn starts) a clean exit 0, as Kubernetes and Docker expect.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(settings),
         host=settings.host,
         port=settings.port,
@@ -93,10 +96,13 @@ def serve(
         timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),
         **server_options(settings),  # header bounds and deadlines, connection cap, keep-alive
     )
+    run(config, gc_young_threshold=settings.gc_young_threshold)  # gc tuned once the app started
 
 
 @db_app.command("upgrade")
-def db_upgrade(database_url: str | None = typer.Option(None, help="Database URL [env CONTEXT_PROXY_DATABASE_URL].")) -> None:
+def db_upgrade(
+    database_url: str | None = typer.Option(None, help="Database URL [env CONTEXT_PROXY_DATABASE_URL]."),
+) -> None:
     """Create or upgrade the schema to the newest migration."""
     from storage.migrate import upgrade
 
@@ -161,7 +167,8 @@ def sessions_list(
 
     found = _with_store(database_url, page)
     if found is None:
-        typer.echo(f"error: --after {after!r} names no session" + (f" of tenant {tenant!r}" if tenant else ""), err=True)
+        of_tenant = f" of tenant {tenant!r}" if tenant else ""
+        typer.echo(f"error: --after {after!r} names no session{of_tenant}", err=True)
         raise typer.Exit(1)
     rows, has_more = found
     data = [session_json(s, admin=True) for s in rows]
@@ -171,9 +178,11 @@ def sessions_list(
                    "last_id": cursors[-1] if cursors else None, "has_more": has_more}
         typer.echo(orjson.dumps(listing, option=orjson.OPT_INDENT_2).decode())
         return
-    typer.echo(f"{'session':<40} {'tenant':<36} {'msgs':>6} {'reqs':>6} {'events':>6} {'tokens client':>14} {'forwarded':>12}  last model")
+    typer.echo(f"{'session':<40} {'tenant':<36} {'msgs':>6} {'reqs':>6} {'events':>6} "
+               f"{'tokens client':>14} {'forwarded':>12}  last model")
     for s in data:
-        typer.echo(f"{s['id']:<40} {s['tenant']:<36} {s['message_count']:>6} {s['request_count']:>6} {s['event_count']:>6} "
+        typer.echo(f"{s['id']:<40} {s['tenant']:<36} {s['message_count']:>6} {s['request_count']:>6} "
+                   f"{s['event_count']:>6} "
                    f"{s['tokens_client_total']:>14,} {s['tokens_forwarded_total']:>12,}  {s['last_model'] or '-'}")
     if has_more:
         typer.echo(f"(more sessions: --after '{cursors[-1]}')")
@@ -191,7 +200,8 @@ def sessions_show(
     async def use(store: Any) -> dict[str, Any]:
         session = await _find(store, session_id, tenant)
         out = session_json(await store.session_summary(session), admin=True)
-        out["events"] = [event_json(e) | {"payload": _short_payload(e.payload)} for e in await store.list_events(session.pk)]
+        events = await store.list_events(session.pk)
+        out["events"] = [event_json(e) | {"payload": _short_payload(e.payload)} for e in events]
         return out
 
     typer.echo(orjson.dumps(_with_store(database_url, use), option=orjson.OPT_INDENT_2).decode())
@@ -268,7 +278,8 @@ def archive(
             raise typer.Exit(1)
         end = None if limit is None else offset + limit
         n = 0
-        async for line in stream_archive_lines(store, session.session_id, session.pk, None if tip is None else tip.chain_hash):
+        tip_hash = None if tip is None else tip.chain_hash
+        async for line in stream_archive_lines(store, session.session_id, session.pk, tip_hash):
             if end is not None and n >= end:
                 break
             if n >= offset:
@@ -280,9 +291,12 @@ def archive(
 
 @app.command()
 def retention(
-    max_age_days: float | None = typer.Option(None, min=0, help="Delete sessions idle this long [env CONTEXT_PROXY_RETENTION_MAX_AGE_DAYS]."),
-    max_bytes_per_tenant: int | None = typer.Option(None, min=0, help="Per-tenant byte cap [env CONTEXT_PROXY_RETENTION_MAX_BYTES_PER_TENANT]."),
-    batch_size: int | None = typer.Option(None, min=1, help="Rows per delete transaction [env CONTEXT_PROXY_RETENTION_BATCH_SIZE]."),
+    max_age_days: float | None = typer.Option(
+        None, min=0, help="Delete sessions idle this long [env CONTEXT_PROXY_RETENTION_MAX_AGE_DAYS]."),
+    max_bytes_per_tenant: int | None = typer.Option(
+        None, min=0, help="Per-tenant byte cap [env CONTEXT_PROXY_RETENTION_MAX_BYTES_PER_TENANT]."),
+    batch_size: int | None = typer.Option(
+        None, min=1, help="Rows per delete transaction [env CONTEXT_PROXY_RETENTION_BATCH_SIZE]."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Report what would be deleted; delete nothing."),
     database_url: str | None = typer.Option(None, help=DATABASE_HELP),
 ) -> None:
@@ -293,7 +307,8 @@ def retention(
 
     settings = load_settings(database_url=database_url, retention_max_age_days=max_age_days,
                              retention_max_bytes_per_tenant=max_bytes_per_tenant, retention_batch_size=batch_size)
-    policy = RetentionPolicy(settings.retention_max_age_days, settings.retention_max_bytes_per_tenant, settings.retention_batch_size)
+    policy = RetentionPolicy(settings.retention_max_age_days, settings.retention_max_bytes_per_tenant,
+                             settings.retention_batch_size)
     if policy.max_age_days is None and policy.max_bytes_per_tenant is None:
         typer.echo("error: nothing to do: give --max-age-days and/or --max-bytes-per-tenant", err=True)
         raise typer.Exit(2)
@@ -351,7 +366,8 @@ def _print_report(report: Any, trace: Path, turns: bool, label: str) -> None:
     typer.echo(f"# {trace.name}: {len(report.turns)} requests, model {report.model}, context window {window}")
     typer.echo(f"# {label}" + ("" if report.exact_tokens else "; tiktoken unavailable, tokens estimated from bytes"))
     if turns:
-        typer.echo(f"{'turn':>5} {'msgs':>5} {'without proxy':>14} {'with proxy':>11} {'saved':>6}  compactions  overflow")
+        typer.echo(f"{'turn':>5} {'msgs':>5} {'without proxy':>14} {'with proxy':>11} {'saved':>6}  "
+                   "compactions  overflow")
         for t in report.turns:
             saved = 1 - t.tokens_with / t.tokens_without if t.tokens_without else 0.0
             over = ("without" if t.overflow_without else "") + ("+WITH" if t.overflow_with else "")
@@ -361,11 +377,13 @@ def _print_report(report: Any, trace: Path, turns: bool, label: str) -> None:
     typer.echo("total:")
     typer.echo(f"  prompt tokens without the proxy: {report.tokens_without:,}")
     typer.echo(f"  prompt tokens with the proxy:    {report.tokens_with:,} ({report.saved_fraction:.1%} saved)")
-    typer.echo(f"  summary calls the proxy would make: {report.summary_calls} ({report.summary_input_tokens:,} input tokens)")
+    typer.echo(f"  summary calls the proxy would make: {report.summary_calls} "
+               f"({report.summary_input_tokens:,} input tokens)")
     typer.echo(f"  compactions: {kinds}")
     applied = ", ".join(f"{k} {v}" for k, v in sorted(report.defenses_applied.items())) or "none"
     typer.echo(f"  requests changed, by defense: {applied}")
-    typer.echo(f"  requests over the window: {report.overflows_without} without the proxy, {report.overflows_with} with it")
+    typer.echo(f"  requests over the window: {report.overflows_without} without the proxy, "
+               f"{report.overflows_with} with it")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,8 +1,11 @@
 """The proxy's exception tree and its rendering as OpenAI's error envelope.
 
 Every error that reaches a client is ``{"error": {"message", "type", "code", "param"}}`` with the
-status below, never a stack trace. Foreign exceptions (httpx, SQLAlchemy) are translated where
-they occur (``raise ProxyError(...) from exc``).
+status below, never a stack trace. Foreign exceptions are translated where they occur
+(``raise ProxyError(...) from exc``): aiohttp's and httpx's inside the upstream transports
+(``proxy.upstream.transport``), SQLAlchemy's inside ``storage`` (``storage.errors``). What reaches
+a route unanswered becomes the client's error in one place, ``client_error``: a ``StorageError``
+a 503 (the only storage-error mapping), anything else not ours a 500 without detail.
 
 =========================  ======  ==========================
 class                      status  type / code
@@ -13,6 +16,7 @@ Forbidden                  403     permission_error / forbidden
 NotFound                   404     not_found_error / not_found
 PayloadTooLarge            413     invalid_request_error / request_too_large
 CannotFit                  400     invalid_request_error / context_length_exceeded
+UpstreamError              502     upstream_error (base of the two below)
 UpstreamUnreachable        502     upstream_error / upstream_unreachable
 UpstreamTimeout            504     upstream_error / upstream_timeout
 StorageUnavailableError    503     service_unavailable / database_unavailable
@@ -22,9 +26,14 @@ ProxyBusy                  503     service_unavailable / proxy_busy (+ ``retry-a
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from typing import Any, Protocol
 
 import orjson
+
+from storage.errors import StorageError
+
+log = logging.getLogger("context_proxy.app")
 
 
 class ProxyError(Exception):
@@ -48,7 +57,15 @@ class ProxyError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def body(self) -> bytes:
+        """The envelope as JSON bytes."""
         return orjson.dumps(self.envelope())
+
+    def asgi_headers(self, body: bytes) -> list[tuple[bytes, bytes]]:
+        """The response headers for ``body`` (this error's ``body()``) as ASGI sends them:
+        ``content-type``, ``content-length``, then ``headers``."""
+        out = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        out.extend((k.encode("latin-1"), v.encode("latin-1")) for k, v in self.headers)
+        return out
 
 
 class BadRequest(ProxyError):
@@ -89,15 +106,26 @@ class CannotFit(ProxyError):
     code = "context_length_exceeded"
 
 
-class UpstreamUnreachable(ProxyError):
+class UpstreamError(ProxyError):
+    """The upstream connection failed (what an upstream transport raises, never its library's
+    exception): catch this one where any upstream failure is handled alike."""
+
     status = 502
     type = "upstream_error"
     code = "upstream_unreachable"
 
 
-class UpstreamTimeout(ProxyError):
+class UpstreamUnreachable(UpstreamError):
+    """The upstream could not be reached, or closed the connection (mid-body too)."""
+
+    status = 502
+    code = "upstream_unreachable"
+
+
+class UpstreamTimeout(UpstreamError):
+    """The upstream did not answer, or stopped sending, within the read timeout."""
+
     status = 504
-    type = "upstream_error"
     code = "upstream_timeout"
 
 
@@ -115,3 +143,26 @@ class ProxyBusy(ProxyError):
     type = "service_unavailable"
     code = "proxy_busy"
     headers = (("retry-after", "1"),)
+
+
+class DatabaseErrors(Protocol):
+    """Counts database errors (``proxy.telemetry.metrics.Metrics`` is one)."""
+
+    def database_error(self, where: str) -> None: ...
+
+
+def client_error(exc: BaseException, counter: DatabaseErrors) -> ProxyError:
+    """The error a client is answered with when serving its request raised ``exc``.
+
+    ``ProxyError``: itself. ``StorageError``: ``StorageUnavailableError`` (503; counted in
+    ``counter`` as ``request``, logged by class: the database's own text may quote values and is
+    never shown to clients). Anything else: a 500 with no detail (logged with its traceback).
+    """
+    if isinstance(exc, ProxyError):
+        return exc
+    if isinstance(exc, StorageError):
+        log.error("database error: %s", type(exc).__name__)
+        counter.database_error("request")
+        return StorageUnavailableError("The proxy's database is unavailable; try again shortly.")
+    log.exception("unexpected error", exc_info=exc)
+    return ProxyError("The proxy failed to handle this request (internal error).")

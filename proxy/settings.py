@@ -46,7 +46,8 @@ class Settings(BaseSettings):
         0.5,
         gt=0,
         le=1,
-        description="Share of upstream_pool_size one tenant may hold at once (a fraction; at least two connections, or the whole pool if smaller: a request may hold a stream while its summary call needs another). "
+        description="Share of upstream_pool_size one tenant may hold at once (a fraction; at least two connections, "
+                    "or the whole pool if smaller: a request may hold a stream while its summary call needs another). "
         "A request that finds its share or the whole pool in use waits up to upstream_connect_timeout_s, then is "
         "answered 503 proxy_busy with retry-after.",
     )
@@ -70,7 +71,8 @@ class Settings(BaseSettings):
         "logged: measured with 60 MB bodies).",
     )
     database_pool_size: int = Field(
-        10, description="Database connections per process (plus as many overflow); keep replicas x 2 x this under the server's max_connections."
+        10, description="Database connections per process (plus as many overflow); keep replicas x 2 x this under the "
+                        "server's max_connections."
     )
     gc_young_threshold: int = Field(
         10_000,
@@ -109,7 +111,8 @@ class Settings(BaseSettings):
     # --- model profiles and tokens ---
     models_file: str | None = Field(None, description="YAML/JSON file of model profiles overriding the built-in table.")
     tiktoken_cache_dir: str | None = Field(
-        None, description="Directory of tiktoken's encoding files (sets TIKTOKEN_CACHE_DIR); never downloaded while serving."
+        None, description="Directory of tiktoken's encoding files (sets TIKTOKEN_CACHE_DIR); never downloaded while "
+                          "serving."
     )
 
     # --- defenses (DESIGN.md section 2; defaults are its numbers) ---
@@ -118,9 +121,11 @@ class Settings(BaseSettings):
     keep_fraction: float = Field(0.10, description="Share of the window kept verbatim after a summary.")
     fallback_trigger_tokens: int = Field(170_000, description="Trigger for models without a profile.")
     fallback_keep_messages: int = Field(6, description="Messages kept for models without a profile.")
-    truncate_args_max_chars: int = Field(2000, description="Old tool-call string arguments longer than this are truncated.")
+    truncate_args_max_chars: int = Field(2000, description="Old tool-call string arguments longer than this are "
+                                                           "truncated.")
     truncate_args_keep_chars: int = Field(20, description="Characters of a truncated argument kept.")
-    truncate_args_tools: str = Field("write_file,edit_file", description="Comma-separated tools whose old arguments are truncated.")
+    truncate_args_tools: str = Field("write_file,edit_file", description="Comma-separated tools whose old arguments "
+                                                                         "are truncated.")
     offload_tool_tokens: int = Field(20_000, description="Tool results over this many tokens are offloaded.")
     offload_user_tokens: int = Field(50_000, description="User messages over this many tokens are offloaded.")
     offload_window_fraction: float = Field(
@@ -139,7 +144,8 @@ class Settings(BaseSettings):
     )
     patch_dangling_tool_calls: str = Field(
         "compacted",
-        description="Synthetic answers for unanswered tool calls: 'compacted' (only in requests the proxy changed), 'always', 'never'.",
+        description="Synthetic answers for unanswered tool calls: 'compacted' (only in requests the proxy changed), "
+                    "'always', 'never'.",
     )
 
     # --- operations (issue 6) ---
@@ -174,17 +180,21 @@ class Settings(BaseSettings):
     http_body_timeout_s: float = Field(
         60.0,
         gt=0,
-        description="Seconds a request's body may take to arrive after its headers; then 408 and the connection is closed.",
+        description="Seconds a request's body may take to arrive after its headers; then 408 and the connection is "
+                    "closed.",
     )
 
     # --- the proxy's own tools (issue 4) ---
-    read_tool_enabled: bool = Field(True, description="Offer the read tool when a forwarded request carries a stub or summary.")
+    read_tool_enabled: bool = Field(True, description="Offer the read tool when a forwarded request carries a stub or "
+                                                      "summary.")
     read_tool_name: str = Field("context_proxy_read", description="Name of the proxy's read tool.")
     read_tool_max_rounds: int = Field(
-        8, ge=1, le=64, description="Rounds of read-tool calls the proxy serves per request at most (a backstop to the token budget)."
+        8, ge=1, le=64, description="Rounds of read-tool calls the proxy serves per request at most (a backstop to "
+                                    "the token budget)."
     )
     read_tool_budget_fraction: float = Field(
-        0.25, gt=0, le=0.9, description="Tokens the read tool's results may add to one request, as a fraction of the model's "
+        0.25, gt=0, le=0.9, description="Tokens the read tool's results may add to one request, as a fraction of the "
+                                        "model's "
         "context window (all rounds together); a result that would not fit is cut, saying how to continue."
     )
     read_tool_scope: Literal["session", "tenant"] = Field(
@@ -192,7 +202,8 @@ class Settings(BaseSettings):
         "'tenant' (any artifact of the tenant that the conversation names)."
     )
     compact_tool_enabled: bool = Field(
-        False, description="Offer the manual compaction tool (also per request: header X-Context-Proxy-Compact-Tool: on)."
+        False, description="Offer the manual compaction tool (also per request: header X-Context-Proxy-Compact-Tool: "
+                           "on)."
     )
     compact_tool_name: str = Field("context_proxy_compact", description="Name of the proxy's manual compaction tool.")
 
@@ -201,6 +212,8 @@ class Settings(BaseSettings):
         None, description="Sessions not updated for this many days are deleted by the retention command (unset: kept)."
     )
     retention_max_bytes_per_tenant: int | None = Field(
-        None, description="Past this many stored bytes, a tenant's least recently updated sessions are deleted (unset: no cap)."
+        None, description="Past this many stored bytes, a tenant's least recently updated sessions are deleted "
+                          "(unset: no cap)."
     )
-    retention_batch_size: int = Field(500, description="Rows deleted per retention transaction (a session is never split).")
+    retention_batch_size: int = Field(500, description="Rows deleted per retention transaction (a session is never "
+                                                       "split).")

@@ -10,7 +10,8 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.telemetry.metrics import Metrics
-from tests.e2e.conftest import Proxy, Upstream, proxy_factory, upstream  # noqa: F401 - fixtures
+from tests.support.real_server import Proxy, Upstream
+from tests.support.shared import needs_exact_encodings
 
 MODEL = "fake-4k-openai"
 FILLER = "alpha beta gamma delta epsilon zeta eta theta " * 75  # about 600 tokens
@@ -74,6 +75,7 @@ def test_each_metrics_has_its_own_registry() -> None:
     assert _value(one, "context_proxy_defenses_applied_total", defense="summary") == 1
 
 
+@needs_exact_encodings  # the tokenizer gauge says exact
 def test_counters_move_during_a_session(proxy_factory: Callable[..., Proxy], upstream: Upstream, tmp_path: Path) -> None:
     proxy = proxy_factory(models_file=_models_file(tmp_path, 4096))
     before = _scrape(proxy)
@@ -117,7 +119,7 @@ def test_overflow_retries_and_recovery_are_counted(proxy_factory: Callable[..., 
 def test_a_traced_app_serves_and_counts_chat_through_its_middleware(proxy_factory: Callable[..., Proxy],
                                                                     upstream: Upstream, tmp_path: Path) -> None:
     """When FastAPI's OpenTelemetry instrumentation is on, the chat route goes through FastAPI,
-    ``MetricsMiddleware`` and ``ChatFastPath`` instead of straight to ``serve_chat_counted``:
+    ``MetricsMiddleware`` and the router instead of straight to ``ChatEndpoint.counted``:
     both paths answer alike and count alike."""
     for traced in (False, True):
         proxy = proxy_factory(models_file=_models_file(tmp_path, 4096))
@@ -150,7 +152,7 @@ def test_a_configured_provider_is_detected_as_fastapi_detects_it() -> None:
 
 
 async def test_a_stream_that_fails_after_its_start_is_counted_with_the_status_it_sent() -> None:
-    """The chat route's own counting (``serve_chat_counted``, no wrapped ``send``) counts the status
+    """The chat route's own counting (``ChatEndpoint.counted``, no wrapped ``send``) counts the status
     whose response started, as ``MetricsMiddleware`` does: a relay failing mid-stream is a 200
     that went wrong, not a 500 that was never sent."""
     import asyncio
@@ -158,8 +160,8 @@ async def test_a_stream_that_fails_after_its_start_is_counted_with_the_status_it
 
     import pytest
 
-    from proxy.forward.pipeline import Streamed
-    from proxy.routes.chat_fast import serve_chat_counted
+    from proxy.forward.answers import Streamed
+    from proxy.routes.chat import ChatEndpoint
 
     async def chunks():  # type: ignore[no-untyped-def]
         yield b"data: {}\n\n"
@@ -187,7 +189,7 @@ async def test_a_stream_that_fails_after_its_start_is_counted_with_the_status_it
         sent.append(message)
 
     with pytest.raises(RuntimeError, match="the relay broke"):
-        await serve_chat_counted(scope, receive, send)
+        await ChatEndpoint().counted(scope, receive, send)
     assert sent[0] == {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]}
     samples = _samples(metrics.render()[0].decode())
     assert _value(samples, "context_proxy_requests_total", route="/v1/chat/completions", model="", status="200") == 1

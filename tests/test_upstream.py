@@ -1,4 +1,4 @@
-"""proxy/upstream/client.py on a real socket: what the aiohttp client sends and how replies are read."""
+"""proxy/upstream/client.py over the aiohttp transport on a real socket: what is sent and how replies are read."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import zlib
 import pytest
 
 from proxy.errors import UpstreamTimeout, UpstreamUnreachable
-from proxy.upstream.client import Upstream, translate
+from proxy.upstream.client import Upstream
+from proxy.upstream.transport import upstream_error
 
 BODY = b'{"id": "chatcmpl-1", "choices": []}' * 20
 
@@ -80,10 +81,10 @@ def test_timeouts_are_mapped_before_connection_errors() -> None:
     """``TimeoutError`` is an ``OSError`` in Python 3.11, and aiohttp's timeouts are client errors."""
     import aiohttp
 
-    assert isinstance(translate(aiohttp.ServerTimeoutError("read")), UpstreamTimeout)
-    assert isinstance(translate(TimeoutError()), UpstreamTimeout)
-    assert isinstance(translate(aiohttp.ServerDisconnectedError()), UpstreamUnreachable)
-    assert isinstance(translate(aiohttp.ClientPayloadError("cut")), UpstreamUnreachable)
+    assert isinstance(upstream_error(aiohttp.ServerTimeoutError("read")), UpstreamTimeout)
+    assert isinstance(upstream_error(TimeoutError()), UpstreamTimeout)
+    assert isinstance(upstream_error(aiohttp.ServerDisconnectedError()), UpstreamUnreachable)
+    assert isinstance(upstream_error(aiohttp.ClientPayloadError("cut")), UpstreamUnreachable)
 
 
 async def test_a_cookie_the_upstream_sets_is_never_sent_with_a_later_request() -> None:

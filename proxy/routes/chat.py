@@ -1,31 +1,176 @@
-"""``POST /v1/chat/completions``: the one route the defenses apply to.
+"""``POST /v1/chat/completions``: the one route the defenses apply to, as one plain ASGI endpoint.
 
-Documented here for the OpenAPI schema; served by ``proxy.routes.chat_fast.serve_chat`` (the app's
-``ChatFastPath`` middleware calls it before FastAPI's routing, so this handler only runs when the
-app is assembled without that middleware).
+``ChatEndpoint`` answers the route; the app builds one and reaches it two ways behind the same
+interface: the router (``chat_route``, a Starlette ``Route``, under FastAPI's middleware and
+``MetricsMiddleware``) when FastAPI traces requests, else straight from ``ProxyApp.__call__``
+through ``ChatEndpoint.counted``, which adds what ``MetricsMiddleware`` would (a request context,
+the count, the access line) without wrapping ``send``. FastAPI's layers around an endpoint
+(exception and exit-stack middleware, router matching, request and response objects, the anyio
+task group of a ``StreamingResponse``) cost about a fifth of a small request's CPU (py-spy under
+``tests/benchmarks``), hence the direct way. The OpenAPI schema documents the route from
+``OPENAPI_PATH_ITEM`` (``ProxyApp.openapi``), so no FastAPI route stands in for it.
+
+Behaviour: authentication, the body limit (413), OpenAI's error envelopes
+(``proxy.errors.client_error``), the pipeline's headers; on a client disconnect mid-stream the
+relay is cancelled (so the upstream request is too) and the partial reply logged by the pipeline.
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
-from starlette.responses import Response
+import asyncio
+import time
+from typing import Any
+
+from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from proxy.routes.chat_fast import serve_chat
+from proxy.errors import client_error
+from proxy.forward.answers import Buffered, Streamed
+from proxy.forward.session_ids import header_text
+from proxy.routes.body import read_asgi_body
+from proxy.telemetry.logs import close_request_context, open_request_context
+from proxy.telemetry.metrics import served
 
-router = APIRouter()
+CHAT_PATH = "/v1/chat/completions"
+STATUS_KEY = "context_proxy.status"
+"""Where ``ChatEndpoint`` puts the status of the response it starts (in the ASGI scope)."""
+
+_ERROR = {"$ref": "#/components/schemas/Error"}
+OPENAPI_PATH_ITEM: dict[str, Any] = {
+    "post": {
+        "tags": ["openai"],
+        "summary": "Chat completions (forwarded, logged, compacted)",
+        "description": "OpenAI's chat completions, forwarded to the upstream after the proxy's defenses "
+                       "(the request body and the reply as OpenAI documents them; `stream` answers with "
+                       "`text/event-stream`). `x-session-id` names the session (optional).",
+        "operationId": "chat_completions",
+        "parameters": [{"name": "x-session-id", "in": "header", "required": False,
+                        "schema": {"type": "string"}}],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {
+            "type": "object", "required": ["model", "messages"], "additionalProperties": True,
+            "properties": {"model": {"type": "string"}, "messages": {"type": "array", "items": {"type": "object"}},
+                           "stream": {"type": "boolean"}}}}}},
+        "responses": {
+            "200": {"description": "The upstream's reply (a chat.completion, or its event stream)",
+                    "content": {"application/json": {"schema": {"type": "object"}},
+                                "text/event-stream": {"schema": {"type": "string"}}}},
+            "default": {"description": "An error in OpenAI's envelope (the upstream's own, or the proxy's)",
+                        "content": {"application/json": {"schema": _ERROR}}},
+        },
+    }
+}
+"""The route in the OpenAPI schema (``ProxyApp.openapi`` adds it and ``ERROR_SCHEMA``)."""
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["error"],
+    "properties": {"error": {"type": "object", "required": ["message", "type"], "properties": {
+        "message": {"type": "string"}, "type": {"type": "string"},
+        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}},
+}
+"""OpenAI's error envelope (``proxy.errors.ProxyError.envelope``)."""
 
 
-@router.post("/v1/chat/completions", tags=["openai"], summary="Chat completions (forwarded, logged, compacted)")
-async def chat_completions(request: Request) -> Response:
-    return _Served()
+class _ChatRoute:
+    """What ``MetricsMiddleware`` reads from ``scope["route"]``: the route's path template."""
+
+    path = CHAT_PATH
 
 
-class _Served(Response):
-    """Hands the untouched request (its body not yet read) to ``serve_chat``."""
-
-    def __init__(self) -> None:
-        super().__init__()
+class ChatEndpoint:
+    """The chat route as ASGI. The app's state (``scope["app"].state``) does the work: ``proxy``
+    (``ProxyState``: auth, settings, pipeline) and ``metrics``. The status of the response it
+    starts goes in ``scope[STATUS_KEY]``."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await serve_chat(scope, receive, send)
+        scope["route"] = _ChatRoute
+        app_state = scope["app"].state
+        state = app_state.proxy
+        items = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
+        headers = dict(reversed(items))  # the first of repeated names, as Starlette's ``Headers.get``
+        if "x-session-id" in headers:  # UTF-8 when its bytes are (ASGI gives Latin-1)
+            headers["x-session-id"] = header_text(headers["x-session-id"])
+        try:
+            tenant = state.auth.chat_tenant(headers)
+            raw = await read_asgi_body(receive, headers, state.settings.max_body_bytes)
+            if raw is None:
+                return  # the client left while sending its body: nobody to answer
+            outcome = await state.pipeline.handle(raw, headers, items, tenant)
+        except Exception as exc:  # noqa: BLE001  (every failure answers in OpenAI's error envelope)
+            error = client_error(exc, app_state.metrics)
+            scope[STATUS_KEY] = error.status
+            body = error.body()
+            await send({"type": "http.response.start", "status": error.status, "headers": error.asgi_headers(body)})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+            return
+        scope[STATUS_KEY] = outcome.status
+        if isinstance(outcome, Buffered):
+            await _send_whole(send, outcome.status, _encode(outcome.headers), outcome.body)
+        else:
+            await _send_stream(outcome, receive, send)
+
+    async def counted(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``self(...)`` with what ``MetricsMiddleware`` adds (a request context, the count and the
+        access line), without wrapping ``send``. The status counted is the one whose response
+        started (500 if none did, as the middleware)."""
+        started = time.perf_counter()
+        fields, token = open_request_context()
+        try:
+            await self(scope, receive, send)
+        finally:
+            try:
+                served(scope["app"].state.metrics, "POST", CHAT_PATH, fields.get("model", ""),
+                       scope.get(STATUS_KEY, 500), started)
+            finally:
+                close_request_context(token)
+
+
+def chat_route(endpoint: ChatEndpoint) -> Route:
+    """``endpoint`` in the router (``POST`` only; not in FastAPI's generated schema: see ``OPENAPI_PATH_ITEM``)."""
+    return Route(CHAT_PATH, endpoint, methods=["POST"], include_in_schema=False)
+
+
+def _encode(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+
+
+async def _send_whole(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    headers = [h for h in headers if h[0] != b"content-length"]
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _send_stream(outcome: Streamed, receive: Receive, send: Send) -> None:
+    """Relay ``outcome.chunks``; a client disconnect cancels the relay (and with it the upstream
+    request). ``outcome.close()`` runs however it ends."""
+    task = asyncio.current_task()
+    assert task is not None
+    disconnected = False
+
+    async def watch() -> None:
+        nonlocal disconnected
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        disconnected = True
+        task.cancel()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await send({"type": "http.response.start", "status": outcome.status, "headers": _encode(outcome.headers)})
+        async for chunk in outcome.chunks:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except asyncio.CancelledError:
+        if not disconnected:
+            raise  # the server is shutting down: let it
+        task.uncancel()
+    finally:
+        watcher.cancel()
+        if outcome.close is not None:
+            # shielded: neither the watcher's late cancel nor a shutdown's stops the cleanup
+            # halfway (it logs the request and releases the upstream response)
+            try:
+                await asyncio.shield(outcome.close())
+            except asyncio.CancelledError:
+                if not disconnected:
+                    raise
+                task.uncancel()  # the watcher's cancel, come late: the client is gone, all is done

@@ -2,7 +2,8 @@
 
 ``GET /limits`` lists learned limits (OpenAI's list shape; ``tenant``, ``model`` filter; at most
 ``limit`` rows, newest first); ``DELETE /limits`` forgets them (one tenant's and/or one model's,
-or with ``all=true`` every one: a filter mistyped is a 400, not a reset of everything) in the database and in this process (other replicas re-read within
+or with ``all=true`` every one: a filter mistyped is a 400, not a reset of everything) in the
+database and in this process (other replicas re-read within
 ``proxy.compaction.limits.REFRESH_S``). Any other key gets a 403.
 """
 
@@ -54,8 +55,8 @@ async def list_limits(request: Request, tenant: str | None = Query(None, max_len
 @router.delete("/limits", summary="Forget learned limits (admin keys only)")
 async def reset_limits(request: Request, tenant: str | None = Query(None, max_length=200),
                        model: str | None = Query(None, max_length=1000),
-                       every: bool = Query(False, alias="all",
-                                           description="Every learned limit (needed when no filter is given).")) -> JSONResponse:
+                       every: bool = Query(False, alias="all", description="Every learned limit "
+                                           "(needed when no filter is given).")) -> JSONResponse:
     state = _admin(request)
     if tenant is None and model is None and not every:
         raise BadRequest("Give tenant and/or model, or all=true to forget every learned limit.", param="all")

@@ -12,6 +12,7 @@ completions spelt another way (it would skip the log) are refused with a 400
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
 from urllib.parse import quote
 
 from fastapi import APIRouter, Request
@@ -19,7 +20,7 @@ from starlette.responses import StreamingResponse
 
 from proxy.errors import Forbidden
 from proxy.routes.body import read_body
-from proxy.upstream.client import forward_request_headers, response_headers, translate
+from proxy.upstream.headers import forward_request_headers, response_headers
 from proxy.upstream.urls import passthrough_target
 
 router = APIRouter()
@@ -29,7 +30,8 @@ METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 SHARED_KEY_ALLOWED = (
     ("GET", re.compile(r"/models(/[^/]+)?")),
-    ("POST", re.compile(r"/(embeddings|moderations|completions|responses|audio/(speech|transcriptions|translations)|images/(generations|edits|variations))")),
+    ("POST", re.compile(r"/(embeddings|moderations|completions|responses"
+                        r"|audio/(speech|transcriptions|translations)|images/(generations|edits|variations))")),
 )
 """What a tenant may reach through the proxy's own upstream key: stateless calls only. Paths that
 read or change account state (files, batches, stored completions and responses, fine-tuning,
@@ -45,22 +47,22 @@ async def passthrough(path: str, request: Request) -> StreamingResponse:
     # that it reaches the configured upstream only (``passthrough_target``, ``Upstream.url``).
     raw_path = request.scope.get("raw_path") or quote("/v1/" + path).encode()  # a server without raw_path
     target = passthrough_target(raw_path.decode("latin-1"), request.url.query, request.method)
-    if state.settings.upstream_api_key is not None and state.auth.reader(request.headers) is not None:
-        if not any(request.method == m and rx.fullmatch("/" + path) for m, rx in SHARED_KEY_ALLOWED):
-            raise Forbidden(
-                f"{request.method} /v1/{path} is not available through this proxy's shared upstream key "
-                "(it would reach account-wide state); ask an admin."
-            )
+    shared_key = state.settings.upstream_api_key is not None
+    if shared_key and state.auth.reader(request.headers) is not None and not any(
+            request.method == m and rx.fullmatch("/" + path) for m, rx in SHARED_KEY_ALLOWED):
+        raise Forbidden(
+            f"{request.method} /v1/{path} is not available through this proxy's shared upstream key "
+            "(it would reach account-wide state); ask an admin."
+        )
     body = await read_body(request, state.settings.max_body_bytes)
-    headers = forward_request_headers(request.headers.items(), upstream_api_key=state.settings.upstream_api_key, identity=False)
+    headers = forward_request_headers(request.headers.items(), upstream_api_key=state.settings.upstream_api_key,
+                                      identity=False)
     resp = await state.upstream.send(request.method, target, headers=headers, content=body or None, tenant=tenant)
 
-    async def relay():
+    async def relay() -> AsyncIterator[bytes]:
         try:
-            async for chunk in resp.aiter_raw():
+            async for chunk in resp.aiter_raw():  # raises ``UpstreamError`` only (the transport maps)
                 yield chunk
-        except BaseException as exc:
-            raise translate(exc) from exc
         finally:
             await resp.aclose()
 

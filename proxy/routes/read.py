@@ -68,7 +68,8 @@ def session_json(s: SessionSummary, *, admin: bool = False) -> dict[str, Any]:
 
 
 def message_json(m: MessageRecord) -> dict[str, Any]:
-    out: dict[str, Any] = {"id": m.chain_hash, "object": "session.message", "seq": m.seq, "created_at": _ts(m.created_at)}
+    out: dict[str, Any] = {"id": m.chain_hash, "object": "session.message", "seq": m.seq,
+                           "created_at": _ts(m.created_at)}
     for key in ("role", "content", "tool_calls", "tool_call_id", "name"):
         if key in m.message:
             out[key] = m.message[key]
@@ -150,7 +151,8 @@ async def list_sessions(
         rows, has_more = await session_page(state.store, scope, limit, after, admin)
     except InvalidCursor:
         raise BadRequest(f"'after' is not a session id you can see: {after}", param="after") from None
-    return _list([session_json(s, admin=admin) for s in rows], has_more, [admin_cursor(s) for s in rows] if admin else None)
+    cursors = [admin_cursor(s) for s in rows] if admin else None
+    return _list([session_json(s, admin=admin) for s in rows], has_more, cursors)
 
 
 @router.get("/sessions/{session_id}", summary="One session: counts, tokens, timestamps, branches")
@@ -193,7 +195,8 @@ def request_json(r: RequestRecord) -> dict[str, Any]:
     return out
 
 
-@router.get("/sessions/{session_id}/requests", summary="Request records: model, status, latency, usage, finish reason, defenses")
+@router.get("/sessions/{session_id}/requests",
+            summary="Request records: model, status, latency, usage, finish reason, defenses")
 async def list_requests(
     request: Request, session_id: str, limit: int = Query(100, ge=1, le=1000), after: str | None = None,
     tenant: str | None = TENANT_QUERY,

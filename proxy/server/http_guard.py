@@ -115,7 +115,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         while self._live() > self.max_connections:  # a connection answered and lingering counts too
             if not self._evict_one():
-                log.warning("connection refused: %d connections open, each serving a request or receiving its body fast",
+                log.warning("connection refused: %d connections open, each serving a request or receiving "
+                            "its body fast",
                             self._live() - 1)
                 self._answer_and_close(_response(503, b"Service Unavailable", "The proxy is busy (too many open "
                                                  "connections); retry shortly.", "proxy_busy", b"retry-after: 1\r\n"))
@@ -154,9 +155,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         request) for ``EVICT_GRACE_S`` or more, else the slowest body begun ``EVICT_GRACE_S`` or
         more ago, else the longest waiting, else the slowest body just begun (an idle connection
         loses nothing; a body in progress would get a 503). False if none qualifies."""
-        for victim in self._closing:
-            self._closing.pop(victim)
-            self._drop(victim)
+        for closing in self._closing:
+            self._closing.pop(closing)
+            self._drop(closing)
             return True
         oldest = next((conn for conn in self._waiting if conn is not self), None)
         if oldest is not None and self.loop.time() - oldest._waiting_since >= EVICT_GRACE_S:

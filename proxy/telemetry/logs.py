@@ -67,7 +67,7 @@ def format_exception(exc_info: Any, *, log_message_content: bool) -> str:
             module = (current.exc_type_module if hasattr(current, "exc_type_module")
                       else getattr(current.exc_type, "__module__", "")) or ""
             if module.split(".", 1)[0] in DB_ERROR_MODULES:
-                current._str = WITHHELD  # the text ``format`` writes after the class name
+                current._str = WITHHELD  # type: ignore[attr-defined]  # the text ``format`` writes after the class name
                 current.__notes__ = None
             stack.extend(t for t in (current.__cause__, current.__context__) if t is not None)
             stack.extend(getattr(current, "exceptions", None) or ())  # an ExceptionGroup's members
@@ -131,18 +131,15 @@ def _masked(match: re.Match[str]) -> str:
 
 _LEVELS = {name: name.lower() for name in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")}
 _PLAIN, _SKIP, _CONTENT = "plain", "skip", "content"
-_FIELD_KINDS: dict[str, str] = {}
-"""Extra field name -> how a line writes it (names are the code's own, few: bounded by a clear)."""
+FIELD_KINDS_KEPT = 1024
+"""Extra field names a ``JsonFormatter`` remembers the kind of (names are the code's own, few;
+emptied whole when full)."""
 
 
 def _field_kind(field: str) -> str:
-    """``_SKIP`` (private, or a credential), ``_CONTENT`` (message content) or ``_PLAIN``; remembered."""
+    """``_SKIP`` (private, or a credential), ``_CONTENT`` (message content) or ``_PLAIN``."""
     low = field.lower()
-    kind = _SKIP if field.startswith("_") or low in SECRET_FIELDS else _CONTENT if low in CONTENT_FIELDS else _PLAIN
-    if len(_FIELD_KINDS) >= 1024:
-        _FIELD_KINDS.clear()
-    _FIELD_KINDS[field] = kind
-    return kind
+    return _SKIP if field.startswith("_") or low in SECRET_FIELDS else _CONTENT if low in CONTENT_FIELDS else _PLAIN
 
 
 class JsonFormatter(logging.Formatter):
@@ -152,6 +149,8 @@ class JsonFormatter(logging.Formatter):
         super().__init__()
         self.log_message_content = log_message_content
         self._second: tuple[int, str] = (-1, "")  # the whole second of the last line, and its text
+        self._field_kinds: dict[str, str] = {}
+        """Extra field name -> ``_field_kind`` (at most ``FIELD_KINDS_KEPT``)."""
 
     def _timestamp(self, created: float) -> str:
         """``created`` (epoch seconds) as ``2026-11-29T21:36:32.123Z`` (milliseconds truncated);
@@ -187,9 +186,12 @@ class JsonFormatter(logging.Formatter):
         for field, value in extra.items():
             if field in out:
                 continue
-            kind = _FIELD_KINDS.get(field)
+            kind = self._field_kinds.get(field)
             if kind is None:
                 kind = _field_kind(field)
+                if len(self._field_kinds) >= FIELD_KINDS_KEPT:
+                    self._field_kinds.clear()
+                self._field_kinds[field] = kind
             if kind is _SKIP:
                 continue
             if kind is _CONTENT and not self.log_message_content:
@@ -223,7 +225,7 @@ class TextFormatter(logging.Formatter):
         return mask_secrets(f"{line} [{ids}]" if ids else line)
 
 
-class LoopBatchingHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class LoopBatchingHandler(logging.StreamHandler):
     """A ``StreamHandler`` that writes the INFO and DEBUG lines of one event-loop iteration together.
 
     On the thread running an asyncio loop, such a line is kept until the end of the iteration
@@ -300,13 +302,14 @@ def write_direct(logger: logging.Logger, level: int, msg: str, extra: dict[str, 
     while node is not root:
         if node is None or node.filters or node.handlers or not node.propagate or node.disabled:
             return False
-        node = node.parent  # type: ignore[assignment]
+        node = node.parent
     handlers = root.handlers
     if root.filters or len(handlers) != 1:
         return False
     handler = handlers[0]
     formatter = handler.formatter
-    if type(handler) is not LoopBatchingHandler or handler.filters or level < handler.level or type(formatter) is not JsonFormatter:
+    if (type(handler) is not LoopBatchingHandler or handler.filters or level < handler.level
+            or type(formatter) is not JsonFormatter):
         return False
     try:
         line = formatter.line(time.time(), logging.getLevelName(level), logger.name, msg, extra)
@@ -356,7 +359,7 @@ def configure_logging(
     # Neither format writes the caller's file and line, the thread or the process: skip finding
     # them for every record (the logging HOWTO's "Optimization"). With the timestamp formatted
     # once a second, an access line went from 14 to 12 us (50,000 lines to /dev/null).
-    logging._srcfile = None  # type: ignore[attr-defined]
+    logging._srcfile = None
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False

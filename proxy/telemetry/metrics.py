@@ -101,15 +101,16 @@ class LoopCounter:
 class LoopHistogram:
     """A labelled histogram updated on the event loop's thread only (see ``LoopCounter``); exposed as
     ``prometheus_client.Histogram`` exposes one: cumulative ``_bucket``s with ``le`` (``+Inf``
-    last), ``_count``, ``_sum``, and ``_created`` when prometheus_client writes those. ``observe(labels, value)``: a value counts in the
-    first bucket whose bound is at least it."""
+    last), ``_count``, ``_sum``, and ``_created`` when prometheus_client writes those.
+    ``observe(labels, value)``: a value counts in the first bucket whose bound is at least it."""
 
     __slots__ = ("bounds", "documentation", "labelnames", "name", "series")
 
     def __init__(self, name: str, documentation: str, labelnames: tuple[str, ...], buckets: tuple[float, ...]) -> None:
         self.name, self.documentation, self.labelnames = name, documentation, labelnames
         self.bounds = [float(b) for b in buckets]
-        self.series: dict[tuple[str, ...], list[float]] = {}  # labels -> [count per bucket (+Inf last)..., sum, created]
+        # labels -> [count per bucket (+Inf last)..., sum, created]
+        self.series: dict[tuple[str, ...], list[float]] = {}
 
     def observe(self, labels: tuple[str, ...], value: float) -> None:
         entry = self.series.get(labels)
@@ -304,7 +305,8 @@ class MetricsMiddleware:
             try:
                 await self.app(scope, receive, send_wrapper)
             finally:
-                served(self.metrics, scope.get("method", ""), _route_of(scope), fields.get("model", ""), status, started)
+                served(self.metrics, scope.get("method", ""), _route_of(scope), fields.get("model", ""), status,
+                       started)
 
 
 def served(metrics: Metrics, method: str, route: str, model: str, status: int, started: float) -> None:

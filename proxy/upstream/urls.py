@@ -38,7 +38,8 @@ def upstream_base(url: str) -> yarl.URL:
     except ValueError as exc:
         raise ValueError(f"upstream_url is not a valid URL: {exc}") from None
     if parsed.scheme not in ALLOWED_SCHEMES:
-        raise ValueError(f"upstream_url must start with http:// or https:// (not {parsed.scheme or 'a relative URL'!r})")
+        scheme = parsed.scheme or "a relative URL"
+        raise ValueError(f"upstream_url must start with http:// or https:// (not {scheme!r})")
     if not host:
         raise ValueError("upstream_url has no host")
     if parsed.raw_user is not None or parsed.raw_password is not None:

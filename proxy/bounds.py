@@ -1,0 +1,69 @@
+"""Every memo and cache of one app, its owner and its bound, in one table (``BOUNDS``).
+
+Each is an object's state, built in the app's lifespan (``proxy.app.ProxyState``) or by an object
+built there, passed down, and gone with the app: no module holds mutable state but loggers and
+constants. Entries unused for ``proxy.cache.MEMO_IDLE_S`` seconds leave the idle-bounded ones
+("idle"); a TTL is how long an entry is trusted. ``constant`` names where each bound is set: a
+module attribute, a ``Settings`` field, or a parameter's default (``module.Class(param)``);
+``tests/test_bounds.py`` checks that every one exists and is a positive number, so the table
+follows the code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Bound:
+    """One memo or cache: ``what`` it holds, its ``owner`` (the object holding it, from the
+    lifespan down), its ``bound`` in words (with the unit), and the ``constant`` setting it
+    (``package.module.NAME``, ``proxy.settings.Settings.field`` or ``package.module.Class(param)``)."""
+
+    what: str
+    owner: str
+    bound: str
+    constant: str
+
+
+BOUNDS: tuple[Bound, ...] = (
+    Bound("parsed upstream URLs, per path", "Upstream", "256 paths of at most 256 characters, cleared when full",
+          "proxy.upstream.client.URL_MEMO_PATHS"),
+    Bound("pool slots per tenant", "Upstream.slots (PoolShare)", "one entry per tenant with a request in flight",
+          "proxy.settings.Settings.upstream_pool_size"),
+    Bound("held request bodies", "app.state.body_budget (BodyBudget)", "bytes of bodies held at once",
+          "proxy.settings.Settings.max_held_body_bytes"),
+    Bound("kinds of log-line extra fields", "JsonFormatter", "1,024 field names, cleared when full",
+          "proxy.telemetry.logs.FIELD_KINDS_KEPT"),
+    Bound("model label names", "Metrics", "256 names of at most 100 characters, the rest 'other'",
+          "proxy.telemetry.metrics.MODEL_LABELS"),
+    Bound("message digests and chain hashes", "ChatPipeline.digest_memo (DigestMemo)", "16 MB of messages, idle",
+          "proxy.conversation.canonical.MEMO_MAX_BYTES"),
+    Bound("sessions, known hashes, internal messages", "SessionLog", "10,000 sessions each, 30 s TTL",
+          "proxy.forward.session_log.CACHED_SESSIONS"),
+    Bound("chain hashes known per session", "SessionLog", "64 hashes per cached session",
+          "proxy.forward.session_log.KNOWN_HASHES_PER_SESSION"),
+    Bound("derived session ids", "SessionLog", "10,000 ids, cleared when full",
+          "proxy.forward.session_log.DERIVED_IDS_KEPT"),
+    Bound("compaction events per session", "ProjectingCompactor", "10,000 sessions, 30 s TTL",
+          "proxy.compaction.compactor.EVENTS_CACHED"),
+    Bound("artifact ids known stored", "ProjectingCompactor", "100,000 ids, 60 s TTL",
+          "proxy.compaction.compactor.ARTIFACTS_KNOWN"),
+    Bound("retry windows", "ProjectingCompactor", "10,000 entries",
+          "proxy.compaction.compactor.RETRY_WINDOWS"),
+    Bound("learned limits and session windows", "LearnedLimits", "10,000 keys each, TTL",
+          "proxy.compaction.limits.MAX_KEYS"),
+    Bound("model profile lookups", "ModelProfiles", "4,096 names, cleared when full",
+          "proxy.compaction.models.LOOKUP_MEMO"),
+    Bound("defense configs", "PlanLoop", "4,096 (window, read tool) keys, cleared when full",
+          "proxy.compaction.plan_loop.CONFIG_MEMO"),
+    Bound("messages naming stored content", "ReferenceMemo", "20,000 chain hashes, idle",
+          "proxy.compaction.references.REFERENCE_MEMO_SIZE"),
+    Bound("transformed messages", "PlanLoop.memos (ProjectionMemos)", "20,000 messages, idle",
+          "proxy.projection.TRANSFORM_MEMO_SIZE"),
+    Bound("per-conversation prefix states", "ProjectionMemos.prefixes (PrefixStates)", "200,000 positions, idle",
+          "proxy.conversation.prefix.MAX_POSITIONS"),
+    Bound("message token counts", "TokenCounter", "200,000 messages, idle",
+          "proxy.tokens.counter.TokenCounter(memo_size)"),
+)
+"""The table (module docstring)."""

@@ -1,0 +1,103 @@
+"""Which headers go upstream and which come back (RFC 9110 hop-by-hop rules, the proxy's own, the
+operator's account headers under a shared key)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import httpx
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+"""Headers that describe one connection, never forwarded (RFC 9110 section 7.6.1)."""
+
+PROXY_HEADERS = frozenset({"x-session-id"})
+"""Headers addressed to this proxy, not to the provider."""
+
+CREDENTIAL_HEADERS = frozenset({"authorization", "api-key", "x-api-key", "openai-organization", "openai-project"})
+"""The client's credentials and billed project: replaced by the proxy's key when it holds one (the
+client chooses neither the credentials nor the billed project)."""
+
+OWN_RESPONSE_HEADERS = frozenset({"date", "server"})
+"""Set by the proxy's own server; the upstream's copies would be duplicates."""
+
+OPERATOR_RESPONSE_HEADERS = frozenset({"openai-organization", "openai-project", "set-cookie"})
+OPERATOR_RESPONSE_PREFIXES = ("x-ratelimit-",)
+"""Response headers about the operator's account (its organization, project, rate limits, cookies):
+with a shared upstream key (``upstream_api_key``) they are the operator's, never passed to tenants."""
+
+
+def connection_tokens(pairs: Iterable[tuple[str, str]]) -> frozenset[str]:
+    """Header names (lower case) listed in the ``Connection`` headers of ``pairs``: hop-by-hop for
+    this one connection, so never forwarded (RFC 9110 section 7.6.1)."""
+    names: set[str] = set()
+    for name, value in pairs:
+        if name.lower() == "connection":
+            names.update(token.strip().lower() for token in value.split(","))
+    names.discard("")
+    return frozenset(names)
+
+
+def forward_request_headers(
+    headers: Iterable[tuple[str, str]], *, upstream_api_key: str | None, identity: bool
+) -> list[tuple[str, str]]:
+    """Client headers to send upstream: hop-by-hop (those the ``Connection`` header names too) and
+    proxy headers dropped.
+
+    With ``upstream_api_key`` the client's ``Authorization`` is replaced by the proxy's key. With
+    ``identity`` the upstream is asked not to compress (the proxy reads chat replies to log them).
+    """
+    headers = headers if isinstance(headers, (list, tuple)) else list(headers)
+    named = connection_tokens(headers)
+    out: list[tuple[str, str]] = []
+    for name, value in headers:
+        low = name.lower()
+        if low in HOP_BY_HOP or low in PROXY_HEADERS or low.startswith("x-context-proxy-") or low in named:
+            continue
+        if upstream_api_key is not None and low in CREDENTIAL_HEADERS:
+            continue  # the proxy's key: the client chooses neither the credentials nor the billed project
+        if identity and low == "accept-encoding":
+            continue
+        out.append((name, value))
+    if upstream_api_key is not None:
+        out.append(("authorization", f"Bearer {upstream_api_key}"))
+    if identity:
+        out.append(("accept-encoding", "identity"))
+    return out
+
+
+def response_headers(headers: Mapping[str, str], *, keep_encoding: bool, shared_key: bool = False) -> dict[str, str]:
+    """Upstream response headers to pass back (content type, request id, rate limits, retry-after…).
+
+    ``headers``: an ``UpstreamResponse``'s (``httpx.Headers`` or aiohttp's ``CIMultiDictProxy``;
+    repeated names joined with ``", "``). Hop-by-hop ones are dropped, those the ``Connection`` header names too; with
+    ``shared_key`` (the proxy's own upstream key) the operator's account headers as well
+    (``OPERATOR_RESPONSE_HEADERS``)."""
+    out: dict[str, str] = {}
+    pairs = list(headers.multi_items() if isinstance(headers, httpx.Headers) else headers.items())
+    named = connection_tokens(pairs)
+    for name, value in pairs:
+        low = name.lower()
+        if (low in HOP_BY_HOP or low in OWN_RESPONSE_HEADERS or (not keep_encoding and low == "content-encoding")
+                or low in named):
+            continue
+        if shared_key and (low in OPERATOR_RESPONSE_HEADERS or low.startswith(OPERATOR_RESPONSE_PREFIXES)):
+            continue
+        if low in out:
+            out[low] += ", " + value
+        else:
+            out[low] = value
+    return out

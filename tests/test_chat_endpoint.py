@@ -1,0 +1,48 @@
+"""proxy/routes/chat.py: one ASGI chat endpoint, documented in the OpenAPI schema without a decoy route."""
+
+from __future__ import annotations
+
+from starlette.routing import Match, Route
+
+from proxy.app import create_app
+from proxy.routes.chat import CHAT_PATH, ChatEndpoint
+from proxy.settings import Settings
+
+
+def _app():  # type: ignore[no-untyped-def]
+    return create_app(Settings(upstream_url="http://127.0.0.1:9/v1", database_url="sqlite:///unused.db"))
+
+
+def test_the_schema_documents_chat_completions_once() -> None:
+    app = _app()
+    schema = app.openapi()
+    assert list(schema["paths"]).count(CHAT_PATH) == 1
+    operation = schema["paths"][CHAT_PATH]["post"]
+    assert operation["operationId"] == "chat_completions" and operation["tags"] == ["openai"]
+    assert set(schema["paths"][CHAT_PATH]) == {"post"}  # other methods are the pass-through's
+    assert "application/json" in operation["requestBody"]["content"]
+    assert schema["components"]["schemas"]["Error"]["required"] == ["error"]
+    ids = [op["operationId"] for item in schema["paths"].values() for op in item.values()]
+    assert len(ids) == len(set(ids))  # no duplicate operation ids
+    assert app.openapi() is schema  # built once
+
+
+def test_one_route_serves_the_chat_path_and_it_is_the_app_s_endpoint() -> None:
+    app = _app()
+    chat_routes = [r for r in app.routes if getattr(r, "path", None) == CHAT_PATH]
+    assert len(chat_routes) == 1
+    route = chat_routes[0]
+    assert isinstance(route, Route) and route.methods == {"POST"}
+    assert isinstance(app.chat, ChatEndpoint) and route.app is app.chat
+    for method, served_by_chat in (("POST", True), ("GET", False)):  # GET: the pass-through's
+        scope = {"type": "http", "method": method, "path": CHAT_PATH, "root_path": "", "headers": []}
+        first = next(r for r in app.router.routes if r.matches(scope)[0] == Match.FULL)
+        assert (first is route) == served_by_chat
+
+
+def test_the_schema_is_served_at_openapi_json() -> None:
+    from starlette.testclient import TestClient
+
+    with TestClient(_app()) as client:
+        schema = client.get("/openapi.json").json()
+    assert CHAT_PATH in schema["paths"] and "post" in schema["paths"][CHAT_PATH]

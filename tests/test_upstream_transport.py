@@ -1,0 +1,195 @@
+"""proxy/upstream/transport.py and its two transports: every failure of a connection, at ``send``
+or mid-body through ``aread``/``aiter_raw``, comes out as our ``UpstreamError`` (never aiohttp's,
+httpx's or an ``OSError``), with the library's exception as its cause."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from collections.abc import AsyncIterator
+
+import aiohttp
+import httpx
+import pytest
+import respx
+import yarl
+
+from proxy.errors import ProxyBusy, UpstreamError, UpstreamTimeout, UpstreamUnreachable
+from proxy.upstream.client import Upstream
+from proxy.upstream.transport import UpstreamResponse
+
+HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        b"10\r\ndata: {\"a\": 1}\n\n\r\n")
+"""A streamed reply's head and its first chunk (16 bytes), the rest never sent."""
+
+
+async def _serve(after_head: str) -> tuple[asyncio.Server, str]:
+    """A server answering ``HEAD``, then: ``reset`` the connection (RST, as a crashed upstream or
+    a load balancer cutting it) or ``stall`` (send nothing more)."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next((int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
+                       if line.startswith(b"content-length:")), 0)
+        await reader.readexactly(length)
+        writer.write(HEAD)
+        await writer.drain()
+        await asyncio.sleep(0.05)  # the first chunk arrives on its own
+        if after_head == "reset":
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+        else:
+            await asyncio.sleep(30)
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+
+
+def _ours(exc: BaseException, kind: type[UpstreamError]) -> None:
+    assert isinstance(exc, kind), repr(exc)
+    assert not isinstance(exc, (aiohttp.ClientError, httpx.HTTPError, OSError))
+    assert exc.__cause__ is not None  # the library's own exception, for the traceback
+
+
+async def _read_stream(resp: UpstreamResponse) -> list[bytes]:
+    return [chunk async for chunk in resp.aiter_raw()]
+
+
+@pytest.mark.parametrize("read", ["aiter_raw", "aread"])
+async def test_a_connection_reset_mid_body_raises_our_error_through_aiohttp(read: str) -> None:
+    server, url = await _serve("reset")
+    upstream = Upstream(url, pool_size=2, connect_timeout_s=2, read_timeout_s=5)
+    try:
+        resp = await upstream.send("POST", "/chat/completions", headers=[], content=b"{}")
+        assert resp.status_code == 200
+        with pytest.raises(UpstreamError) as caught:
+            await (_read_stream(resp) if read == "aiter_raw" else resp.aread())
+        _ours(caught.value, UpstreamUnreachable)
+        assert caught.value.status == 502
+        await resp.aclose()
+        assert upstream.slots._all._value == 2  # the pool slot is back
+    finally:
+        await upstream.aclose()
+        server.close()
+
+
+async def test_a_stream_that_stalls_mid_body_times_out_with_our_error() -> None:
+    server, url = await _serve("stall")
+    upstream = Upstream(url, pool_size=2, connect_timeout_s=2, read_timeout_s=0.3)
+    try:
+        resp = await upstream.send("POST", "/chat/completions", headers=[], content=b"{}")
+        chunks = resp.aiter_raw()
+        assert (await anext(chunks)).startswith(b"data:")
+        with pytest.raises(UpstreamError) as caught:
+            await anext(chunks)
+        _ours(caught.value, UpstreamTimeout)
+        await resp.aclose()
+    finally:
+        await upstream.aclose()
+        server.close()
+
+
+async def test_corrupt_gzip_is_our_502_and_nobody_listening_is_unreachable() -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ncontent-length: 9\r\nconnection: close\r\n\r\nnot gzip!")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    upstream = Upstream(f"http://127.0.0.1:{port}/v1", pool_size=2, connect_timeout_s=1, read_timeout_s=1)
+    try:
+        resp = await upstream.send("GET", "/models", headers=[], content=None)
+        with pytest.raises(UpstreamUnreachable, match="corrupt gzip"):
+            await resp.aread()
+        await resp.aclose()
+        server.close()
+        await server.wait_closed()
+        with pytest.raises(UpstreamError) as caught:
+            await upstream.send("GET", "/models", headers=[], content=None)
+        _ours(caught.value, UpstreamUnreachable)
+    finally:
+        await upstream.aclose()
+
+
+class _CutStream(httpx.AsyncByteStream):
+    """A body whose connection fails after its first chunk, as httpx reports it."""
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield b'data: {"a": 1}\n\n'
+        raise httpx.ReadError("connection reset by peer")
+
+
+@respx.mock(assert_all_called=True)
+async def test_the_httpx_transport_maps_its_errors_too(respx_mock: respx.MockRouter) -> None:
+    route = respx_mock.post("https://api.example.com/v1/chat/completions")
+    route.side_effect = [httpx.Response(200, stream=_CutStream()), httpx.Response(200, stream=_CutStream()),
+                         httpx.ConnectError("refused"), httpx.ReadTimeout("slow")]
+    upstream = Upstream("https://api.example.com/v1", pool_size=2, connect_timeout_s=1, read_timeout_s=1,
+                        transport=httpx.AsyncHTTPTransport())  # respx patches httpx's transports
+    try:
+        for read in ("aiter_raw", "aread"):
+            resp = await upstream.send("POST", "/chat/completions", headers=[], content=b"{}")
+            with pytest.raises(UpstreamError) as caught:
+                await (_read_stream(resp) if read == "aiter_raw" else resp.aread())
+            _ours(caught.value, UpstreamUnreachable)
+            await resp.aclose()
+        for kind in (UpstreamUnreachable, UpstreamTimeout):
+            with pytest.raises(UpstreamError) as caught:
+                await upstream.send("POST", "/chat/completions", headers=[], content=b"{}")
+            _ours(caught.value, kind)
+        assert upstream.slots._all._value == 2  # every slot back
+    finally:
+        await upstream.aclose()
+
+
+class _FakeResponse:
+    status_code = 201
+
+    def __init__(self) -> None:
+        self.headers = {"content-type": "application/json"}
+        self.closed = False
+
+    async def aread(self) -> bytes:
+        return b"{}"
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        yield b"{}"
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+class _FakeTransport:
+    """Any object of ``UpstreamTransport``'s shape can stand for the provider (in-process tests)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, list[tuple[str, str]], bytes | None]] = []
+        self.responses: list[_FakeResponse] = []
+
+    async def send(self, method: str, url: yarl.URL, *, headers: list[tuple[str, str]],
+                   content: bytes | None) -> _FakeResponse:
+        self.sent.append((method, str(url), headers, content))
+        self.responses.append(_FakeResponse())
+        return self.responses[-1]
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_an_upstream_transport_of_our_protocol_is_used_as_it_is_and_holds_a_pool_slot() -> None:
+    transport = _FakeTransport()
+    upstream = Upstream("http://fake.test/v1", pool_size=1, connect_timeout_s=0.1, read_timeout_s=1, transport=transport)
+    resp = await upstream.send("POST", "/chat/completions?x=%20", headers=[("a", "b")], content=b"{}")
+    assert (resp.status_code, await resp.aread()) == (201, b"{}")
+    assert transport.sent == [("POST", "http://fake.test/v1/chat/completions?x=%20", [("a", "b")], b"{}")]
+    with pytest.raises(ProxyBusy):  # the one slot is held until the response is closed
+        await upstream.send("GET", "/models", headers=[], content=None)
+    await resp.aclose()
+    assert transport.responses[0].closed
+    again = await upstream.send("GET", "/models", headers=[], content=None)
+    await again.aclose()
+    await upstream.aclose()
