@@ -2,6 +2,7 @@
 
     python -m tests.benchmarks --out DIR            # full
     python -m tests.benchmarks --quick --out DIR    # under 3 minutes on 2 cores
+    python -m tests.benchmarks --compare REV --out DIR   # REV's proxy beside this one (baseline.py)
 
 Sections (each a module with ``run(cfg) -> dict``): ``overhead`` (pass-through latency, requests/s
 and CPU per request against a direct call, a raw aiohttp relay and the proxy, servers in their own
@@ -20,7 +21,10 @@ import sys
 from pathlib import Path
 
 REPO_DIR = Path(__file__).resolve().parents[2]
-SHARED_DIR = REPO_DIR.parent / "shared"
+SHARED_ENV = "CONTEXT_PROXY_BENCH_SHARED"
+"""Where ``shared/`` is (traces, tiktoken files) when not beside the repository: set for the
+baseline's child process, which runs in a temporary copy of another tree."""
+SHARED_DIR = Path(os.environ.get(SHARED_ENV) or REPO_DIR.parent / "shared")
 TRACES_DIR = SHARED_DIR / "traces"
 os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED_DIR / "tiktoken"))
 

@@ -1,10 +1,15 @@
-"""``python -m tests.benchmarks [--quick] --out DIR [--sections a,b] [--readme PATH]``.
+"""``python -m tests.benchmarks [--quick] --out DIR [--sections a,b] [--readme PATH] [--compare REV | --baseline-tree DIR]``.
 
 Runs the sections in order (overhead, pipeline, storage, compression), then writes
 ``DIR/results.json`` (keys ``overhead``, ``pipeline``, ``storage``, ``compression``, ``goals``;
 a section not run is ``null``), ``DIR/report.md``, the PNG plots and ``DIR/README_perf.md``, and
 rewrites the README's text between ``<!-- perf:start -->`` and ``<!-- perf:end -->`` when the
 markers exist. Run from the repository root in the test environment.
+
+``--compare REV`` (or ``--baseline-tree DIR``) measures that tree's proxy beside this one in the
+same run (``baseline.py``): one more overhead candidate, and the pipeline and storage sections
+again on it; ``results.json`` gains ``baseline`` and ``goals.vs_baseline``, the report a side-by-side
+table.
 """
 
 from __future__ import annotations
@@ -13,28 +18,40 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tests.benchmarks import REPO_DIR
 from tests.benchmarks.config import BenchConfig
 
+if TYPE_CHECKING:
+    from tests.benchmarks.baseline import Baseline
+
 SECTIONS = ("overhead", "pipeline", "storage", "compression")
 
 
-def run_sections(cfg: BenchConfig, sections: tuple[str, ...]) -> dict[str, Any]:
-    """Run ``sections``; the results object without ``goals`` (``report.write`` adds it)."""
+def run_sections(cfg: BenchConfig, sections: tuple[str, ...], baseline: Baseline | None = None) -> dict[str, Any]:
+    """Run ``sections``; the results object without ``goals`` (``report.write`` adds it). With
+    ``baseline``, each section it supports is measured on it right after this tree's."""
     from tests.benchmarks import compression, overhead, pipeline, report, storage_growth
+    from tests.benchmarks.baseline import IN_PROCESS_SECTIONS
 
-    modules = {"overhead": overhead, "pipeline": pipeline, "storage": storage_growth, "compression": compression}
+    modules = {"pipeline": pipeline, "storage": storage_growth, "compression": compression}
     results: dict[str, Any] = {"machine": report.machine(), "config": {"quick": cfg.quick, "sections": list(sections)},
-                               "timings_s": {}}
+                               "timings_s": {}, "baseline": None}
+    if baseline is not None:
+        results["baseline"] = {"label": baseline.label, "source": baseline.source}
     for name in SECTIONS:
         results[name] = None
         if name not in sections:
             continue
         print(f"[{name}]", flush=True)
         t0 = time.perf_counter()
-        results[name] = modules[name].run(cfg)
+        results[name] = overhead.run(cfg, baseline=baseline) if name == "overhead" else modules[name].run(cfg)
+        if baseline is not None and name in IN_PROCESS_SECTIONS:
+            print(f"[{name} @ {baseline.label}]", flush=True)
+            measured = baseline.run_sections(cfg, (name,))
+            results["baseline"][name] = measured[name]
+            results["baseline"]["proxy_file"] = measured["proxy_file"]
         results["timings_s"][name] = round(time.perf_counter() - t0, 1)
     return results
 
@@ -45,17 +62,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="Small counts: the whole run in under 3 minutes.")
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"Comma-separated subset of {','.join(SECTIONS)}.")
     parser.add_argument("--readme", type=Path, default=REPO_DIR / "README.md", help="README whose perf markers are rewritten.")
+    side = parser.add_mutually_exclusive_group()
+    side.add_argument("--compare", metavar="REV", help="Measure REV's proxy (git archive) beside this one, same run.")
+    side.add_argument("--baseline-tree", type=Path, metavar="DIR", help="Measure the tree at DIR beside this one.")
     args = parser.parse_args(argv)
     sections = tuple(s.strip() for s in args.sections.split(",") if s.strip())
     unknown = set(sections) - set(SECTIONS)
     if unknown:
         parser.error(f"unknown sections: {sorted(unknown)}")
     from tests.benchmarks import report
+    from tests.benchmarks.baseline import Baseline
 
     started = time.perf_counter()
     cfg = BenchConfig.make(args.out.resolve(), args.quick)
-    results = run_sections(cfg, sections)
+    baseline = None
+    try:
+        if args.compare:
+            baseline = Baseline.from_rev(args.compare)
+        elif args.baseline_tree:
+            baseline = Baseline.from_tree(args.baseline_tree)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        results = run_sections(cfg, sections, baseline)
+    finally:
+        if baseline is not None:
+            baseline.cleanup()
     command = "python -m tests.benchmarks" + (" --quick" if args.quick else "") + f" --out {args.out}"
+    if args.compare:
+        command += f" --compare {args.compare}"
+    elif args.baseline_tree:
+        command += f" --baseline-tree {args.baseline_tree}"
     results["timings_s"]["total"] = round(time.perf_counter() - started, 1)
     report.write(results, cfg.out, args.readme, command)
     print(f"wrote {cfg.out / 'report.md'}, {cfg.out / 'results.json'}"

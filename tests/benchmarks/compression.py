@@ -16,6 +16,7 @@ the previous forwarded prompt byte for byte.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,7 @@ async def replay(path: Path, window: int, counter: ClientTokens) -> dict[str, An
             messages = trace[:i]
             client_tokens.append(counter(messages))
             before = len(state.requests)
-            resp = await proxy.conversation.canonical({"model": model, "messages": messages}, f"cmp-{window}")
+            resp = await proxy.chat({"model": model, "messages": messages}, f"cmp-{window}")
             if resp.status_code != 200:
                 errors += 1
             for r in state.requests[before:]:
@@ -89,7 +90,7 @@ async def replay(path: Path, window: int, counter: ClientTokens) -> dict[str, An
     for r in ok:
         per_turn_fwd[r.turn] = r.prompt_tokens or 0
     bodies = [orjson.dumps(r.json["messages"]) for r in ok]
-    shares = [prefix_share(a, b) for a, b in zip(bodies, bodies[1:], strict=False)]
+    shares = [prefix_share(a, b) for a, b in itertools.pairwise(bodies)]
     passthrough = sum(client_tokens)
     fwd = sum(r.prompt_tokens or 0 for r in ok)
     summary_tokens = sum(r.prompt_tokens or 0 for r in summaries)

@@ -33,10 +33,14 @@ class BenchConfig:
     storage_traces: int | None = None
     trace_filter: str | None = None
     """Only traces whose file name contains this (storage and compression; smoke test)."""
+    serve_gc_tuning: bool = False
+    """Tune the garbage collector in-process as ``context-proxy serve`` tunes its process
+    (``inproc.InProcessProxy``): what production runs with. The command line sets it; the tests
+    keep Python's defaults."""
 
     @classmethod
     def make(cls, out: Path, quick: bool) -> BenchConfig:
         if not quick:
-            return cls(out=out)
+            return cls(out=out, serve_gc_tuning=True)
         return cls(out=out, quick=True, requests={1: 100, 16: 1000, 64: 2000}, reps=3, pipeline_requests=10,
-                   pipeline_compaction_reps=1)
+                   pipeline_compaction_reps=1, serve_gc_tuning=True)

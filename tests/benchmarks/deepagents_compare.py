@@ -29,6 +29,7 @@ over the window.
 
 from __future__ import annotations
 
+import itertools
 import sys
 import tempfile
 from importlib.metadata import version
@@ -99,7 +100,7 @@ def replay(path: Path, window: int, counter: str = "default") -> dict[str, Any]:
             client.append(_tokens(trace[:i]))
             forwarded.append(_tokens(sent))
             bodies.append(orjson.dumps(sent))
-    shares = [prefix_share(a, b) for a, b in zip(bodies, bodies[1:], strict=False)]
+    shares = [prefix_share(a, b) for a, b in itertools.pairwise(bodies)]
     passthrough, fwd, summary_tokens = sum(client), sum(forwarded), sum(summaries)
     return {
         "trace": path.stem, "window": window, "counter": counter, "turns": len(client),

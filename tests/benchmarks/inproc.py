@@ -41,12 +41,17 @@ class InProcessProxy:
     """``async with InProcessProxy(transport, windows={...}) as p: await p.chat(body)``.
 
     ``transport``: the upstream (an httpx transport). ``windows``: model -> context window (tokens),
-    written to a models file. ``settings``: extra ``proxy.settings.Settings`` fields.
+    written to a models file. ``settings``: extra ``proxy.settings.Settings`` fields. ``tune_gc``:
+    once the lifespan started, tune the garbage collector as ``context-proxy serve`` does
+    (``proxy.server.process.tune_gc``: freeze the startup objects, the young threshold of
+    ``Settings.gc_young_threshold``), so the CPU measured is production's; a tree from before
+    issue 18 did it in ``create_app``'s lifespan and has no such function (nothing to do).
     """
 
     def __init__(self, transport: httpx.AsyncBaseTransport, *, windows: dict[str, int] | None = None,
-                 workdir: Path | None = None, **settings: Any) -> None:
+                 workdir: Path | None = None, tune_gc: bool = False, **settings: Any) -> None:
         self.transport = transport
+        self.tune_gc = tune_gc
         self.windows = windows or {}
         self.extra = settings
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -72,6 +77,13 @@ class InProcessProxy:
         self.app = create_app(self.settings, upstream_transport=self.transport)
         self._lifespan = self.app.router.lifespan_context(self.app)
         await self._lifespan.__aenter__()
+        if self.tune_gc:
+            try:
+                from proxy.server.process import tune_gc
+            except ImportError:  # before issue 18: create_app's lifespan tuned it
+                pass
+            else:
+                tune_gc(self.settings.gc_young_threshold)
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://proxy.bench",
                                         timeout=600)
         return self
@@ -95,5 +107,5 @@ class InProcessProxy:
         content = body if isinstance(body, bytes) else orjson.dumps(body)
         headers = CLIENT_HEADERS | ({"x-session-id": session} if session else {})
         resp = await self.client.post("/v1/chat/completions", content=content, headers=headers)
-        await self.pipeline.drain()
+        await self.pipeline.writer.drain()
         return resp

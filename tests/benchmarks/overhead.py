@@ -1,19 +1,23 @@
 """Overhead of the pass-through path: the proxy against a direct call and a raw relay (issue 7, item 2).
 
-Processes: the fast fake upstream and the load generator on the first core, the candidate (floor
-relay or proxy) on the second, each a ``python -m tests.benchmarks.servers`` process, so the
-candidate's CPU time is read from ``/proc/<pid>/task/*/schedstat`` (nanoseconds, summed over its
-threads; ``/proc/<pid>/stat`` utime+stime as a fallback). For every point (concurrency x streaming)
-each repetition runs every candidate once, in order (direct, floor, proxy, proxy-httpx, ...), so
-the candidates are interleaved in time and a noisy moment hits all of them. Added latency is a
-candidate's percentile minus the direct call's percentile of the same repetition; the ratio to the
-floor is taken per repetition, then the median and spread (min..max) over repetitions reported.
+Processes: the fast fake upstream and the load generator on the first core, the candidate on the
+second, each a process of its own: the proxy (and, comparing, the ``baseline`` tree) as its tree's
+``python -m proxy.cli serve`` (``SERVED``: what an operator runs), the others
+``python -m tests.benchmarks.servers`` processes. The candidate's CPU time is read from
+``/proc/<pid>/task/*/schedstat`` (nanoseconds, summed over its threads; ``/proc/<pid>/stat``
+utime+stime as a fallback). For every point (concurrency x streaming) each repetition runs every
+candidate once, in order (direct, floor, proxy, baseline, proxy-httpx, ...), so the candidates are
+interleaved in time and a noisy moment hits all of them. Added latency is a candidate's
+percentile minus the direct call's percentile of the same repetition; the ratio to the floor (and,
+comparing, the proxy's added p50 and CPU per request to the baseline's) is taken per repetition,
+then the median and spread (min..max) over repetitions reported.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -21,13 +25,16 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from tests.benchmarks import REPO_DIR, optional_python
 from tests.benchmarks.config import BenchConfig
 from tests.benchmarks.stats import percentile, spread
+
+if TYPE_CHECKING:
+    from tests.benchmarks.baseline import Baseline
 
 CANDIDATES = ("direct", "floor", "proxy", "proxy-httpx")
 REQUEST_BODY = {
@@ -67,25 +74,59 @@ def cpu_ns(pid: int) -> int:
         return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
+SERVED = ("proxy", "baseline")
+"""Candidates run as their tree's ``python -m proxy.cli serve`` (what an operator runs: the HTTP
+guard, the garbage-collector tuning and uvicorn's options of that tree), with the same flags and
+environment; the others are ``tests.benchmarks.servers`` kinds."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def serve_command(python: str, port: int, upstream: str, db: Path) -> list[str]:
+    """``context-proxy serve`` as the benchmark runs it (every tree compared gets the same flags)."""
+    return [python, "-m", "proxy.cli", "serve", "--host", "127.0.0.1", "--port", str(port), "--upstream-url", upstream,
+            "--database-url", f"sqlite:///{db}", "--log-format", "json"]
+
+
 class Server:
-    """A ``tests.benchmarks.servers`` process; ``url`` is its base URL (``http://127.0.0.1:P``)."""
+    """A candidate's server process; ``url`` is its base URL (``http://127.0.0.1:P``).
+
+    ``kind`` in ``SERVED``: ``python -m proxy.cli serve`` of ``tree`` (this repository when
+    ``None``; ``env`` its environment), pinned to ``cpu``; else a ``tests.benchmarks.servers``
+    process of this repository, which prints its port."""
 
     def __init__(self, kind: str, cpu: int | None, workdir: Path, upstream: str | None = None,
-                 ready_path: str = "/healthz", python: str = sys.executable) -> None:
-        cmd = [python, "-m", "tests.benchmarks.servers", kind, "--workdir", str(workdir)]
-        if cpu is not None:
-            cmd += ["--cpu", str(cpu)]
-        if upstream:
-            cmd += ["--upstream", upstream]
+                 ready_path: str = "/healthz", python: str = sys.executable, tree: Path | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.kind = kind
-        self.log = open(workdir / f"{kind}.log", "wb")
-        self.proc = subprocess.Popen(cmd, cwd=REPO_DIR, stdout=subprocess.PIPE, stderr=self.log, env=os.environ.copy())
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().decode()
-        if not line.startswith("PORT "):
-            self.stop()
-            raise RuntimeError(f"server {kind} failed to start; see {workdir / (kind + '.log')}")
-        self.url = f"http://127.0.0.1:{int(line.split()[1])}"
+        self.log = open(workdir / f"{kind}.log", "wb")  # noqa: SIM115 (open while the server runs; stop() closes it)
+        env = dict(env or os.environ)
+        if kind in SERVED:
+            assert upstream, f"{kind} needs an upstream"
+            port = free_port()
+            env.setdefault("CONTEXT_PROXY_TIKTOKEN_CACHE_DIR", env.get("TIKTOKEN_CACHE_DIR", ""))
+            pin = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
+            self.proc = subprocess.Popen(serve_command(python, port, upstream, workdir / f"{kind}.db"),
+                                         cwd=tree or REPO_DIR, stdout=self.log, stderr=self.log, env=env,
+                                         preexec_fn=pin)
+            self.url = f"http://127.0.0.1:{port}"
+        else:
+            cmd = [python, "-m", "tests.benchmarks.servers", kind, "--workdir", str(workdir)]
+            if cpu is not None:
+                cmd += ["--cpu", str(cpu)]
+            if upstream:
+                cmd += ["--upstream", upstream]
+            self.proc = subprocess.Popen(cmd, cwd=REPO_DIR, stdout=subprocess.PIPE, stderr=self.log, env=env)
+            assert self.proc.stdout is not None
+            line = self.proc.stdout.readline().decode()
+            if not line.startswith("PORT "):
+                self.stop()
+                raise RuntimeError(f"server {kind} failed to start; see {workdir / (kind + '.log')}")
+            self.url = f"http://127.0.0.1:{int(line.split()[1])}"
         self._wait_ready(ready_path)
 
     @property
@@ -172,8 +213,9 @@ def requests_for(kind: str, concurrency: int, requests: int, quick: bool) -> int
 
 
 @contextlib.contextmanager
-def servers(workdir: Path, kinds: tuple[str, ...]) -> Iterator[dict[str, Server | None]]:
-    """The upstream plus one server per candidate kind (``direct`` has none)."""
+def servers(workdir: Path, kinds: tuple[str, ...], baseline: Baseline | None = None) -> Iterator[dict[str, Server | None]]:
+    """The upstream plus one server per candidate kind (``direct`` has none); ``baseline``: the
+    tree served as the ``baseline`` kind."""
     near, far = cores()
     started: list[Server] = []
     try:
@@ -191,7 +233,11 @@ def servers(workdir: Path, kinds: tuple[str, ...]) -> Iterator[dict[str, Server 
                 started.append(server)
                 out[kind] = server
                 continue
-            server = Server(kind, far, workdir, upstream=upstream.url + "/v1")
+            if kind == "baseline":
+                assert baseline is not None, "the baseline candidate needs a baseline tree"
+                server = Server(kind, far, workdir, upstream=upstream.url + "/v1", tree=baseline.tree, env=baseline.env())
+            else:
+                server = Server(kind, far, workdir, upstream=upstream.url + "/v1")
             started.append(server)
             out[kind] = server
         yield out
@@ -236,19 +282,30 @@ def measure_point(gen: LoadGenerator, srv: dict[str, Server | None], kinds: tupl
                 (r["p50_ms"] - d["p50_ms"]) / max(f["p50_ms"] - d["p50_ms"], 1e-3)
                 for r, d, f in zip(rows, direct, runs["floor"], strict=True)
             ])
+        if kind == "proxy" and "baseline" in runs:  # per repetition, then the spread (as for the floor)
+            base = runs["baseline"]
+            entry["added_p50_vs_baseline"] = spread([
+                (r["p50_ms"] - d["p50_ms"]) / max(b["p50_ms"] - d["p50_ms"], 1e-3)
+                for r, d, b in zip(rows, direct, base, strict=True)])
+            entry["cpu_vs_baseline"] = spread([r["cpu_ms_per_request"] / max(b["cpu_ms_per_request"], 1e-9)
+                                               for r, b in zip(rows, base, strict=True)])
         if kind == "direct":
             entry["cpu_note"] = "CPU of the upstream process (direct has no proxy)"
         out["candidates"][kind] = entry
     return out
 
 
-def run(cfg: BenchConfig, kinds: tuple[str, ...] = CANDIDATES) -> dict[str, Any]:
-    """The overhead section: ``{"points": [...], "litellm": reason|None, "cores": [...]}``."""
+def run(cfg: BenchConfig, kinds: tuple[str, ...] = CANDIDATES, baseline: Baseline | None = None) -> dict[str, Any]:
+    """The overhead section: ``{"points": [...], "litellm": reason|None, "cores": [...], "baseline": label|None}``.
+    With ``baseline``, its tree is one more candidate (``baseline``), right after ``proxy``."""
     near, far = cores()
     if "litellm" not in kinds and litellm_python() is not None:
         kinds = (*kinds, "litellm")
+    if baseline is not None and "baseline" not in kinds:
+        at = kinds.index("proxy") + 1 if "proxy" in kinds else len(kinds)
+        kinds = (*kinds[:at], "baseline", *kinds[at:])
     points: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp, servers(Path(tmp), kinds) as srv:
+    with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp, servers(Path(tmp), kinds, baseline) as srv:
         gen = LoadGenerator(near)
         try:
             for stream in (False, True):
@@ -258,7 +315,8 @@ def run(cfg: BenchConfig, kinds: tuple[str, ...] = CANDIDATES) -> dict[str, Any]
                     _progress(point)
         finally:
             gen.stop()
-    return {"points": points, "litellm": litellm_status(), "cores": {"loadgen_upstream": near, "candidate": far}}
+    return {"points": points, "litellm": litellm_status(), "cores": {"loadgen_upstream": near, "candidate": far},
+            "baseline": baseline.label if baseline is not None else None}
 
 
 def _progress(point: dict[str, Any]) -> None:

@@ -73,7 +73,7 @@ def turn_body(model: str, history: list[dict[str, Any]], k: int) -> tuple[bytes,
 
 async def _timed(proxy: InProcessProxy, body: bytes, session: str) -> tuple[float, httpx.Response]:
     c0 = time.process_time()
-    resp = await proxy.conversation.canonical(body, session)
+    resp = await proxy.chat(body, session)
     return (time.process_time() - c0) * 1000, resp
 
 
@@ -96,7 +96,10 @@ async def harness_ms(body: bytes, reps: int = 5) -> float:
 
 
 async def measure_size(n: int, cfg: BenchConfig, pool: list[dict[str, Any]]) -> dict[str, Any]:
-    from proxy.tokens.counter import load_counter
+    try:
+        from proxy.tokens.counter import load_counter
+    except ImportError:  # a baseline tree from before the layout by job (issue 18): tokens was a module
+        from proxy.tokens import load_counter  # type: ignore[attr-defined,no-redef]
 
     history = build_history(n, pool)
     counter = load_counter(os.environ.get("TIKTOKEN_CACHE_DIR"))
@@ -105,7 +108,7 @@ async def measure_size(n: int, cfg: BenchConfig, pool: list[dict[str, Any]]) -> 
     cmp_model = f"bench-cmp-{n}"
     windows = {BIG_MODEL: BIG_WINDOW_TOKENS, cmp_model: max(256, int(tokens / 0.85 * 0.95))}
     row: dict[str, Any] = {"messages": n, "tokens": tokens}
-    async with InProcessProxy(fixed_upstream(), windows=windows) as proxy:
+    async with InProcessProxy(fixed_upstream(), windows=windows, tune_gc=cfg.serve_gc_tuning) as proxy:
         body0, _ = turn_body(BIG_MODEL, history, 0)
         row["history_bytes"] = len(body0)
         row["cold_ms"], _ = await _timed(proxy, body0, f"pipe-{n}")
@@ -124,7 +127,7 @@ async def measure_size(n: int, cfg: BenchConfig, pool: list[dict[str, Any]]) -> 
         compaction = []
         for rep in range(cfg.pipeline_compaction_reps):
             session = f"cmp-{n}-{rep}"
-            await proxy.conversation.canonical(body0, session)  # the log, untimed
+            await proxy.chat(body0, session)  # the log, untimed
             body, _ = turn_body(cmp_model, history, 1)
             ms, resp = await _timed(proxy, body, session)
             assert resp.status_code == 200, resp.text

@@ -61,6 +61,11 @@ def goals(results: dict[str, Any]) -> dict[str, Any]:
         verdicts["pipeline_ms_per_mb"] = out["pipeline_ms_per_mb"] <= PIPELINE_GOAL_MS_PER_MB
     if out["storage_vs_unique_bytes_max"] is not None:
         verdicts["storage_vs_unique_bytes_max"] = out["storage_vs_unique_bytes_max"] <= STORAGE_GOAL_RATIO
+    from tests.benchmarks import side_by_side
+
+    out["vs_baseline"] = side_by_side.goals(results)
+    if out["vs_baseline"] is not None and out["vs_baseline"]["cpu_within_goal"] is not None:
+        verdicts["cpu_vs_baseline"] = out["vs_baseline"]["cpu_within_goal"]
     out["met"] = verdicts
     return out
 
@@ -229,6 +234,16 @@ def goals_table(g: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _side_by_side(g: dict[str, Any]) -> list[str]:
+    """The comparison with the baseline tree, when one was measured (``side_by_side.table``)."""
+    from tests.benchmarks import side_by_side
+
+    vs = g.get("vs_baseline")
+    if not vs:
+        return []
+    return [f"### Side by side with {vs['label']} (same run)", "", *side_by_side.table(vs), ""]
+
+
 def plots(results: dict[str, Any], out: Path) -> list[str]:
     """Write the PNG plots; returns their file names."""
     import matplotlib
@@ -309,7 +324,7 @@ def readme_section(results: dict[str, Any], out: Path, readme: Path, command: st
              f"Measured by `{command}` on {m['date']}: {m['nproc']} cores ({m['cpu_model']}), Python {m['python']}. "
              "Every comparison is a ratio within one run, candidates interleaved, median of repetitions; "
              f"full tables in [{rel}/report.md]({rel}/report.md).", "",
-             *goals_table(results["goals"]), ""]
+             *goals_table(results["goals"]), "", *_side_by_side(results["goals"])]
     lines += ["The load generator and the fake upstream share one core (raw HTTP/1.1 on asyncio protocols, far "
               "cheaper than any candidate); the candidate has the other. *Floor*: a raw ASGI relay on aiohttp's client "
               "that parses nothing. LiteLLM's proxy is measured when a Python with `litellm[proxy]` is at hand: "
@@ -341,7 +356,7 @@ def write(results: dict[str, Any], out: Path, readme: Path, command: str) -> Non
     lines = [f"# Benchmarks ({'quick' if results['config']['quick'] else 'full'})", "",
              f"Machine: {results['machine']['nproc']} cores, {results['machine']['cpu_model']}; "
              f"Python {results['machine']['python']}; {results['machine']['date']}. Command: `{command}`.", "",
-             "## Goals", "", *goals_table(results["goals"]), ""]
+             "## Goals", "", *goals_table(results["goals"]), "", *_side_by_side(results["goals"])]
     if results.get("overhead"):
         lines += overhead_tables(results["overhead"])
     if results.get("pipeline"):

@@ -12,7 +12,8 @@ SIGTERM. ``KIND``:
 - ``floor``: ``Relay``, a raw ASGI app relaying request and response bytes to ``--upstream`` with
   one shared ``aiohttp.ClientSession``; parses nothing (the least a Python proxy can do);
 - ``proxy``: ``proxy.app.create_app`` with real settings (session log on SQLite in ``--workdir``,
-  compaction on), on its default aiohttp transport;
+  compaction on), on its default aiohttp transport: the app alone, for profiling (the overhead
+  section serves the proxy as ``python -m proxy.cli serve``, see ``overhead.SERVED``);
 - ``proxy-httpx``: the same on httpx's own ``AsyncHTTPTransport`` (the transport issue 2 rejected);
 - ``litellm``: LiteLLM's proxy app (``litellm.proxy.proxy_server.app``, optional: run with a Python
   that has ``litellm[proxy]``), one model routed to ``--upstream``, no master key, no database.
@@ -132,7 +133,8 @@ class Relay:
         import aiohttp
 
         if scope["type"] == "lifespan":
-            return await _lifespan(receive, send)
+            await _lifespan(receive, send)
+            return
         if self.session is None:
             self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256), auto_decompress=False)
         body = await _read_body(receive)
@@ -241,7 +243,13 @@ def main(argv: list[str] | None = None) -> None:
     app = build_app(args.kind, args.upstream, Path(args.workdir))
     config = uvicorn.Config(app, log_level="warning", access_log=False, log_config=None, ws="none",
                             timeout_graceful_shutdown=1, backlog=2048, timeout_keep_alive=75)
-    server = uvicorn.Server(config)
+    if args.kind.startswith("proxy"):  # as ``context-proxy serve``: gc tuned once the app started
+        from proxy.server.process import ProxyServer
+        from proxy.settings import Settings
+
+        server: uvicorn.Server = ProxyServer(config, gc_young_threshold=Settings.model_fields["gc_young_threshold"].default)
+    else:
+        server = uvicorn.Server(config)
     server.run(sockets=[sock])  # on uvloop when installed, as ``context-proxy serve`` (uvicorn's loop="auto")
     sys.exit(0)
 

@@ -76,7 +76,7 @@ async def replay_trace(path: Path, workdir: Path) -> dict[str, Any]:
         for i in points:
             body = orjson.dumps({"model": "bench-model", "messages": trace[:i]})
             naive += len(body)
-            resp = await proxy.conversation.canonical(body, "storage")
+            resp = await proxy.chat(body, "storage")
             assert resp.status_code == 200, resp.text
         db = proxy.db_path
     size, payload, rows = vacuumed_size(db)
