@@ -3,7 +3,10 @@
 Offered: the read tool when ``Settings.read_tool_enabled``, the compaction tool when the client
 asked for it (``X-Context-Proxy-Compact-Tool``); never under a name of the client's own tools, and
 none at all with ``tool_choice: "none"``. Sent: the compaction tool whenever offered, the read tool
-only when the forwarded messages name stored content (``proxy.compaction.references``).
+only when the forwarded messages name stored content (``proxy.compaction.references``). Never
+the read budget: a tool list that changes between a session's requests invalidates the provider's
+prompt cache, so a read call made with no budget left is answered in one last round
+(``proxy.forward.tool_rounds.BUDGET_SPENT``), not prevented by leaving the tool out.
 """
 
 from __future__ import annotations

@@ -53,6 +53,8 @@ class ChatContext:
     internal: list[dict[str, Any]] = field(default_factory=list)
     """Messages of the proxy's own tool rounds in this request (logged as internal)."""
     read_rounds: int = 0
+    tools_withdrawn: bool = False
+    """The proxy's tools were left out of the body now sent (its last round: the model must answer)."""
     expanded: bool = False
     """``messages`` include internal rounds the client's history does not (forward them, not ``raw``)."""
     degraded: bool = False

@@ -4,11 +4,13 @@ A request's exchanges with the provider: forward what the compactor prepared; on
 error status, or an error event before anything a stream carried) learn from it, compact even below
 the trigger and retry (bounded by ``Settings.max_overflow_retries``; when no retry is left the
 provider's answer goes back as it came); when the model called only the proxy's own tools, serve
-them (``proxy.forward.tool_rounds``) and ask again. Overflow recovery and tool rounds are the same
-loop whether the client streams or not, so a later round that overflows is compacted and retried in
-both. The loop does no logging and builds no client response: it yields what a stream's client is
-sent (``Segment``s, relayed by ``proxy.forward.streaming.relay_turn``) and leaves a complete
-answer (not a stream, or answered before a stream's first byte) in ``Turn.reply`` for the pipeline.
+them (``proxy.forward.tool_rounds``) and ask again (with no read budget left, one last round
+answered ``BUDGET_SPENT``; a call no round can serve never ends in an empty answer:
+``ToolRounds.unserved``). Overflow recovery and tool rounds are the same loop whether the client
+streams or not, so a later round that overflows is compacted and retried in both. The loop does no
+logging and builds no client response: it yields what a stream's client is sent (``Segment``s,
+relayed by ``proxy.forward.streaming.relay_turn``) and leaves a complete answer (not a stream, or
+answered before a stream's first byte) in ``Turn.reply`` for the pipeline.
 """
 
 from __future__ import annotations
@@ -137,6 +139,8 @@ class RoundLoop:
                 if turn.committed:
                     raise UpstreamUnreachable("The upstream answered a streamed round without an event stream.")
                 if mine and message is not None:  # the model called the proxy's tools too: those are removed
+                    if not theirs:  # nothing but the proxy's calls, none servable: the text, or our 502
+                        self.tools.unserved(ctx, mine, has_text=bool(message.get("content")))
                     data, message = self.tools.strip(data, message, theirs)
                     finish_reason = "stop" if not theirs else finish_reason
                 turn.reply = Reply(resp.status_code, resp.headers, data, message, usage, finish_reason)
@@ -161,6 +165,7 @@ class RoundLoop:
         assert ctx.prepared is not None
         before = ctx.prepared.body
         await self.prepare(ctx, overflow)
+        ctx.tools_withdrawn = False  # the body is made anew: the proxy's tools are offered again
         if ctx.internal:
             base = ctx.prepared.forwarded or ctx.body
             body = orjson.dumps(base | {"messages": [*base["messages"], *ctx.internal]})

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from proxy.errors import UpstreamError
 from proxy.forward.sse import SSEEvent
 from proxy.json_text import parse_json
 from proxy.tools.own_tools import StreamToolFilter, split_calls
@@ -41,7 +42,8 @@ KEEPALIVE = b": context-proxy is serving its own tool call\n\n"
 CHARS_PER_TOKEN = 3
 """Characters per token a read result is first sized at (then counted, and cut until it fits)."""
 MIN_READ_TOKENS = 250
-"""Below this many tokens of budget left, no further read round is offered."""
+"""A round after which less than this many tokens of budget are left is the last (the next request
+goes without the proxy's tools); a read with less than half of it is answered ``BUDGET_SPENT``."""
 MIN_READ_CHARS = 1000
 MESSAGE_FRAME_TOKENS = 32
 """Tokens counted per round message on top of the estimate (its frame: role, ids; providers count
@@ -61,7 +63,15 @@ class ToolRounds:
     window (tokens: the rounds' assistant calls and results, counted as forwarded) and never more
     than half the room the window has left; ``read_tool_max_rounds`` is the backstop. A round
     after which less than ``MIN_READ_TOKENS`` of budget is left is the last: the next request goes
-    without the proxy's tools, so the model answers.
+    without the proxy's tools (``ctx.tools_withdrawn``), so the model answers.
+
+    A call to a tool the request offered is always served while rounds are left, even with no
+    budget left (the tools a request offers never depend on the budget: a tool list that changes
+    between a session's requests invalidates the provider's prompt cache): its reads are answered
+    ``BUDGET_SPENT`` and that round is the last, so at most one such round. A call no round can
+    serve (rounds spent, or a call to a tool withdrawn) is removed; when nothing is left for the
+    client (no text, no call of its own) the request fails with our 502 (``unserved``), never
+    an empty answer an agent would stop on.
     """
 
     def __init__(self, settings: Settings, store: Store, compactor: Compactor) -> None:
@@ -117,6 +127,7 @@ class ToolRounds:
         ctx.read_rounds += 1
         body = forwarded | {"messages": [*forwarded["messages"], *ctx.internal]}
         if not self.may_continue(ctx):  # the last round: the model must answer
+            ctx.tools_withdrawn = True
             own = ctx.prepared.own_tools
             tools = [t for t in body.get("tools") or () if (t.get("function") or {}).get("name") not in own]
             body = {k: v for k, v in body.items() if k not in ("tools", "tool_choice")}
@@ -222,12 +233,33 @@ class ToolRounds:
         if self.serves(ctx, calls, filt.client_calls):
             state.own_calls = calls
             return
+        if calls and not filt.client_calls:  # removed unserved: the text relayed is the answer
+            self.unserved(ctx, calls, has_text=assembler.truncated or bool(assembler.message().get("content")))
+            held = [_finish_stop(data) for data in held]
         for data in held:
             yield data
 
     def serves(self, ctx: ChatContext, own_calls: list[dict[str, Any]], client_calls: int) -> bool:
-        """Does the round loop serve these calls and ask again? Only the proxy's calls, rounds left."""
-        return bool(own_calls) and not client_calls and self.may_continue(ctx)
+        """Does the round loop serve these calls and ask again? Only the proxy's calls, of a request
+        that offered them (not ``ctx.tools_withdrawn``), while ``read_tool_max_rounds`` allows:
+        whatever the budget (``serve`` then answers ``BUDGET_SPENT`` and makes it the last round)."""
+        return (bool(own_calls) and not client_calls and not ctx.tools_withdrawn
+                and ctx.read_rounds < self.settings.read_tool_max_rounds)
+
+    def unserved(self, ctx: ChatContext, own_calls: list[dict[str, Any]], *, has_text: bool) -> None:
+        """The model called only the proxy's tools and no round can serve them (``serves`` is
+        False): logged (a warning: names and counts only). With ``has_text`` the text is the
+        answer (returned with the calls removed, ``finish_reason: "stop"``); without, raises our
+        ``UpstreamError`` (502, code ``unserved_tool_call``): an empty success would make an agent
+        stop as if the task were done, an error is seen (and retried by SDKs)."""
+        names = sorted({str((c.get("function") or {}).get("name")) for c in own_calls})
+        log.warning("own tool calls not served (%d: %s; rounds %d, tools withdrawn %s); answer %s",
+                    len(own_calls), ",".join(names), ctx.read_rounds, ctx.tools_withdrawn,
+                    "kept" if has_text else "empty: 502")
+        if not has_text:
+            raise UpstreamError("The model answered only with calls to context-proxy's own tools, which could not "
+                                "be served in this request (its read rounds are spent); retry the request.",
+                                code="unserved_tool_call")
 
 
 def fit_tokens(text: str, tokens: int, budget: int, count: Callable[[str], int]) -> str:
@@ -246,6 +278,24 @@ def fit_tokens(text: str, tokens: int, budget: int, count: Callable[[str], int])
             return cut + tail
         text = cut
     return "[context-proxy] Cut: the result did not fit the read budget."
+
+
+def _finish_stop(data: bytes) -> bytes:
+    """A held event, its choice's ``finish_reason: "tool_calls"`` made ``"stop"`` (the calls it
+    ended were removed); any other event as it is."""
+    if not data.startswith(b"data: ") or b'"tool_calls"' not in data:
+        return data
+    try:
+        chunk = parse_json(data[6:].strip())
+    except orjson.JSONDecodeError:
+        return data
+    choices = chunk.get("choices") if isinstance(chunk, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return data
+    if choices[0].get("finish_reason") != "tool_calls":
+        return data
+    fixed = chunk | {"choices": [choices[0] | {"finish_reason": "stop"}, *choices[1:]]}
+    return b"data: " + orjson.dumps(fixed) + b"\n\n"
 
 
 async def _events(state: StreamState) -> AsyncGenerator[SSEEvent, None]:

@@ -177,14 +177,73 @@ def overflow_error_after_the_first_read(state: FakeState) -> Any:
     return respond
 
 
-@pytest.mark.xfail(strict=True, reason="known (reported by H2, issue 18): the read tool is offered with no read budget "
-                   "left; the model's call to it is then removed and the client gets an empty answer")
+@pytest.mark.parametrize("stream", [False, True], ids=["complete", "streamed"])
 async def test_a_read_call_with_no_budget_left_still_gets_an_answer(
-    inprocess_factory: Any, fake_provider: FakeProvider, models_file: str
+    stream: bool, inprocess_factory: Any, fake_provider: FakeProvider, models_file: str
 ) -> None:
+    """After the retry the learned window leaves no read budget, yet the read tool stays offered (the
+    tool list does not change with the budget): the model's call is answered ``BUDGET_SPENT`` in one
+    last round without the proxy's tools, and the model answers (before: an empty ``stop``)."""
     state = fake_provider.state
     state.responders.insert(0, overflow_error_after_the_first_read(state))
     proxy = await inprocess_factory(models_file=models_file)
-    status, headers, text, _ = await send(proxy, body(False), "nobudget")
-    assert status == 200 and headers["x-context-proxy-overflow-retries"] == "1"
-    assert text  # today: "" with finish_reason "stop"
+    status, headers, text, raw = await send(proxy, body(stream), "nobudget")
+    assert status == 200 and text.startswith("ANSWER: "), raw
+    if not stream:
+        assert headers["x-context-proxy-overflow-retries"] == "1"
+    assert READ not in raw
+    requests = state.model_requests
+    outcomes = [r.outcome for r in requests]
+    assert outcomes.count("fault") == 1  # the overflow error queued after the first read
+    retried = requests[outcomes.index("fault") + 1:]
+    assert READ in [t["function"]["name"] for t in retried[0].json["tools"]]  # still offered after the retry
+    last = retried[-1].json
+    assert last["messages"][-1]["content"].startswith("[context-proxy] Not served: the read budget")
+    assert [t["function"]["name"] for t in last["tools"]] == ["fetch_log"]  # that round is the last
+    assert len(retried) == 2  # one such round, then the answer
+
+
+def calls_the_read_tool_always(content: str | None) -> Any:
+    """A responder: the model calls the proxy's read tool in every answer, offered or not (a model
+    repeating a call it made earlier in the request), with ``content`` beside it."""
+
+    def respond(prompt: Prompt, state: FakeState) -> Reply | None:
+        if prompt.is_summary:
+            return None
+        n = len(state.model_requests)
+        call = {"id": f"call_again_{n}", "type": "function",
+                "function": {"name": READ, "arguments": json.dumps({"query": "FACT build_id"})}}
+        return Reply(content, [call])
+
+    return respond
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["complete", "streamed"])
+@pytest.mark.parametrize("content", [None, "Partial: the build id was not read."], ids=["empty", "text"])
+async def test_a_read_call_no_round_can_serve_is_never_an_empty_answer(
+    stream: bool, content: str | None, inprocess_factory: Any, fake_provider: FakeProvider, models_file: str
+) -> None:
+    """Rounds spent (``read_tool_max_rounds``) and the model calls the read tool again: the call is
+    removed; its text is the answer, and with no text the client gets our 502 (in a stream, an error
+    event), not an empty ``stop``."""
+    state = fake_provider.state
+    state.responders.insert(0, calls_the_read_tool_always(content))
+    proxy = await inprocess_factory(models_file=models_file, read_tool_max_rounds=1)
+    payload = body(stream)
+    assert len(state.model_requests) == 0
+    if content is not None:
+        status, _, text, raw = await send(proxy, payload, f"unserved-{stream}")
+        assert status == 200 and READ not in raw
+        assert text == (content * 2 if stream else content)  # (a stream relays the text of every round)
+    elif not stream:
+        resp = await proxy.chat(payload, headers={"x-session-id": "unserved"})
+        assert resp.status_code == 502 and resp.json()["error"]["code"] == "unserved_tool_call"
+        assert READ not in resp.text
+    else:
+        async with proxy.http.stream("POST", "/v1/chat/completions", json=payload,
+                                     headers={"x-session-id": "unserved-s"}) as r:
+            raw = (await r.aread()).decode()
+        assert "unserved_tool_call" in raw and READ not in raw
+        assert '"finish_reason":"' not in raw and "[DONE]" not in raw  # no end of an answer before the error
+    assert len(state.model_requests) == 2  # one round served, then the call nothing could serve
+    assert [t["function"]["name"] for t in state.model_requests[1].json["tools"]] == ["fetch_log"]
