@@ -16,7 +16,8 @@ Forbidden                  403     permission_error / forbidden
 NotFound                   404     not_found_error / not_found
 PayloadTooLarge            413     invalid_request_error / request_too_large
 CannotFit                  400     invalid_request_error / context_length_exceeded
-UpstreamError              502     upstream_error (base of the two below)
+UpstreamError              502     upstream_error (base of the two below; also / unserved_tool_call:
+                                   the model called only the proxy's tools and no round can serve them)
 UpstreamUnreachable        502     upstream_error / upstream_unreachable
 UpstreamTimeout            504     upstream_error / upstream_timeout
 StorageUnavailableError    503     service_unavailable / database_unavailable
