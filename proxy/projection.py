@@ -19,8 +19,9 @@ Order of application (each step reads the previous one's output):
 
 Structure (roles and kinds, pairing groups, what is opaque) is read from the neutral model
 (``proxy.conversation.model``): the items a codec gives for the pieces (``codec.items``; chat by
-default). The pieces themselves are rewritten only by the defenses' part rewriters, which keep
-each piece's item (a truncated, offloaded or media-offloaded piece has the item it had); a
+default). The pieces themselves are rewritten only by the defenses' part rewriters, which read
+and rewrite them through the same codec (its parts and their accessors) and keep each piece's
+item (a truncated, offloaded or media-offloaded piece has the item it had); a
 ``sealed`` item (a signed Messages thinking turn) is never rewritten, only kept or summarized.
 
 Counts are ``MessageCounter`` estimates memoized by message digest: unchanged messages reuse their
@@ -216,19 +217,21 @@ class _Projector:
         cfg = self.cfg
         m, cnt, changed = self.cur[i], self.counts[i], False
         if truncate:
-            t = truncate_message(m, cfg.truncate_args_tools, cfg.truncate_args_max_chars, cfg.truncate_args_keep_chars)
+            t = truncate_message(m, cfg.truncate_args_tools, cfg.truncate_args_max_chars, cfg.truncate_args_keep_chars,
+                                 item=self.items[i], codec=self.codec)
             if t is not None:
                 m, changed = t, True
                 kinds.add("truncate_args")
         if media:
-            mm, arts = offload_media(m, self.unavailable)
+            mm, arts = offload_media(m, self.unavailable, codec=self.codec)
             if mm is not None:
                 m, changed = mm, True
                 kinds.add("media")
                 self.artifacts.update((a.id, a) for a in arts)
         if changed:
             cnt = self.count_new(m)
-        o, arts = offload_message(m, cnt, self.counter.count_text, cfg, self.unavailable)
+        o, arts = offload_message(m, cnt, self.counter.count_text, cfg, self.unavailable, item=self.items[i],
+                                  codec=self.codec)
         if o is not None:
             m, cnt = o, self.count_new(o)
             kinds.add("offload")
@@ -262,7 +265,8 @@ def project(
     ``anchor_hash`` is in ``chain_hashes``). ``counter``: a ``proxy.tokens.protocol.MessageCounter``
     (``proxy.tokens.counter.TokenCounter``). ``memos``: what to remember across calls (the
     caller's ``ProjectionMemos``; ``None``: nothing, the same result). ``codec``: whose items
-    describe the pieces (``messages``: chat messages, or another codec's pieces).
+    describe the pieces (``messages``: chat messages, or another codec's pieces), and through
+    which the part rewriters read and rewrite them.
     ``force``: an overflow happened, compact even below the trigger (pass it once per overflow:
     after storing the planned event, re-project with ``force=False``; a forced projection may
     plan a summary that keeps only the last turn; as over the trigger, old tool arguments are
@@ -386,7 +390,7 @@ def _project(messages: list[Piece], digests: list[str], chain_hashes: list[str],
         plan = planner.plan(aggressive=force or too_big, allow_truncate=truncate_first or not force)
     if plan is None and (force or too_big):
         clipped, idx, arts = clip_trailing_results(
-            p.cur[lo:], items[lo:], p.counts[lo:], cfg, counter.count_text, unavailable_artifacts
+            p.cur[lo:], items[lo:], p.counts[lo:], cfg, counter.count_text, unavailable_artifacts, codec
         )
         if clipped is not None:
             for j in idx:
@@ -411,7 +415,7 @@ def _truncate_tail(p: _Projector, lo: int) -> int:
         if p.items[i].sealed:
             continue
         t = truncate_message(p.cur[i], cfg.truncate_args_tools, cfg.truncate_args_max_chars,
-                             cfg.truncate_args_keep_chars)
+                             cfg.truncate_args_keep_chars, item=p.items[i], codec=p.codec)
         if t is not None:
             new_count = p.count_new(t)
             delta += new_count - p.counts[i]
@@ -428,7 +432,7 @@ def _media_plan(p: _Projector, lo: int, m_bound: int, total: int) -> MediaPlan |
     for i in range(max(lo, m_bound + 1), boundary + 1):
         if p.items[i].sealed:
             continue
-        new, _ = offload_media(p.cur[i], p.unavailable)
+        new, _ = offload_media(p.cur[i], p.unavailable, codec=p.codec)
         if new is not None:
             found = True
             saved += p.counts[i] - p.count_new(new)
@@ -475,7 +479,7 @@ class _Planner:
             if p.items[i].sealed:
                 continue
             t = truncate_message(p.cur[i], cfg.truncate_args_tools, cfg.truncate_args_max_chars,
-                                 cfg.truncate_args_keep_chars)
+                                 cfg.truncate_args_keep_chars, item=p.items[i], codec=p.codec)
             if t is not None:
                 saved += p.counts[i] - p.count_new(t)
         after = self.total - saved

@@ -28,8 +28,20 @@ from typing import Any
 
 import orjson
 
+from proxy.conversation.blocks import (
+    block_text,
+    block_with_text,
+    content_count,
+    content_with,
+    inline_image,
+    json_text,
+    render_block,
+    text_block,
+    tool_use_call,
+    tool_use_with_input,
+)
 from proxy.conversation.canonical import ROLES, is_known_role
-from proxy.conversation.codec import PartCounter
+from proxy.conversation.codec import PartCounter, ToolCall
 from proxy.conversation.model import (
     ASSISTANT,
     BINDS_NONE,
@@ -143,7 +155,8 @@ class ChatCodec:
         out: list[Part] = []
         answered = piece.get("tool_call_id")
         call_id = answered if answered.__class__ is str else None
-        is_answer = piece.get("role") in _ANSWER_ROLES
+        role = piece.get("role")
+        is_answer = role.__class__ is str and role in _ANSWER_ROLES
         content = piece.get("content")
         if content.__class__ is str:
             out.append(Part(TOOL_RESULT if is_answer else TEXT, counter.count_text(content), content,
@@ -160,6 +173,98 @@ class ChatCodec:
                 out.append(Part(TOOL_CALL, counter.count_tool_call(call), call,
                                 cid if cid.__class__ is str else None, "tool_calls"))
         return out
+
+    def part_text(self, part: Part) -> str | None:
+        """A content part's text (``blocks.block_text``: a string content, a ``text`` part, a
+        ``tool_result`` block with string content); ``None`` for a tool call and anything else."""
+        return block_text(part.native) if part.field == "content" else None
+
+    def with_text(self, part: Part, text: str) -> object:
+        if part.field != "content":
+            raise ValueError("a tool call has no text to replace")
+        return block_with_text(part.native, text)
+
+    def tool_call(self, part: Part) -> ToolCall | None:
+        """A ``tool_calls`` entry with a ``function`` object whose ``arguments`` is a string
+        (name and arguments as sent), or a ``tool_use`` content block (name and ``input``)."""
+        native = part.native
+        if part.field == "tool_calls":
+            fn = native.get("function") if isinstance(native, dict) else None
+            args = fn.get("arguments") if isinstance(fn, dict) else None
+            return ToolCall(fn.get("name"), args) if isinstance(fn, dict) and isinstance(args, str) else None
+        found = tool_use_call(native)
+        return ToolCall(*found) if found is not None else None
+
+    def with_arguments(self, part: Part, arguments: object) -> object:
+        if part.field != "tool_calls":
+            return tool_use_with_input(part.native, arguments)
+        if self.tool_call(part) is None:
+            raise ValueError("not a tool call with string arguments")
+        call: dict[str, Any] = part.native  # type: ignore[assignment]  # checked by tool_call
+        return {**call, "function": {**call["function"], "arguments": arguments}}
+
+    def inline_media(self, part: Part) -> tuple[str, str] | None:
+        """``blocks.inline_image`` of a content part (``image_url`` with a ``data:`` URL, a base64
+        ``image`` block)."""
+        return inline_image(part.native) if part.field == "content" else None
+
+    def text_part(self, text: str) -> object:
+        """``{"type": "text", "text": text}``."""
+        return text_block(text)
+
+    def with_parts(self, piece: Piece, new: Mapping[int, object]) -> Piece:
+        """``piece`` with its content parts and ``tool_calls`` entries at the indices of ``new``
+        replaced (indices as ``parts`` gives them: content first, then ``tool_calls``)."""
+        if not new:
+            return piece
+        n = content_count(piece)
+        out = content_with(piece, dict(new), n)
+        calls = piece.get("tool_calls")
+        mine = {i - n: v for i, v in new.items() if i >= n}
+        if mine and isinstance(calls, list):
+            replaced = list(calls)
+            for i, value in mine.items():
+                replaced[i] = value
+            out = {**out, "tool_calls": replaced}
+        return out
+
+    def render_part(self, piece: Piece, part: Part) -> str | None:
+        """A content part by ``blocks.render_block`` (a content that is neither a string nor a list:
+        its JSON); a ``tool_calls`` entry as ``-> tool call NAME (id ID): ARGUMENTS`` (``None``
+        for an entry that is not an object)."""
+        native = part.native
+        if part.field == "tool_calls":
+            if not isinstance(native, dict):
+                return None
+            fn: dict[str, Any] = native["function"] if isinstance(native.get("function"), dict) else {}
+            return f"-> tool call {fn.get('name')} (id {native.get('id')}): {fn.get('arguments')}"
+        if native is piece.get("content") and not isinstance(native, str):
+            return json_text(native)
+        return render_block(native)
+
+    def transcript_frame(self, piece: Piece) -> tuple[str, list[str]]:
+        """Header: the role (``?`` when absent, JSON when not a string), `` (NAME)``, `` [answer to
+        call ID]``. Lines: a legacy ``function_call`` as ``-> function call NAME: ARGUMENTS``, then
+        every other non-empty field as ``[field] value`` (a vendor's, DeepSeek's
+        ``reasoning_content``)."""
+        header = _field_text(piece.get("role", "?"))
+        if piece.get("name"):
+            header += f" ({piece['name']})"
+        if piece.get("tool_call_id"):
+            header += f" [answer to call {piece['tool_call_id']}]"
+        lines: list[str] = []
+        legacy = piece.get("function_call")
+        if isinstance(legacy, dict):
+            lines.append(f"-> function call {legacy.get('name')}: {legacy.get('arguments')}")
+        for key, value in piece.items():
+            if key not in _RENDERED_FIELDS and value is not None and value != "" and value != [] and value != {}:
+                lines.append(f"[{key}] {_field_text(value)}")
+        return header, lines
+
+    def text_piece(self, piece: Piece, text: str) -> Piece:
+        """``{role, name, tool_call_id}`` of ``piece`` (those it has) and ``content: text``."""
+        kept: Piece = {k: piece[k] for k in ("role", "name", "tool_call_id") if k in piece}
+        return {**kept, "content": text}
 
     def answer(self, call_id: str, text: str = CANCELLED_TEXT) -> Piece:
         """The synthetic ``tool`` message answering ``call_id``."""
@@ -198,18 +303,26 @@ def apply_chat(body: Mapping[str, Any], raw: bytes, messages: list[Piece],
     return orjson.dumps(forwarded), forwarded
 
 
+_RENDERED_FIELDS = frozenset({"role", "name", "tool_call_id", "content", "tool_calls", "function_call"})
+"""Fields a chat transcript shows in its header or parts (every other one as ``[field] value``)."""
+
+
+def _field_text(value: Any) -> str:
+    return value if isinstance(value, str) else json_text(value)
+
+
 def _part_kind(part: Any, is_answer: bool) -> str:
     if part.__class__ is not dict:
-        return TEXT if part.__class__ is str else OTHER
+        return OTHER  # a bare string inside a list is no content part of the API: kept as sent
     kind = part.get("type")
     if kind == "tool_result":
         return TOOL_RESULT
     if kind == "tool_use":
         return TOOL_CALL
-    if kind in _MEDIA_TYPES or "image_url" in part:
-        return MEDIA
     if kind in _TEXT_TYPES or (kind is None and part.get("text").__class__ is str):
         return TOOL_RESULT if is_answer else TEXT
+    if kind in _MEDIA_TYPES or "image_url" in part:
+        return MEDIA
     return OTHER
 
 

@@ -19,17 +19,59 @@ body. The contract (``tests/conversation/test_codec_contract.py`` checks it for 
   ``answer(call_id, text)``: a native piece answering a dangling call (for codecs whose answers are
   items of their own); ``insert_answers(pieces, found, text)``: the pieces with those answers in
   place (``found`` from ``proxy.defenses.pairs.dangling_calls``).
+- Reading and rewriting parts (what the part rewriters of ``proxy.defenses`` use, so they never
+  read a native key): ``part_text(part)`` (the text of a ``TEXT``/``TOOL_RESULT`` part a defense
+  may replace, else ``None``), ``with_text(part, text)``; ``tool_call(part)`` (a ``TOOL_CALL``
+  part's ``ToolCall``: name and arguments, else ``None``), ``with_arguments(part, arguments)``;
+  ``inline_media(part)`` (``(data_url, media_type)`` of inline media, else ``None``);
+  ``text_part(text)`` (a new text part in the API's shape); ``with_parts(piece, new)`` (the piece
+  with the parts at the indices of ``new``, indices into ``parts(piece, ...)``, replaced by those
+  native parts: every other key keeps its value and place; ``piece`` itself when ``new`` is
+  empty). Pure; a ``with_*`` given a part its reader gives ``None`` for raises ``ValueError``.
+- The summary transcript (``proxy.defenses.summarize``): ``render_part(piece, part)`` (how a part
+  of ``piece`` reads, ``None``: not shown), ``transcript_frame(piece)`` (the header words after
+  ``### ``, and the lines for what no part shows: fields the codec does not know included, so the
+  summarizer sees what the provider saw), ``text_piece(piece, text)`` (a stand-in for an
+  oversized piece: its header, ``text`` as its whole content).
 
-Adding an API: write its codec (parse, item, parts, apply), register nothing else: the defenses
-and the projection read only ``Item``/``Part`` and the pieces' token counts.
+Adding an API: write its codec (parse, item, parts, the part accessors, apply), register nothing
+else: the defenses and the projection read only ``Item``/``Part``, the accessors and the pieces'
+token counts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from proxy.conversation.model import Conversation, Item, Part, Piece
+
+
+class ToolCall(NamedTuple):
+    """A tool call as a defense reads it: ``name`` (as sent: a string, or any JSON value for a
+    malformed call) and ``arguments``: a JSON text (``str``: chat ``function.arguments``, Responses
+    ``arguments``) or a JSON value (Messages ``tool_use.input``)."""
+
+    name: object
+    arguments: object
+
+
+class Uncounted:
+    """A ``PartCounter`` that prices nothing (every cost 0): for reading parts without counting
+    them (a rewrite decides by kind, text and call, not by a part's cost). Stateless."""
+
+    def count_text(self, text: str) -> int:
+        return 0
+
+    def count_part(self, part: object) -> int:
+        return 0
+
+    def count_tool_call(self, call: object) -> int:
+        return 0
+
+
+UNCOUNTED = Uncounted()
+"""The one ``Uncounted`` (stateless)."""
 
 
 class PartCounter(Protocol):
@@ -56,6 +98,26 @@ class Codec(Protocol):
     def items(self, pieces: Sequence[Piece]) -> list[Item]: ...
 
     def parts(self, piece: Piece, counter: PartCounter) -> list[Part]: ...
+
+    def part_text(self, part: Part) -> str | None: ...
+
+    def with_text(self, part: Part, text: str) -> object: ...
+
+    def tool_call(self, part: Part) -> ToolCall | None: ...
+
+    def with_arguments(self, part: Part, arguments: object) -> object: ...
+
+    def inline_media(self, part: Part) -> tuple[str, str] | None: ...
+
+    def text_part(self, text: str) -> object: ...
+
+    def with_parts(self, piece: Piece, new: Mapping[int, object]) -> Piece: ...
+
+    def render_part(self, piece: Piece, part: Part) -> str | None: ...
+
+    def transcript_frame(self, piece: Piece) -> tuple[str, list[str]]: ...
+
+    def text_piece(self, piece: Piece, text: str) -> Piece: ...
 
     def insert_answers(self, pieces: list[Piece], found: list[tuple[int, list[str]]],
                        text: str) -> list[Piece]: ...

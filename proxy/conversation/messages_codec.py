@@ -25,8 +25,19 @@ from typing import Any
 
 import orjson
 
+from proxy.conversation.blocks import (
+    block_text,
+    block_with_text,
+    content_with,
+    inline_image,
+    json_text,
+    render_block,
+    text_block,
+    tool_use_call,
+    tool_use_with_input,
+)
 from proxy.conversation.chat_codec import CANCELLED_TEXT
-from proxy.conversation.codec import PartCounter
+from proxy.conversation.codec import PartCounter, ToolCall
 from proxy.conversation.model import (
     ASSISTANT,
     BINDS_NONE,
@@ -130,6 +141,51 @@ class MessagesCodec:
             else:
                 out.append(Part(OTHER, counter.count_part(block), block))
         return out
+
+    def part_text(self, part: Part) -> str | None:
+        """A string content, a ``text`` block's text, a ``tool_result``'s string ``content``."""
+        return block_text(part.native)
+
+    def with_text(self, part: Part, text: str) -> object:
+        return block_with_text(part.native, text)
+
+    def tool_call(self, part: Part) -> ToolCall | None:
+        """A ``tool_use`` block's ``name`` and ``input``."""
+        found = tool_use_call(part.native)
+        return ToolCall(*found) if found is not None else None
+
+    def with_arguments(self, part: Part, arguments: object) -> object:
+        return tool_use_with_input(part.native, arguments)
+
+    def inline_media(self, part: Part) -> tuple[str, str] | None:
+        """A base64 ``image`` block as a ``data:`` URL and its media type."""
+        return inline_image(part.native)
+
+    def text_part(self, text: str) -> object:
+        """``{"type": "text", "text": text}``."""
+        return text_block(text)
+
+    def with_parts(self, piece: Piece, new: Mapping[int, object]) -> Piece:
+        """``piece`` with the content blocks at the indices of ``new`` replaced (a string content is
+        part 0); its other keys (``cache_control`` on the blocks included) kept."""
+        content = piece.get("content")
+        count = len(content) if isinstance(content, list) else 1 if isinstance(content, str) else 0
+        return content_with(piece, dict(new), count)
+
+    def render_part(self, piece: Piece, part: Part) -> str | None:
+        """``blocks.render_block`` (a ``thinking`` block shows as its JSON, like any other)."""
+        return render_block(part.native)
+
+    def transcript_frame(self, piece: Piece) -> tuple[str, list[str]]:
+        """Header: the role; lines: every other non-empty field as ``[field] value``."""
+        role = piece.get("role", "?")
+        lines = [f"[{k}] {v if isinstance(v, str) else json_text(v)}" for k, v in piece.items()
+                 if k not in ("role", "content") and v is not None and v != "" and v != [] and v != {}]
+        return (role if isinstance(role, str) else json_text(role)), lines
+
+    def text_piece(self, piece: Piece, text: str) -> Piece:
+        """``{"role": role, "content": text}``."""
+        return {"role": piece.get("role"), "content": text}
 
     def insert_answers(self, pieces: list[Piece], found: list[tuple[int, list[str]]],
                        text: str = CANCELLED_TEXT) -> list[Piece]:

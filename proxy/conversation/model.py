@@ -18,7 +18,9 @@ One model for every API (chat completions, Anthropic Messages, OpenAI Responses)
 - **Parts** (``Part``): the content of an item, each with a kind (``TEXT``, ``MEDIA``,
   ``TOOL_CALL`` for a call's arguments, ``TOOL_RESULT``, ``OPAQUE``, ``OTHER``), its token cost
   and a reference to its native part (``native``). Computed on demand by the codec
-  (``Codec.parts``), never cached.
+  (``Codec.parts``), never cached. A defense that rewrites parts (truncate arguments, offload,
+  media, the summary transcript) decides over ``Part`` (kind, text, call) through the codec's
+  accessors and rewrites through ``Codec.with_parts``: it never reads a native key.
 - **Opaque** items and parts are forwarded byte-exact: a defense may keep or drop them whole,
   never rewrite them. Each has a binding rule: ``BINDS_PREVIOUS`` (chat: a message with a role the
   proxy does not know, Llama's ``ipython``; tool answers too), ``BINDS_NEXT`` (Responses: a

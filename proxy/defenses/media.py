@@ -6,41 +6,25 @@ message are offloaded too, since text compaction alone cannot shrink the body. A
 cannot be stored becomes an explicit error placeholder (DESIGN.md, "fail safe, never silent"):
 forwarding the original again would repeat the 413.
 
-Handles OpenAI ``image_url`` parts with a ``data:`` URL and Anthropic ``image`` blocks with a
-``base64`` source. Remote ``http(s)`` URLs are small and left alone.
+The defense reads no native key: the codec says which ``MEDIA`` parts are inline
+(``Codec.inline_media``: for chat and Messages, OpenAI ``image_url`` parts with a ``data:`` URL and
+Anthropic ``image`` blocks with a ``base64`` source; remote ``http(s)`` URLs are small and left
+alone) and builds the text part that replaces one (``Codec.text_part``).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
+from proxy.conversation.chat_codec import CHAT
+from proxy.conversation.codec import UNCOUNTED, Codec
+from proxy.conversation.model import MEDIA, Piece
 from proxy.defenses.offload import ArtifactToStore, artifact_id
 
 UNSTORED_TEXT = "[context-proxy] An image was removed here: it could not be stored, so it is not readable."
 
 
-def _inline_image(part: Any) -> tuple[str, str] | None:
-    """``(data_url, media_type)`` of an inline image part, else ``None``."""
-    if not isinstance(part, dict):
-        return None
-    if part.get("type") == "image_url":
-        image = part.get("image_url")
-        url = image.get("url") if isinstance(image, dict) else image
-        if isinstance(url, str) and url.startswith("data:"):
-            media_type = url[5:].split(";", 1)[0].split(",", 1)[0] or "application/octet-stream"
-            return url, media_type
-    if part.get("type") == "image":
-        source = part.get("source")
-        if isinstance(source, dict) and source.get("type") == "base64" and isinstance(source.get("data"), str):
-            media_type = str(source.get("media_type") or "application/octet-stream")
-            return f"data:{media_type};base64,{source['data']}", media_type
-    return None
-
-
-def has_inline_media(message: dict[str, Any]) -> bool:
-    """True if ``message`` has an inline (``data:``/base64) image part."""
-    content = message.get("content")
-    return isinstance(content, list) and any(_inline_image(p) for p in content)
+def has_inline_media(message: Piece, codec: Codec = CHAT) -> bool:
+    """True if ``message`` (a piece of ``codec``) has a ``MEDIA`` part ``codec.inline_media`` reads."""
+    return any(p.kind == MEDIA and codec.inline_media(p) is not None for p in codec.parts(message, UNCOUNTED))
 
 
 def reference_text(art_id: str, media_type: str, size_chars: int) -> str:
@@ -52,31 +36,28 @@ def reference_text(art_id: str, media_type: str, size_chars: int) -> str:
 
 
 def offload_media(
-    message: dict[str, Any], unavailable: frozenset[str] = frozenset()
-) -> tuple[dict[str, Any] | None, list[ArtifactToStore]]:
-    """Replace inline images of ``message`` by text parts; ``(new message or None, artifacts)``.
+    message: Piece, unavailable: frozenset[str] = frozenset(), *, codec: Codec = CHAT,
+) -> tuple[Piece | None, list[ArtifactToStore]]:
+    """Replace the inline media of ``message`` (a piece of ``codec``) by text parts; ``(new piece or
+    None, artifacts)``.
 
-    The content list keeps its length and order; each image part becomes ``{"type": "text", ...}``.
+    Decided over the codec's parts: each ``MEDIA`` part ``codec.inline_media`` reads becomes
+    ``codec.text_part(reference)`` in its place (``codec.with_parts``): the content keeps its length
+    and order, every other part and key is kept as sent.
     """
-    content = message.get("content")
-    if not isinstance(content, list):
-        return None, []
     artifacts: list[ArtifactToStore] = []
-    parts: list[Any] = []
-    changed = False
-    for part in content:
-        found = _inline_image(part)
+    new: dict[int, object] = {}
+    for index, part in enumerate(codec.parts(message, UNCOUNTED)):
+        found = codec.inline_media(part) if part.kind == MEDIA else None
         if found is None:
-            parts.append(part)
             continue
         url, media_type = found
         art_id = artifact_id(url)
         if art_id in unavailable:
-            parts.append({"type": "text", "text": UNSTORED_TEXT})
+            new[index] = codec.text_part(UNSTORED_TEXT)
         else:
             artifacts.append(ArtifactToStore(art_id, url, media_type))
-            parts.append({"type": "text", "text": reference_text(art_id, media_type, len(url))})
-        changed = True
-    if not changed:
+            new[index] = codec.text_part(reference_text(art_id, media_type, len(url)))
+    if not new:
         return None, []
-    return {**message, "content": parts}, artifacts
+    return codec.with_parts(message, new), artifacts

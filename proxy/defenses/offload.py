@@ -13,14 +13,20 @@ message stays a ``tool`` message with its ``tool_call_id`` (case 020); a content
 and offloaded part by part and keeps its shape (a text part becomes a text part holding the stub;
 an Anthropic ``tool_result`` block keeps its type and ``tool_use_id``). Artifact ids are
 content-addressed: ``art_`` + the first 32 hex digits of the SHA-256 of the UTF-8 content.
+
+The defense reads no native key: it decides over the codec's parts (kind, text) and its items'
+kinds, and rewrites through the codec (chat strings and parts, Messages ``tool_result`` blocks,
+Responses ``function_call_output`` items alike).
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
 
+from proxy.conversation.chat_codec import CHAT
+from proxy.conversation.codec import UNCOUNTED, Codec
+from proxy.conversation.model import RESULTS, TEXT, TOOL, TOOL_RESULT, USER, Item, Piece
 from proxy.defenses.config import DefenseConfig
 from proxy.defenses.hints import search_hint
 from proxy.tokens.protocol import CountText
@@ -92,64 +98,47 @@ def _offload_text(
     return stub_text(art_id, text, what, config)
 
 
-def _offload_parts(
-    parts: list[Any], threshold_for: dict[str, int], count_text: CountText, what: str,
-    config: DefenseConfig, unavailable: frozenset[str], out: list[ArtifactToStore],
-) -> list[Any] | None:
-    new_parts: list[Any] = []
-    changed = False
-    for part in parts:
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text" and isinstance(part.get("text"), str) and "text" in threshold_for:
-            text = part["text"]
-            if count_text(text) > threshold_for["text"]:
-                stub = _offload_text(text, what, config, unavailable, out)
-                if stub is not None:
-                    part, changed = {**part, "text": stub}, True
-        elif kind == "tool_result" and isinstance(part.get("content"), str):
-            text = part["content"]
-            if count_text(text) > threshold_for["tool_result"]:
-                stub = _offload_text(text, "tool result", config, unavailable, out)
-                if stub is not None:
-                    part, changed = {**part, "content": stub}, True
-        new_parts.append(part)
-    return new_parts if changed else None
-
-
 def offload_message(
-    message: dict[str, Any], message_tokens: int, count_text: CountText, config: DefenseConfig,
-    unavailable: frozenset[str] = frozenset(),
-) -> tuple[dict[str, Any] | None, list[ArtifactToStore]]:
-    """Offload the large content of one message.
+    message: Piece, message_tokens: int, count_text: CountText, config: DefenseConfig,
+    unavailable: frozenset[str] = frozenset(), *, item: Item | None = None, codec: Codec = CHAT,
+) -> tuple[Piece | None, list[ArtifactToStore]]:
+    """Offload the large content of one piece (``message``, a piece of ``codec``; ``item``: its
+    item, ``codec.item(message)`` when not given).
 
-    ``message_tokens`` is the message's (memoized) token count, used to skip small messages
-    cheaply; ``count_text(str) -> int`` counts a part. Returns ``(new_message or None if
-    unchanged, artifacts to store)``. Ids in ``unavailable`` (artifacts the pipeline failed to
-    store) are never referenced: that content is kept as sent.
+    ``message_tokens`` is the piece's (memoized) token count, used to skip small pieces cheaply
+    and to measure a bare-string content (a part whose native is a ``str``: the piece's whole
+    text); ``count_text(str) -> int`` measures a part of a list. Decided over the codec's parts:
+    a ``TOOL`` item's text and result parts against the tool threshold (as "tool result"); a
+    ``USER``/``RESULTS`` item's ``TEXT`` parts against the user threshold (as "user message") and
+    its ``TOOL_RESULT`` parts against the tool threshold; only parts ``codec.part_text`` reads
+    (anything else is kept as sent); rewritten with ``codec.with_text``/``codec.with_parts``.
+    Returns ``(new piece or None if unchanged, artifacts to store)``. Ids in ``unavailable``
+    (artifacts the pipeline failed to store) are never referenced: that content is kept as sent.
     """
-    role = message.get("role")
+    item = item if item is not None else codec.item(message)
     tool_t = config.offload_tool_threshold_tokens
-    user_t = config.offload_user_tokens
-    if role in ("tool", "function"):
-        thresholds = {"text": tool_t, "tool_result": tool_t}
-        what = "tool result"
-    elif role == "user":
-        thresholds = {"text": user_t, "tool_result": tool_t}
-        what = "user message"
+    if item.kind == TOOL:
+        text_t, what = tool_t, "tool result"
+    elif item.kind in (USER, RESULTS):
+        text_t, what = config.offload_user_tokens, "user message"
     else:
         return None, []
-    if message_tokens <= min(thresholds.values()):
+    if message_tokens <= min(text_t, tool_t):
         return None, []
     artifacts: list[ArtifactToStore] = []
-    content = message.get("content")
-    if isinstance(content, str):
-        if message_tokens > thresholds["text"]:
-            stub = _offload_text(content, what, config, unavailable, artifacts)
+    new: dict[int, object] = {}
+    for index, part in enumerate(codec.parts(message, UNCOUNTED)):
+        if part.kind not in (TEXT, TOOL_RESULT):
+            continue
+        text = codec.part_text(part)
+        if text is None:
+            continue
+        result = part.kind == TOOL_RESULT and item.kind != TOOL
+        tokens = message_tokens if isinstance(part.native, str) else count_text(text)
+        if tokens > (tool_t if result else text_t):
+            stub = _offload_text(text, "tool result" if result else what, config, unavailable, artifacts)
             if stub is not None:
-                return {**message, "content": stub}, artifacts
+                new[index] = codec.with_text(part, stub)
+    if not new:
         return None, []
-    if isinstance(content, list):
-        new_parts = _offload_parts(content, thresholds, count_text, what, config, unavailable, artifacts)
-        if new_parts is not None:
-            return {**message, "content": new_parts}, artifacts
-    return None, []
+    return codec.with_parts(message, new), artifacts

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from proxy.conversation.chat_codec import CHAT
+from proxy.conversation.codec import Codec
 from proxy.conversation.model import Item, Piece, is_tool_answer
 from proxy.defenses.config import DefenseConfig
 from proxy.defenses.offload import ArtifactToStore, CountText, offload_message
@@ -34,10 +36,12 @@ def clip_trailing_results(
     config: DefenseConfig,
     count_text: CountText,
     unavailable: frozenset[str] = frozenset(),
+    codec: Codec = CHAT,
 ) -> tuple[list[Piece] | None, list[int], list[ArtifactToStore]]:
     """Offload each tool result of the trailing batch over ``CLIP_MIN_TOKENS``.
 
-    ``items[i]``/``counts[i]``: the model's item and the token count of ``messages[i]``. Returns
+    ``items[i]``/``counts[i]``: the model's item and the token count of ``messages[i]`` (pieces of
+    ``codec``). Returns
     ``(new list or None if nothing was clipped, the indices clipped, artifacts to store)``. The
     input is not mutated.
     """
@@ -48,7 +52,8 @@ def clip_trailing_results(
     for i in trailing_batch(items):
         if counts[i] <= CLIP_MIN_TOKENS:
             continue
-        new, arts = offload_message(messages[i], counts[i], count_text, clip_config, unavailable)
+        new, arts = offload_message(messages[i], counts[i], count_text, clip_config, unavailable, item=items[i],
+                                    codec=codec)
         if new is None:
             continue
         if out is None:

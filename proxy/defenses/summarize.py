@@ -6,13 +6,21 @@ steps), does not repeat finished work, and is chained (a later summary folds the
 The summary request is ONE ``user`` message (no ``system``, no ``developer`` role, no ``name``:
 cases 023, 026), and must itself fit the window: the history is cut into window-sized chunks,
 each step folding the previous summary and the next chunk (issue 3, item 3).
+
+The transcript reads no native key: the codec frames each piece and renders its parts
+(``Codec.transcript_frame``, ``Codec.render_part``), so chat messages, Messages turns and
+Responses items are rendered by the same code.
 """
 
 from __future__ import annotations
 
-import json
+from itertools import groupby
+from operator import attrgetter
 from typing import Any
 
+from proxy.conversation.chat_codec import CHAT
+from proxy.conversation.codec import UNCOUNTED, Codec
+from proxy.conversation.model import Piece
 from proxy.defenses.hints import archive_url, search_hint
 from proxy.tokens.protocol import TextCounter
 
@@ -25,108 +33,61 @@ PROMPT_OVERHEAD_TOKENS = 400
 _CUT_MARKER = "\n... [message cut to fit the summary request: {n} chars omitted] ..."
 
 
-def _part_text(part: Any) -> str:
-    if not isinstance(part, dict):
-        return str(part)
-    kind = part.get("type")
-    if kind == "text":
-        return str(part.get("text", ""))
-    if kind == "image_url":
-        image = part.get("image_url")
-        url = image.get("url") if isinstance(image, dict) else image
-        url = str(url)
-        return f"[image: inline data, {len(url)} chars]" if url.startswith("data:") else f"[image: {url}]"
-    if kind == "tool_use":
-        args = json.dumps(part.get("input"), ensure_ascii=False, sort_keys=True)
-        return f"-> tool call {part.get('name')} (id {part.get('id')}): {args}"
-    if kind == "tool_result":
-        return f"<- tool result (id {part.get('tool_use_id')}):\n{_content_text(part.get('content'))}"
-    return json.dumps(part, ensure_ascii=False, sort_keys=True)
-
-
-def _content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(_part_text(p) for p in content)
-    return json.dumps(content, ensure_ascii=False, sort_keys=True)
-
-
-_RENDERED_FIELDS = frozenset({"role", "name", "tool_call_id", "content", "tool_calls", "function_call"})
-
-
-def _field_text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
-
-
-def render_message(message: dict[str, Any]) -> str:
-    """One message as transcript text: a ``### role`` header, its text, its tool calls, then every
-    other non-empty field as ``[field] value``.
+def render_message(message: Piece, codec: Codec = CHAT) -> str:
+    """One piece (``message``, of ``codec``) as transcript text: a ``### header`` line
+    (``codec.transcript_frame``: the role, a name, the call it answers), then its parts
+    (``codec.render_part``), the parts of one field (content, tool calls) one block, an empty
+    block left out, then the lines for what no part shows.
 
     A role the proxy does not know is shown by its name like any other (``### ipython``; one that
     is not a string as its JSON), and so are fields it does not know (a vendor's, DeepSeek's
     ``reasoning_content``): the summarizer sees what the provider saw, and interprets it.
     """
-    role = message.get("role", "?")
-    header = f"### {_field_text(role)}"
-    if message.get("name"):
-        header += f" ({message['name']})"
-    if message.get("tool_call_id"):
-        header += f" [answer to call {message['tool_call_id']}]"
-    lines = [header]
-    text = _content_text(message.get("content"))
-    if text:
-        lines.append(text)
-    for call in message.get("tool_calls") or []:
-        if not isinstance(call, dict):
-            continue
-        fn: dict[str, Any] = call["function"] if isinstance(call.get("function"), dict) else {}
-        lines.append(f"-> tool call {fn.get('name')} (id {call.get('id')}): {fn.get('arguments')}")
-    legacy = message.get("function_call")
-    if isinstance(legacy, dict):
-        lines.append(f"-> function call {legacy.get('name')}: {legacy.get('arguments')}")
-    for key, value in message.items():
-        if key not in _RENDERED_FIELDS and value is not None and value != "" and value != [] and value != {}:
-            lines.append(f"[{key}] {_field_text(value)}")
+    header, rest = codec.transcript_frame(message)
+    lines = [f"### {header}"]
+    for _, parts in groupby(codec.parts(message, UNCOUNTED), key=attrgetter("field")):
+        text = "\n".join(r for r in (codec.render_part(message, p) for p in parts) if r is not None)
+        if text:
+            lines.append(text)
+    lines.extend(rest)
     return "\n".join(lines)
 
 
-def render_transcript(messages: list[dict[str, Any]]) -> str:
-    """A readable, deterministic text transcript of ``messages`` (blank line between messages)."""
-    return "\n\n".join(render_message(m) for m in messages)
+def render_transcript(messages: list[Piece], codec: Codec = CHAT) -> str:
+    """A readable, deterministic text transcript of ``messages`` (pieces of ``codec``; a blank line
+    between two)."""
+    return "\n\n".join(render_message(m, codec) for m in messages)
 
 
-def _cut_to_fit(message: dict[str, Any], budget_tokens: int, counter: TextCounter) -> dict[str, Any]:
-    """A stand-in for an oversized message: its rendered text cut (with a marker) to ``budget_tokens``,
-    under the same header (role, name and answered call kept; the rest of the text is the content)."""
-    text = render_message(message).partition("\n")[2]
-    header: dict[str, Any] = {k: message[k] for k in ("role", "name", "tool_call_id") if k in message}
+def _cut_to_fit(message: Piece, budget_tokens: int, counter: TextCounter, codec: Codec) -> Piece:
+    """A stand-in for an oversized piece: its rendered text cut (with a marker) to ``budget_tokens``,
+    under the same header (``codec.text_piece``: for chat, role, name and answered call kept; the
+    rest of the text is the content)."""
+    text = render_message(message, codec).partition("\n")[2]
     keep = max(1, budget_tokens * 3)  # >= 3 chars/token for prose and code with o200k_base
     while True:
         cut = text[:keep] + _CUT_MARKER.format(n=len(text) - keep)
-        candidate = {**header, "content": cut}
-        if counter.count_text(render_message(candidate)) <= budget_tokens or keep <= 1:
+        candidate = codec.text_piece(message, cut)
+        if counter.count_text(render_message(candidate, codec)) <= budget_tokens or keep <= 1:
             return candidate
         keep //= 2
 
 
-def summary_chunks(messages: list[dict[str, Any]], budget_tokens: int,
-                   counter: TextCounter) -> list[list[dict[str, Any]]]:
+def summary_chunks(messages: list[Piece], budget_tokens: int,
+                   counter: TextCounter, codec: Codec = CHAT) -> list[list[Piece]]:
     """Split ``messages`` into consecutive chunks whose rendered transcript fits ``budget_tokens``.
 
     Measured with ``counter.count_text`` on the rendered text (what the summary request contains).
     A single message over the budget is replaced by a cut stand-in with a marker (after offload
     this should not happen, but a summary request is never oversized). Every chunk is non-empty.
     """
-    chunks: list[list[dict[str, Any]]] = []
-    current: list[dict[str, Any]] = []
+    chunks: list[list[Piece]] = []
+    current: list[Piece] = []
     used = 0
     for message in messages:
-        cost = counter.count_text(render_message(message)) + 2
+        cost = counter.count_text(render_message(message, codec)) + 2
         if cost > budget_tokens:
-            message = _cut_to_fit(message, max(1, budget_tokens - 2), counter)
+            message = _cut_to_fit(message, max(1, budget_tokens - 2), counter, codec)
             cost = budget_tokens
         if current and used + cost > budget_tokens:
             chunks.append(current)

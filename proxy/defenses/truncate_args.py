@@ -11,6 +11,10 @@ preserved). Arguments that are not valid JSON (some models emit broken JSON) are
 string, since there is no structure to keep. Anthropic ``tool_use`` blocks (``input`` object) of the
 same tools are shortened the same way. The message's ``content`` is never touched, so ``null``
 stays ``null`` and ``""`` stays ``""`` (case 025).
+
+The defense reads no native key: it decides over the codec's parts (``TOOL_CALL`` parts, their
+``ToolCall`` name and arguments) and rewrites through the codec, so chat ``tool_calls``, Messages
+``tool_use`` blocks and Responses ``function_call`` items are truncated by the same code.
 """
 
 from __future__ import annotations
@@ -18,9 +22,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from proxy.conversation.chat_codec import CHAT
+from proxy.conversation.codec import UNCOUNTED, Codec
+from proxy.conversation.model import ASSISTANT, CALL, TOOL_CALL, Item, Piece
 from proxy.json_text import without_lone_surrogates
 
 MARKER = "...(argument truncated)"
+_CALLERS = frozenset({ASSISTANT, CALL})
+"""Item kinds whose tool calls are truncated (a model turn, a call item of its own)."""
 
 
 def shorten(value: Any, max_chars: int, keep_chars: int) -> tuple[Any, bool]:
@@ -67,42 +76,34 @@ def truncate_arguments(arguments: str, max_chars: int, keep_chars: int) -> str:
 
 
 def truncate_message(
-    message: dict[str, Any], tools: frozenset[str], max_chars: int, keep_chars: int
-) -> dict[str, Any] | None:
-    """A copy of an assistant ``message`` with truncated arguments of calls to ``tools``; ``None`` if unchanged.
+    message: Piece, tools: frozenset[str], max_chars: int, keep_chars: int, *,
+    item: Item | None = None, codec: Codec = CHAT,
+) -> Piece | None:
+    """A copy of a model turn or call (``message``, a piece of ``codec``; ``item``: its item,
+    ``codec.item(message)`` when not given) with truncated arguments of calls to ``tools``;
+    ``None`` if unchanged.
 
-    Only ``tool_calls[*].function.arguments`` and ``tool_use`` blocks' ``input`` change; ids,
-    order, roles and ``content`` (``None``/``""``/text) are kept as sent.
+    Decided over the codec's parts: only ``TOOL_CALL`` parts of an ``ASSISTANT`` or ``CALL`` item
+    (never a ``sealed`` one) whose ``codec.tool_call`` names one of ``tools``; a JSON-text argument
+    goes through ``truncate_arguments``, a JSON value through ``shorten``, and the part is rewritten
+    with ``codec.with_arguments``/``codec.with_parts``: ids, order, roles and every other part
+    (text content ``None``/``""`` included) are kept as sent.
     """
-    if message.get("role") != "assistant":
+    item = item if item is not None else codec.item(message)
+    if item.kind not in _CALLERS or item.sealed:
         return None
-    out: dict[str, Any] | None = None
-    calls = message.get("tool_calls")
-    if isinstance(calls, list):
-        new_calls: list[Any] = []
-        changed = False
-        for call in calls:
-            fn = call.get("function") if isinstance(call, dict) else None
-            args = fn.get("arguments") if isinstance(fn, dict) else None
-            if isinstance(fn, dict) and isinstance(args, str) and fn.get("name") in tools:
-                new_args = truncate_arguments(args, max_chars, keep_chars)
-                if new_args is not args:
-                    call = {**call, "function": {**fn, "arguments": new_args}}
-                    changed = True
-            new_calls.append(call)
+    new: dict[int, object] = {}
+    for index, part in enumerate(codec.parts(message, UNCOUNTED)):
+        if part.kind != TOOL_CALL:
+            continue
+        call = codec.tool_call(part)
+        if call is None or not isinstance(call.name, str) or call.name not in tools:
+            continue
+        if isinstance(call.arguments, str):
+            arguments: object = truncate_arguments(call.arguments, max_chars, keep_chars)
+            changed = arguments is not call.arguments
+        else:
+            arguments, changed = shorten(call.arguments, max_chars, keep_chars)
         if changed:
-            out = {**message, "tool_calls": new_calls}
-    content = message.get("content")
-    if isinstance(content, list):
-        new_parts: list[Any] = []
-        changed = False
-        for part in content:
-            if isinstance(part, dict) and part.get("type") == "tool_use" and part.get("name") in tools:
-                new_input, c = shorten(part.get("input"), max_chars, keep_chars)
-                if c:
-                    part = {**part, "input": new_input}
-                    changed = True
-            new_parts.append(part)
-        if changed:
-            out = {**(out or message), "content": new_parts}
-    return out
+            new[index] = codec.with_arguments(part, arguments)
+    return codec.with_parts(message, new) if new else None

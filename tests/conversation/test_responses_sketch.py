@@ -1,25 +1,37 @@
-"""A test-only sketch of an OpenAI Responses codec: its ``input`` items fit the model, and the
+"""A test-only sketch of an OpenAI Responses codec: its ``input`` items fit the model, the
 unchanged projection plans over them without cutting a ``reasoning`` item (with
-``encrypted_content``) from the item after it, nor a ``function_call`` from its output."""
+``encrypted_content``) from the item after it, nor a ``function_call`` from its output, and the
+unchanged part rewriters (truncate arguments, offload, media) rewrite its pieces through it: a
+``function_call`` item's ``arguments`` string, a ``function_call_output``'s ``output``,
+``input_text``/``input_image`` parts (``tests/conversation/test_rewrites_by_codec.py`` runs them)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from proxy.conversation.canonical import digests_and_chain
 from proxy.conversation.chat_codec import CANCELLED_TEXT
+from proxy.conversation.codec import PartCounter, ToolCall
 from proxy.conversation.model import (
     ASSISTANT,
     BINDS_NEXT,
     BINDS_NONE,
     BINDS_PREVIOUS,
     CALL,
+    MEDIA,
     OPAQUE,
+    OPAQUE_PART,
+    OTHER,
     SYSTEM,
+    TEXT,
     TOOL,
+    TOOL_CALL,
+    TOOL_RESULT,
     USER,
     Item,
+    Part,
     Piece,
     group_start,
 )
@@ -33,8 +45,12 @@ from tests.defenses.helpers import fabricate_event
 _ROLE_KINDS = {"user": USER, "assistant": ASSISTANT, "system": SYSTEM, "developer": SYSTEM}
 
 
+_TEXT_PARTS = frozenset({"input_text", "output_text"})
+
+
 class ResponsesSketch:
-    """Just enough of a codec for the projection: pieces, items, answers (no parts, no apply)."""
+    """Just enough of a codec for the projection and the part rewriters: pieces, items, parts and
+    their accessors, answers (no apply: the route is issue 19's)."""
 
     name = "responses-sketch"
 
@@ -63,6 +79,102 @@ class ResponsesSketch:
             if out[i].kind == CALL and out[i - 1].kind == CALL:
                 out[i] = out[i]._replace(binds=BINDS_PREVIOUS)
         return out
+
+    def parts(self, piece: Piece, counter: PartCounter) -> list[Part]:
+        """A message: its string content (one ``TEXT`` part) or one part per content element
+        (``input_text``/``output_text``: ``TEXT``; ``input_image``: ``MEDIA``). A ``function_call``:
+        one ``TOOL_CALL`` part (the item itself); a ``function_call_output``: its ``output`` string
+        (``TOOL_RESULT``); ``reasoning``: ``OPAQUE``."""
+        kind = piece.get("type", "message")
+        if kind == "function_call":
+            return [Part(TOOL_CALL, counter.count_part(piece), piece, piece.get("call_id"), "item")]
+        if kind == "function_call_output":
+            output = piece.get("output")
+            cost = counter.count_text(output) if isinstance(output, str) else counter.count_part(output)
+            return [Part(TOOL_RESULT, cost, output, piece.get("call_id"), "output")]
+        if kind != "message":
+            return [Part(OPAQUE_PART, counter.count_part(piece), piece, None, "item")]
+        content = piece.get("content")
+        if isinstance(content, str):
+            return [Part(TEXT, counter.count_text(content), content)]
+        out = []
+        for part in content if isinstance(content, list) else []:
+            ptype = part.get("type") if isinstance(part, dict) else None
+            pkind = TEXT if ptype in _TEXT_PARTS else MEDIA if ptype == "input_image" else OTHER
+            out.append(Part(pkind, counter.count_part(part), part))
+        return out
+
+    def part_text(self, part: Part) -> str | None:
+        native = part.native
+        if isinstance(native, str):
+            return native
+        if isinstance(native, dict) and native.get("type") in _TEXT_PARTS and isinstance(native.get("text"), str):
+            return cast(str, native["text"])
+        return None
+
+    def with_text(self, part: Part, text: str) -> object:
+        if self.part_text(part) is None:
+            raise ValueError("no text")
+        return text if isinstance(part.native, str) else {**cast(dict[str, Any], part.native), "text": text}
+
+    def tool_call(self, part: Part) -> ToolCall | None:
+        native = part.native
+        if part.kind != TOOL_CALL or not isinstance(native, dict):
+            return None
+        return ToolCall(native.get("name"), native.get("arguments"))
+
+    def with_arguments(self, part: Part, arguments: object) -> object:
+        return {**cast(dict[str, Any], part.native), "arguments": arguments}
+
+    def inline_media(self, part: Part) -> tuple[str, str] | None:
+        native = part.native
+        url = native.get("image_url") if isinstance(native, dict) and native.get("type") == "input_image" else None
+        if isinstance(url, str) and url.startswith("data:"):
+            return url, url[5:].split(";", 1)[0].split(",", 1)[0] or "application/octet-stream"
+        return None
+
+    def text_part(self, text: str) -> object:
+        return {"type": "input_text", "text": text}
+
+    def with_parts(self, piece: Piece, new: Mapping[int, object]) -> Piece:
+        if not new:
+            return piece
+        kind = piece.get("type", "message")
+        if kind == "function_call":
+            return cast(Piece, new[0])
+        if kind == "function_call_output":
+            return {**piece, "output": new[0]}
+        content = piece.get("content")
+        if isinstance(content, str):
+            return {**piece, "content": new[0]}
+        replaced = list(content)
+        for i, value in new.items():
+            replaced[i] = value
+        return {**piece, "content": replaced}
+
+    def render_part(self, piece: Piece, part: Part) -> str | None:
+        if part.kind == TOOL_CALL:
+            return f"-> tool call {piece.get('name')} (id {part.call_id}): {piece.get('arguments')}"
+        if part.kind == OPAQUE_PART:
+            return f"[{piece.get('type')}: opaque, not shown]"
+        if part.kind == MEDIA:
+            url = str(cast(dict[str, Any], part.native).get("image_url"))
+            return f"[image: inline data, {len(url)} chars]" if url.startswith("data:") else f"[image: {url}]"
+        text = self.part_text(part)
+        return text if text is not None else json.dumps(part.native, sort_keys=True)
+
+    def transcript_frame(self, piece: Piece) -> tuple[str, list[str]]:
+        kind = piece.get("type", "message")
+        if kind == "message":
+            return str(piece.get("role")), []
+        if kind == "function_call_output":
+            return f"tool [answer to call {piece.get('call_id')}]", []
+        return str(kind), []
+
+    def text_piece(self, piece: Piece, text: str) -> Piece:
+        if piece.get("type") == "function_call_output":
+            return {"type": "function_call_output", "call_id": piece.get("call_id"), "output": text}
+        return {"type": "message", "role": piece.get("role", "assistant"), "content": text}
 
     def insert_answers(self, pieces: list[Piece], found: list[tuple[int, list[str]]], text: str) -> list[Piece]:
         out = list(pieces)

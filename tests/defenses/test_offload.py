@@ -116,3 +116,18 @@ def test_stub_names_the_read_tool_when_configured(counter):
     message = {"role": "tool", "tool_call_id": "a", "content": big_text(2500)}
     new, _ = offload_message(message, counter.count_message(message), counter.count_text, cfg)
     assert "`context_proxy_read`" in new["content"]
+
+
+def test_only_parts_the_codec_reads_as_text_are_offloaded(counter):
+    """Chat, as before the codecs: a bare string inside a content list, an ``input_text`` part and a
+    ``tool_result`` with block content are kept as sent; a ``text`` part is offloaded."""
+    text = big_text(2500)
+    message = {"role": "tool", "tool_call_id": "c", "content": [
+        text, {"type": "input_text", "text": text},
+        {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": text}]},
+        {"type": "text", "text": text},
+    ]}
+    new, artifacts = offload_message(message, counter.count_message(message), counter.count_text, SMALL)
+    assert new is not None and new["content"][:3] == message["content"][:3]
+    assert new["content"][3]["text"].startswith("[context-proxy] This tool result")
+    assert len(artifacts) == 1

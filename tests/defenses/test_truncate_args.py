@@ -82,3 +82,10 @@ def test_truncate_message_shortens_anthropic_tool_use_input():
     assert out["content"][0] is message["content"][0]
     assert out["content"][1]["input"] == {"path": "p", "content": "x" * 20 + MARKER}
     assert out["content"][1]["id"] == "tu"
+
+
+def test_a_call_whose_name_is_not_a_string_is_left_alone():
+    """A malformed call (its name a list) is forwarded as it came; it used to raise ``TypeError``."""
+    message = {"role": "assistant", "content": [{"type": "tool_use", "id": "u", "name": ["write_file"], "input": LONG}],
+               "tool_calls": [{"id": "c", "type": "function", "function": {"name": {"x": 1}, "arguments": LONG}}]}
+    assert truncate_message(message, TOOLS, 2000, 20) is None
