@@ -17,6 +17,9 @@ rows stored and used them (same messages, same content-addressed artifacts); the
   them).
 
 A request still in flight that uses a deleted row and is recorded after this write can miss it.
+The caller narrows that to requests not yet answered: ``proxy.forward.log_writer`` starts this
+write once the log writes pending when the refused request finished have ended (a request
+answered first, its record still on its way, is then seen here).
 """
 
 from __future__ import annotations

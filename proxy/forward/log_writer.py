@@ -10,8 +10,9 @@ the store's ``append_and_record``: on SQLite a write queued in the deferred batc
 elsewhere a task of the store's), attaches a callback to its future (metrics, the usage the
 compactor learns from, a failure logged and counted, never raised to the client) and tracks it
 until it ended. A request whose messages were written early (``ChatContext.append_task``), or
-whose key the provider refused (only its record is kept), first waits for that: its write is a
-task of its own. The callbacks run in the request's context (its ids on their log lines): a
+whose key the provider refused (only its record is kept; it waits for the writes pending when it
+finished too, so that its cleanup sees their records), first waits for that: its write is a task
+of its own. The callbacks run in the request's context (its ids on their log lines): a
 future's callback runs in the context it was added in.
 """
 
@@ -97,8 +98,11 @@ class LogWriter:
         latency_ms = (time.perf_counter() - ctx.started) * 1000
         self._count_finished(ctx, status)
         if ctx.append_task is not None or ctx.refused:
+            # a refused request's cleanup runs after the writes already started: a request that
+            # found its rows stored and was answered first is recorded before the cleanup looks
+            earlier = list(self._pending) if ctx.refused else []
             task = asyncio.get_running_loop().create_task(
-                self._after_append(ctx, latency_ms, status, reply, usage, error, partial, finish_reason))
+                self._after_append(ctx, latency_ms, status, reply, usage, error, partial, finish_reason, earlier))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
             write: asyncio.Future[Any] = task
@@ -119,10 +123,13 @@ class LogWriter:
 
     async def _after_append(self, ctx: ChatContext, latency_ms: float, status: int, reply: dict[str, Any] | None,
                             usage: dict[str, Any] | None, error: str | None, partial: bool,
-                            finish_reason: str | None) -> None:
+                            finish_reason: str | None, earlier: list[asyncio.Future[Any]]) -> None:
         """``finish`` after the early append of the client's messages (``ctx.append_task``): the
         record counts what it added; a refused request keeps only its record (what it stored
-        itself is deleted in the same transaction). Raises what the write raises."""
+        itself is deleted in the same transaction), written once the writes pending when it
+        finished (``earlier``) ended: the cleanup keeps what a request recorded by then relies on
+        (``storage.refused``), and an answered request's record could still be in flight. Raises
+        what the write raises."""
         logged: LoggedRequest | None = None  # None: the client's messages go in the final transaction
         if ctx.append_task is not None:
             try:
@@ -139,6 +146,8 @@ class LogWriter:
                 self._storage_failed(exc)
         record = _record(ctx, latency_ms, status, usage, None if ctx.refused else logged, error, finish_reason)
         if ctx.refused:  # only the record is kept: what the request stored itself goes, at once
+            if earlier:  # (each resolves, never fails, once its write ended)
+                await asyncio.wait(earlier)
             gone = await self.log.finish_refused(ctx.session, record, logged, ctx.writes)
             self.compactor.forget_refused(ctx.session.pk, ctx.tenant, gone, bool(ctx.writes.event_ids))
             return

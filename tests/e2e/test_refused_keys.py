@@ -5,6 +5,8 @@ SQLite and PostgreSQL. An accepted key's request is logged as before."""
 from __future__ import annotations
 
 import asyncio
+import inspect
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -15,6 +17,7 @@ import sqlalchemy as sa
 from storage.store import Store
 from storage.tables import artifacts
 from tests.e2e.conftest import Proxy, Upstream
+from tests.support.shared import needs_exact_encodings
 
 SECRET = "the secret text of a request whose key was refused"
 
@@ -26,13 +29,15 @@ def _refusal(status: int) -> tuple[Any, ...]:
 
 
 async def _rows(database_url: str, session_id: str) -> tuple[int, list[Any], int]:
-    """(messages, request records, artifacts) of ``session_id``."""
+    """(messages, request records, artifacts) of ``session_id``. Three reads, the records first: a
+    later read sees every commit an earlier one saw, so the content committed with a record seen
+    is counted (read the other way round, a record committed between the reads came without it)."""
     store = await Store.open(database_url)
     try:
         session = await store.find_session(session_id, None)
         assert session is not None
-        summary = await store.session_summary(session)
         requests, _ = await store.list_requests(session.pk, 10, None)
+        summary = await store.session_summary(session)
         async with store._engine.connect() as conn:
             stored = (await conn.execute(sa.select(sa.func.count()).select_from(artifacts)
                                          .where(artifacts.c.session_pk == session.pk))).scalar_one()
@@ -41,13 +46,15 @@ async def _rows(database_url: str, session_id: str) -> tuple[int, list[Any], int
         await store.close()
 
 
-def _settled(database_url: str, session_id: str, records: int = 1) -> tuple[int, list[Any], int]:
-    """The rows of ``session_id`` once ``records`` request records are stored. A refused request's
-    record is written in the transaction that deletes its content: once it is there, so is the rest."""
+def _settled(database_url: str, session_id: str, records: int = 1, *, request_id: str | None = None,
+             ) -> tuple[int, list[Any], int]:
+    """The rows of ``session_id`` once ``records`` request records are stored (``request_id``'s
+    among them, if given). A request's record is written in the transaction that writes its
+    content (a refused one's: that deletes it): once it is there, so is the rest."""
     deadline = time.monotonic() + 10
     while True:
         rows = asyncio.run(_rows(database_url, session_id))
-        if len(rows[1]) >= records:
+        if len(rows[1]) >= records and (request_id is None or any(q.id == request_id for q in rows[1])):
             return rows
         assert time.monotonic() < deadline, rows
         time.sleep(0.05)
@@ -133,6 +140,7 @@ async def _artifact_texts(database_url: str, session_id: str) -> dict[str, str]:
         await store.close()
 
 
+@needs_exact_encodings  # the bodies are sized to be offloaded as tiktoken counts them
 @pytest.mark.parametrize("same_body", [True, False], ids=["same_body", "other_body"])
 def test_a_refused_request_s_cleanup_keeps_a_concurrent_accepted_request_s_content(
     proxy: Proxy, upstream: Upstream, database_url: str, same_body: bool,
@@ -157,7 +165,8 @@ def test_a_refused_request_s_cleanup_keeps_a_concurrent_accepted_request_s_conte
         r = http.post("/v1/chat/completions", json=body_a, headers={"x-session-id": "shared"})
         assert r.status_code == 200 and "offload" in r.headers["x-context-proxy-defenses"]
         assert not refused.done()  # A was answered while B waited
-        messages, requests, _ = _settled(database_url, "shared", 1)
+        # A's record, not B's: under load B's may come first (its content gone, A's not yet written)
+        messages, requests, _ = _settled(database_url, "shared", 1, request_id=r.headers["x-context-proxy-request-id"])
         assert messages == 4  # A's three and its reply
         assert refused.result().status_code == 403
     messages, requests, _ = _settled(database_url, "shared", 2)
@@ -170,6 +179,60 @@ def test_a_refused_request_s_cleanup_keeps_a_concurrent_accepted_request_s_conte
     assert [i for i in texts if i in forwarded]
 
 
+@needs_exact_encodings
+def test_a_refused_request_s_cleanup_waits_for_the_write_of_a_request_answered_before_it(
+    proxy: Proxy, upstream: Upstream, database_url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The interleaving the test above meets under load, forced: A (same tenant, session and body:
+    B's artifact found stored, named in A's forwarded body) is answered while B waits, and A's log
+    write is still pending when B is refused. B's cleanup must come after A's record (which keeps
+    the artifact), not delete the artifact under it. A's write is held until B's cleanup ran, for
+    at most 1 s after B's answer (the cleanup that waits for A's write ends the hold that way)."""
+    b_answered, b_cleaned = threading.Event(), threading.Event()
+    append_and_record, record_refused = Store.append_and_record, Store.record_refused
+
+    def held(self: Store, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        async def later() -> Any:
+            if args[2].status == 200:  # (session_pk, messages, record, now): A's write
+                await asyncio.to_thread(b_answered.wait, 10)
+                await asyncio.to_thread(b_cleaned.wait, 1)
+            written = append_and_record(self, *args, **kwargs)
+            return await written if inspect.isawaitable(written) else written
+        return asyncio.ensure_future(later())
+
+    async def noted(self: Store, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await record_refused(self, *args, **kwargs)
+        finally:
+            b_cleaned.set()
+
+    monkeypatch.setattr(Store, "append_and_record", held)
+    monkeypatch.setattr(Store, "record_refused", noted)
+    if hasattr(Store, "append_and_record_nowait"):  # (the old tree's queued write: through the held one)
+        monkeypatch.setattr(Store, "append_and_record_nowait", lambda self, *a, **k: False)
+    big = " ".join(f"B's secret words {i}" for i in range(8000))
+    body = {"model": "gpt-4o", "messages": [{"role": "user", "content": big}, {"role": "assistant", "content": "ok"},
+                                            {"role": "user", "content": "and now?"}]}
+    upstream.state.fail_next.append(("delay", 2.0, _refusal(403)))
+    with proxy.http() as http, ThreadPoolExecutor(1) as pool:
+        refused = pool.submit(http.post, "/v1/chat/completions", json=body, headers={"x-session-id": "held"})
+        deadline = time.monotonic() + 10
+        while not any(r.path == "/v1/chat/completions" for r in upstream.state.requests):  # B's artifact is stored
+            assert time.monotonic() < deadline and not refused.done()
+            time.sleep(0.02)
+        r = http.post("/v1/chat/completions", json=body, headers={"x-session-id": "held"})
+        assert r.status_code == 200 and "offload" in r.headers["x-context-proxy-defenses"]
+        assert not refused.done()
+        assert refused.result().status_code == 403
+        b_answered.set()
+    messages, requests, _ = _settled(database_url, "held", 2)
+    assert sorted(q.status for q in requests) == [200, 403]
+    assert messages == 4
+    texts = asyncio.run(_artifact_texts(database_url, "held"))
+    forwarded = [q for q in upstream.state.requests if q.path == "/v1/chat/completions"][1].body.decode()
+    assert [i for i in texts if i in forwarded], texts.keys()  # what A's forwarded body names is there
+
+
 def test_a_refused_request_s_cached_rows_are_forgotten_even_when_the_cache_let_them_go() -> None:
     """What the process cached of a refused request's deleted rows is dropped: its artifacts
     (even when the cache already let them go: no KeyError that would fail the log write after the
@@ -177,9 +240,12 @@ def test_a_refused_request_s_cached_rows_are_forgotten_even_when_the_cache_let_t
     gone (review)."""
     from proxy.compaction.compactor import ProjectingCompactor
     from proxy.settings import Settings
+    from proxy.telemetry.metrics import Metrics
+    from proxy.tokens.counter import load_counter
 
     upstream = type("Upstream", (), {"base_url": "http://upstream.invalid/v1"})()
-    compactor = ProjectingCompactor(Settings(), store=None, upstream=upstream)  # type: ignore[arg-type]
+    compactor = ProjectingCompactor(Settings(), None, upstream, load_counter(None),  # type: ignore[arg-type]
+                                    metrics=Metrics())
     compactor._stored.put(("t", "art_kept"), True)
     compactor._events.put(7, ["an event"])
     compactor._events.put(8, ["another session's"])

@@ -1,0 +1,84 @@
+"""proxy/forward/log_writer.py: a refused request's cleanup waits for the writes already pending.
+
+The cleanup (``Store.record_refused``) keeps what a request recorded by then relies on; a request
+answered before the refusal, its write still pending, must be recorded first (issue 18, F2: its
+forwarded body named an artifact the cleanup deleted). A real store and session log; no sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from proxy.compaction.base import Compactor
+from proxy.conversation.canonical import digests_and_chain
+from proxy.forward.context import ChatContext
+from proxy.forward.db_health import DatabaseHealth
+from proxy.forward.log_writer import LogWriter
+from proxy.forward.session_log import LoggedRequest, SessionLog, new_id
+from proxy.settings import Settings
+from proxy.telemetry.metrics import Metrics
+from storage.refused import RequestWrites
+from storage.store import Store
+
+
+@pytest.fixture
+async def log(database_url: str) -> AsyncIterator[SessionLog]:
+    store = await Store.open(database_url, pool_size=2)
+    try:
+        yield SessionLog(store)
+    finally:
+        await store.close()
+
+
+async def _ctx(log: SessionLog, *, refused: bool = False) -> ChatContext:
+    messages = [{"role": "user", "content": "hello"}]
+    digests, chain = digests_and_chain(messages)
+    session = await log.open_session("t", "s")
+    return ChatContext(request_id=new_id("req"), tenant="t", session=session,
+                       body={"model": "m", "messages": messages}, raw=b"", messages=messages, digests=digests,
+                       chain=chain, upstream_headers=[], stream=False, started=time.perf_counter(), session_log=log,
+                       refused=refused)
+
+
+async def test_a_refused_requests_cleanup_starts_after_the_writes_pending_when_it_finished(log: SessionLog) -> None:
+    writer = LogWriter(Settings(), log, Compactor(), Metrics(), DatabaseHealth(log.store))
+    order: list[str] = []
+    gate = asyncio.Event()
+
+    async def earlier_write() -> None:  # another request's write, pending (say, a slow commit)
+        await gate.wait()
+        order.append("earlier write")
+
+    writer.spawn(earlier_write())
+    finish_refused = log.finish_refused
+
+    async def noted(session: Any, record: Any, logged: LoggedRequest | None, writes: RequestWrites) -> list[str]:
+        order.append("cleanup")
+        return await finish_refused(session, record, logged, writes)
+
+    log.finish_refused = noted  # type: ignore[method-assign]
+    ended = writer.finish(await _ctx(log, refused=True), 403, None, None, error="refused")
+    for _ in range(5):  # let the refused write's task run as far as it goes
+        await asyncio.sleep(0)
+    assert order == []  # waiting for the earlier write
+    gate.set()
+    await asyncio.wait_for(ended, 10)
+    assert order == ["earlier write", "cleanup"]
+    later = writer.finish(await _ctx(log), 200, {"role": "assistant", "content": "hi"}, None)
+    await asyncio.wait_for(later, 10)  # a write that is not refused waits for nothing
+    assert not writer._pending
+
+
+async def test_a_refused_request_with_nothing_pending_is_recorded_at_once(log: SessionLog) -> None:
+    writer = LogWriter(Settings(), log, Compactor(), Metrics(), DatabaseHealth(log.store))
+    ctx = await _ctx(log, refused=True)
+    await asyncio.wait_for(writer.finish(ctx, 401, None, None, error="refused"), 10)
+    session = await log.store.find_session("s", "t")
+    assert session is not None
+    rows, _ = await log.store.list_requests(session.pk, 10, None)
+    assert [(r.id, r.status, r.added_messages) for r in rows] == [(ctx.request_id, 401, 0)]
