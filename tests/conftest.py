@@ -14,7 +14,6 @@ import asyncio
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
@@ -23,9 +22,20 @@ from pathlib import Path
 
 import pytest
 
-REPO_DIR = Path(__file__).resolve().parent.parent
-SHARED_DIR = REPO_DIR.parent / "shared"
-os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED_DIR / "tiktoken"))
+from tests.support.ports import free_port
+from tests.support.shared import REPO_DIR, SHARED_DIR
+
+__all__ = ["DATABASES", "REPO_DIR", "SHARED_DIR"]
+
+# ``../shared`` next to the repository: traces, cases, tiktoken's encoding files (README, "Quick
+# start"); without it, tests that need them skip with the reason (``tests.support.shared``).
+if (SHARED_DIR / "tiktoken").is_dir():
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED_DIR / "tiktoken"))
+
+pytest_plugins = ("tests.support.inprocess", "tests.support.real_server")
+"""The two tiers' fixtures for every test directory: in-process (``fake_provider``,
+``inprocess_factory``, ``inprocess_proxy``) and real servers (``upstream``, ``proxy_factory``,
+``proxy``, ``plain_proxy``, ``any_proxy``)."""
 
 DATABASES = [pytest.param("sqlite"), pytest.param("postgres", marks=pytest.mark.postgres)]
 """Parameters of the ``database_url`` fixture: every storage test runs on both."""
@@ -62,12 +72,6 @@ def _pg_binary(name: str) -> str:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[str]:
     """A PostgreSQL cluster for this test session; yields its admin URL
@@ -82,7 +86,7 @@ def postgres_server() -> Iterator[str]:
             pytest.fail("running as root needs a 'postgres' user to run initdb as", pytrace=False)
         os.chown(root, user.pw_uid, user.pw_gid)
         as_postgres = ["runuser", "-u", "postgres", "--"]
-    data, port = root / "data", _free_port()
+    data, port = root / "data", free_port()
 
     def run(*args: str) -> None:
         done = subprocess.run([*as_postgres, *args], capture_output=True, text=True, check=False)

@@ -45,9 +45,9 @@ from proxy.settings import Settings
 from tests.fakes.server import UvicornServer
 from tests.fakes.state import FakeState
 from tests.fakes.upstream import create_fake_upstream
+from tests.support.shared import TRACES_DIR, tiktoken_cache_dir
 
-SHARED = Path("/work/shared")
-TRACES = SHARED / "traces"
+TRACES = TRACES_DIR
 READ = "context_proxy_read"
 TOOLS = [{"type": "function", "function": {"name": "run", "description": "Run a command.",
                                            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}}]
@@ -101,7 +101,7 @@ def servers(window: int, pages: bool, db_dir: Path) -> Iterator[tuple[Any, FakeS
         models = db_dir / "models.yaml"
         models.write_text(f'"{model}":\n  context_window_tokens: {window}\n')
         settings = Settings(upstream_url=up.url + "/v1", database_url=f"sqlite:///{db_dir / 'recall.db'}",
-                            models_file=str(models), tiktoken_cache_dir=str(SHARED / "tiktoken"))
+                            models_file=str(models), tiktoken_cache_dir=tiktoken_cache_dir())
         with UvicornServer(create_app(settings)) as proxy:
             yield proxy, state
 

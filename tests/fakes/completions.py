@@ -19,6 +19,7 @@ from tests.fakes.responders import Reply, build_prompt, is_summary_request
 from tests.fakes.stream_overflow import overflow_frames
 from tests.fakes.styles import OverflowContext, OverflowStyle
 from tests.fakes.tokens import (
+    FALLBACK_BYTES_PER_TOKEN,
     count_prompt_tokens,
     count_text_tokens,
     count_tools_tokens,
@@ -87,6 +88,7 @@ async def chat_completions(ex: Exchange) -> None:
     chunks = stream_chunks(reply, completion_id=completion_id, created=created, model=model,
                            usage=usage if include_usage else None)
     await _send_stream(ex, [sse_data(c) for c in chunks] + [SSE_DONE])
+    return None
 
 
 def reply_tokens(reply: Reply) -> int:
@@ -100,11 +102,18 @@ def reply_tokens(reply: Reply) -> int:
 def truncate_front(body: dict[str, Any], window_tokens: int) -> str:
     """The prompt text Ollama's model sees: first 4 and last ``window - 4`` tokens of the rendering."""
     rendered = "".join(f"<|{m.get('role')}|>\n{message_text(m)}\n" for m in body["messages"])
-    tokens = encoding().encode(rendered, disallowed_special=())
+    enc = encoding()
+    if enc is None:  # no encoding file: a token is FALLBACK_BYTES_PER_TOKEN bytes
+        data, per = rendered.encode("utf-8", "surrogatepass"), FALLBACK_BYTES_PER_TOKEN
+        if -(-len(data) // per) <= window_tokens:
+            return rendered
+        head, tail = data[: KEEP_HEAD_TOKENS * per], data[len(data) - (window_tokens - KEEP_HEAD_TOKENS) * per:]
+        return (head + tail).decode("utf-8", "ignore")
+    tokens = enc.encode(rendered, disallowed_special=())
     if len(tokens) <= window_tokens:
         return rendered
     kept = tokens[:KEEP_HEAD_TOKENS] + tokens[len(tokens) - (window_tokens - KEEP_HEAD_TOKENS):]
-    return encoding().decode(kept)
+    return str(enc.decode(kept))
 
 
 def _openai_error(message: str, param: Any = None, code: Any = None) -> dict[str, Any]:
@@ -151,6 +160,7 @@ async def _overflow(ex: Exchange, style: OverflowStyle, window: int, prompt_toke
         return await _send_raw_stream(ex, *overflow_frames(style, error, first))
     status, error = (style.render_plain or style.render)(ctx)
     await ex.respond_json(status, error, "overflow")
+    return None
 
 
 async def _send_raw_stream(ex: Exchange, frames: list[bytes], gap_s: float = 0.0) -> None:
@@ -184,7 +194,7 @@ async def _send_completion(ex: Exchange, answer: dict[str, Any]) -> None:
 async def _wait_gate(ex: Exchange) -> None:
     gate, state = ex.state.stream_gate, ex.state
     deadline = time.monotonic() + state.stream_gate_timeout_s
-    while gate is not None and not gate.is_set() and time.monotonic() < deadline:
+    while gate is not None and not gate.is_set() and time.monotonic() < deadline:  # noqa: ASYNC110 - may be a threading.Event
         await asyncio.sleep(0.005)
 
 

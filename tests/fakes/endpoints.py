@@ -71,6 +71,7 @@ async def embeddings(ex: Exchange) -> None:
     tokens = sum(count_text_tokens(str(i)) for i in inputs)
     await ex.respond_json(200, {"object": "list", "data": data, "model": body.get("model", ""),
                                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}, "ok")
+    return None
 
 
 async def responses(ex: Exchange) -> None:
@@ -108,3 +109,4 @@ async def echo(ex: Exchange) -> None:
         await send_part(ex.send, sse_data({"body_b64": base64.b64encode(ex.raw[offset:offset + third]).decode()}))
     await send_part(ex.send, SSE_DONE)
     await finish(ex.send)
+    return None

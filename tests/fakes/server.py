@@ -10,17 +10,79 @@ started (raises ``RuntimeError`` if it fails or takes longer than ``startup_time
 
 Defaults chosen to keep pytest's warnings-as-errors quiet: ``ws="none"`` (no websockets import),
 ``log_level="warning"``, ``lifespan="auto"``; any ``uvicorn.Config`` keyword overrides them.
+
+The server is uvicorn's with its waits made prompt (``PromptServer``): ``stop()`` wakes its main
+loop at once instead of at the next 100 ms tick, and the shutdown polls open connections and tasks
+every 5 ms instead of every 100 ms (plus a fixed 100 ms pause): the same steps in the same order,
+bounded by the same ``timeout_graceful_shutdown``. A stop took about 0.2 s, now about 0.01 s; two
+servers per end-to-end test.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import socket
 import threading
 import time
 from typing import Any
 
 import uvicorn
+
+_log = logging.getLogger("uvicorn.error")
+POLL_S = 0.005
+"""How often the shutdown looks whether connections and tasks are done (uvicorn: 0.1 s)."""
+
+
+class PromptServer(uvicorn.Server):
+    """``uvicorn.Server`` whose exit does not wait for polling ticks (see the module docstring)."""
+
+    _loop: asyncio.AbstractEventLoop | None = None
+    _exit: asyncio.Event | None = None
+
+    def wake(self) -> None:
+        """Make the main loop look at ``should_exit`` now (thread-safe)."""
+        loop, event = self._loop, self._exit
+        if loop is not None and event is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already closed
+                loop.call_soon_threadsafe(event.set)
+
+    async def main_loop(self) -> None:
+        self._loop, self._exit = asyncio.get_running_loop(), asyncio.Event()
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            counter = (counter + 1) % 864000
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._exit.wait(), 0.1)  # uvicorn's tick, cut short by wake()
+            should_exit = await self.on_tick(counter)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # uvicorn.Server.shutdown's steps, polled every POLL_S
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()
+        await asyncio.sleep(POLL_S)
+        try:
+            await asyncio.wait_for(self._wait_tasks_to_complete(), timeout=self.config.timeout_graceful_shutdown)
+        except TimeoutError:
+            _log.error("Cancel %s running task(s), timeout graceful shutdown exceeded", len(self.server_state.tasks))
+            for task in self.server_state.tasks:
+                task.cancel(msg="Task cancelled, timeout graceful shutdown exceeded")
+        if not self.force_exit:
+            await self.lifespan.shutdown()
+
+    async def _wait_tasks_to_complete(self) -> None:
+        while self.server_state.connections and not self.force_exit:  # noqa: ASYNC110 - uvicorn's own poll
+            await asyncio.sleep(POLL_S)
+        while self.server_state.tasks and not self.force_exit:  # noqa: ASYNC110
+            await asyncio.sleep(POLL_S)
+        for server in self.servers:
+            await server.wait_closed()
 
 
 class UvicornServer:
@@ -31,7 +93,7 @@ class UvicornServer:
         options = {"log_level": "warning", "ws": "none", "lifespan": "auto", "timeout_graceful_shutdown": 1}
         options.update(uvicorn_kwargs)
         self.config = uvicorn.Config(app, host=host, port=0, **options)
-        self.server = uvicorn.Server(self.config)
+        self.server = PromptServer(self.config)
         self.host = host
         self.startup_timeout_s = startup_timeout_s
         self.shutdown_timeout_s = shutdown_timeout_s
@@ -82,9 +144,11 @@ class UvicornServer:
         if thread is None:
             return
         self.server.should_exit = True
+        self.server.wake()
         thread.join(self.shutdown_timeout_s)
         if thread.is_alive():
             self.server.force_exit = True
+            self.server.wake()
             thread.join(self.shutdown_timeout_s)
         self._thread = None
         self._close_socket()

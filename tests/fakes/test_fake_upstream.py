@@ -15,8 +15,9 @@ import openai
 import pytest
 
 from tests.fakes.server import UvicornServer
-from tests.fakes.tokens import IMAGE_PART_TOKENS, count_prompt_tokens, parse_fake_model
+from tests.fakes.tokens import IMAGE_PART_TOKENS, count_prompt_tokens, count_text_tokens, encoding, parse_fake_model
 from tests.fakes.upstream import OVERFLOW_STYLES, FakeState, Reply, create_fake_upstream
+from tests.support.shared import needs_exact_encodings
 
 CASES_DIR = Path(__file__).resolve().parents[3] / "shared" / "cases"
 LONG = "alpha beta gamma delta " * 700  # about 2,800 tokens: over a 2k window
@@ -69,14 +70,17 @@ def test_model_names_and_counting_rule() -> None:
     assert with_big == with_small == 3 + 3 + IMAGE_PART_TOKENS
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "description": "x " * 500}}}
     bare = {"messages": [{"role": "user", "content": "hi"}]}
-    assert count_prompt_tokens({**bare, "tools": [tool]}) > count_prompt_tokens(bare) + 400
+    tools_tokens = count_text_tokens(json.dumps([tool], separators=(",", ":")))
+    assert count_prompt_tokens({**bare, "tools": [tool]}) == count_prompt_tokens(bare) + tools_tokens
+    assert tools_tokens > (400 if encoding() is not None else 250)  # o200k: "x " is a token; the estimate: 4 bytes
 
 
 # --- overflow styles ------------------------------------------------------------------------
 
 def expected_overflow(style: str, n: int, x: int, m: int) -> tuple[int, Any]:
     """The exact body each style must send for window n, prompt x, max_tokens m."""
-    openai_env = lambda msg: {"error": {"message": msg, "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}
+    def openai_env(msg):
+        return {"error": {"message": msg, "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}
     oa = openai_env(f"This model's maximum context length is {n} tokens. However, your messages resulted in {x} tokens. Please reduce the length of the messages.")
     requested = f"{x + m} tokens ({x} in the messages, {m} in the completion)"
     vllm = f"This model's maximum context length is {n} tokens. However, you requested {requested}. Please reduce the length of the messages or completion."
@@ -311,8 +315,9 @@ def test_fact_question_everywhere(client: openai.OpenAI) -> None:
         {"role": "tool", "tool_call_id": "call_1", "content": "FACT: port=8443, open"},
         {"role": "user", "content": "QUESTION: port"},
     ]
-    ask = lambda key: client.chat.completions.create(
-        model="fake-8k-openai", messages=messages[:-1] + [{"role": "user", "content": f"QUESTION: {key}"}]).choices[0].message.content
+    def ask(key):
+        return client.chat.completions.create(
+            model="fake-8k-openai", messages=messages[:-1] + [{"role": "user", "content": f"QUESTION: {key}"}]).choices[0].message.content
     assert [ask(k) for k in ("port", "city", "colour", "missing")] == ["ANSWER: 8443", "ANSWER: Oslo", "ANSWER: blue", "ANSWER: unknown"]
 
 
@@ -369,19 +374,20 @@ async def test_scripted_replies_async_stream(url: str, state: FakeState) -> None
 
 def test_custom_responder_goes_first(client: openai.OpenAI, state: FakeState) -> None:
     state.responders.insert(0, lambda prompt, st: Reply("pong") if "ping" in prompt.last_user_text else None)
-    ask = lambda text: client.chat.completions.create(model="fake-8k-openai", messages=[{"role": "user", "content": text}]).choices[0].message.content
+    def ask(text):
+        return client.chat.completions.create(model="fake-8k-openai", messages=[{"role": "user", "content": text}]).choices[0].message.content
     assert (ask("ping"), ask("other")) == ("pong", "OK: other")
 
 
 async def test_uvicorn_server_async_and_restartable() -> None:
     app, state = create_fake_upstream()
     server = UvicornServer(app)
-    async with server:
-        async with httpx.AsyncClient(base_url=server.url) as http:
-            assert (await http.get("/v1/models")).status_code == 200
+    async with server, httpx.AsyncClient(base_url=server.url) as http:
+        assert (await http.get("/v1/models")).status_code == 200
     server.stop()  # idempotent
     with pytest.raises(httpx.ConnectError):
-        httpx.get(server.url + "/v1/models")
+        async with httpx.AsyncClient() as closed:
+            await closed.get(server.url + "/v1/models")
     assert [r.path for r in state.requests] == ["/v1/models"]
 
 
@@ -482,7 +488,13 @@ def configure(state: FakeState, case_id: str) -> None:
         setattr(state, key, value)
 
 
-@pytest.mark.parametrize("case", load_cases(), ids=lambda c: c["id"])
+def case_params() -> list[Any]:
+    if not CASES_DIR.is_dir():
+        return [pytest.param(None, id="no-cases", marks=pytest.mark.skip(reason=f"{CASES_DIR} is absent (the shared cases live there)"))]
+    return [pytest.param(c, id=c["id"], marks=[needs_exact_encodings]) for c in load_cases()]
+
+
+@pytest.mark.parametrize("case", case_params())
 def test_case_upstream_behaviour(case: dict[str, Any], url: str, state: FakeState) -> None:
     """Sent as is, each case meets its upstream rule; with room, the model answers as expected."""
     configure(state, case["id"])

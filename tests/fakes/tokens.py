@@ -12,6 +12,11 @@ A message's text is: string ``content``; each ``text`` part of a content list; 7
 tile set, the figure case 019 uses); Anthropic ``tool_use`` blocks as name + JSON input and
 ``tool_result`` blocks by their content; ``name``; each tool call's ``function.name`` and
 ``function.arguments``. Tokens are tiktoken ``o200k_base`` (GPT-4o and later).
+
+Without the encoding file (a public clone: no ``../shared/tiktoken``, no ``$TIKTOKEN_CACHE_DIR``
+holding it) the fake never downloads: it counts ``ceil(utf8_bytes / 4)`` tokens a text, the
+estimate the proxy documents for the same case (``encoding()`` is None then). Tests whose
+expected numbers are exact tiktoken counts skip then (``tests.support.shared``).
 """
 
 from __future__ import annotations
@@ -20,7 +25,6 @@ import json
 import os
 import re
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 IMAGE_PART_TOKENS = 765
@@ -32,27 +36,44 @@ DEFAULT_WINDOW_TOKENS = 131_072
 _FAKE_MODEL = re.compile(r"^fake-(\d+)(k?)(?:-(.+))?$")
 
 
+FALLBACK_BYTES_PER_TOKEN = 4
+"""Without the encoding file a text costs ``ceil(utf8_bytes / 4)`` tokens."""
+
+
 @lru_cache(maxsize=1)
 def encoding() -> Any:
-    """The o200k_base encoding, loaded once (from ``TIKTOKEN_CACHE_DIR``).
+    """The o200k_base encoding, loaded once, or None when its file is not at hand.
 
-    When the variable is unset and the project's shared offline cache (``../shared/tiktoken``
-    next to the repository) exists, that directory is used, so the fake works without network.
+    Looked up in ``tests.support.shared.tiktoken_cache_dir()`` (``$TIKTOKEN_CACHE_DIR``, else
+    ``../shared/tiktoken``) and loaded only when the file is there and intact: tiktoken would
+    download it otherwise (and hang on a machine without network).
     """
-    if "TIKTOKEN_CACHE_DIR" not in os.environ:
-        shared = Path(__file__).resolve().parents[3] / "shared" / "tiktoken"
-        if shared.is_dir():
-            os.environ["TIKTOKEN_CACHE_DIR"] = str(shared)
+    from tests.support.shared import has_exact_encoding, tiktoken_cache_dir
+
+    cache_dir = tiktoken_cache_dir()
+    if not has_exact_encoding("o200k_base", cache_dir):
+        return None
     import tiktoken
 
-    return tiktoken.get_encoding("o200k_base")
+    previous = os.environ.get("TIKTOKEN_CACHE_DIR")
+    os.environ["TIKTOKEN_CACHE_DIR"] = cache_dir
+    try:
+        return tiktoken.get_encoding("o200k_base")
+    finally:
+        if previous is None:
+            os.environ.pop("TIKTOKEN_CACHE_DIR", None)
+        else:
+            os.environ["TIKTOKEN_CACHE_DIR"] = previous
 
 
 def count_text_tokens(text: str) -> int:
-    """Tokens of ``text`` in o200k_base (no framing)."""
+    """Tokens of ``text`` in o200k_base (no framing); the byte estimate without the file."""
     if not text:
         return 0
-    return len(encoding().encode(text, disallowed_special=()))
+    enc = encoding()
+    if enc is None:
+        return -(-len(text.encode("utf-8", "surrogatepass")) // FALLBACK_BYTES_PER_TOKEN)
+    return len(enc.encode(text, disallowed_special=()))
 
 
 def parse_fake_model(model: str) -> tuple[int, str] | None:

@@ -59,7 +59,7 @@ class FakeUpstream:
         if scope["type"] == "lifespan":
             return await _lifespan(receive, send)
         if scope["type"] != "http":
-            return
+            return None
         raw = await read_body(receive)
         method, path = scope["method"], scope["path"]
         try:
@@ -78,6 +78,7 @@ class FakeUpstream:
         if fault and fault[0] == "sse":
             return await _sse_fault(ex, fault)
         await _route(method, path)(ex)
+        return None
 
 
 def _route(method: str, path: str) -> Any:
@@ -105,6 +106,7 @@ async def _status_fault(ex: Exchange, fault: tuple[Any, ...]) -> None:
         return await ex.respond_json(status, body, "fault", headers)
     payload = body.encode() if isinstance(body, str) else (body or b"")
     await send_bytes(ex.send, status, payload, {"content-type": "text/plain; charset=utf-8", **ex.headers, **headers})
+    return None
 
 
 async def _sse_fault(ex: Exchange, fault: tuple[Any, ...]) -> None:

@@ -1,6 +1,7 @@
-"""Fixtures of the reliability tests: the end-to-end ones (fake upstream, proxy under uvicorn, both
-databases) plus a tally every test adds its figures to (cases, faults, requests, rows checked),
-printed at the end and read by ``python -m tests.reliability``."""
+"""Fixtures of the reliability tests: the real-server tier's (``tests.support.real_server``: fake
+upstream, proxy under uvicorn, both databases; registered by ``tests/conftest.py``) plus a tally
+every test adds its figures to (cases, faults, requests, rows checked), printed at the end and
+read by ``python -m tests.reliability``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import proxy, proxy_factory, upstream  # noqa: F401  (fixtures)
 from tests.reliability.probes import TALLY
 
 

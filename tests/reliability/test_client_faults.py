@@ -14,6 +14,8 @@ import orjson
 
 from tests.e2e.conftest import CLIENT_KEY, Proxy, Upstream
 from tests.reliability.probes import TALLY, ServeProcess, connections_to
+from tests.support.polling import wait_for
+from tests.support.sockets import read_response, recv_until
 
 REPLY = " ".join(f"word{i}" for i in range(200))
 
@@ -25,17 +27,15 @@ def _stream_request(proxy: Proxy, session_id: str, content: str) -> socket.socke
     raw = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
            b"authorization: Bearer " + CLIENT_KEY.encode() + b"\r\nx-session-id: " + session_id.encode() + b"\r\n"
            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    sock = socket.create_connection(("127.0.0.1", proxy.server.port))
+    sock = socket.create_connection(("127.0.0.1", proxy.server.port), timeout=10)
     sock.sendall(raw)
     return sock
 
 
 def _wait_logged(http: httpx.Client, session_id: str, failure: str) -> None:
     """Wait (10 s at most) for the session's first request record."""
-    deadline = time.monotonic() + 10
-    while http.get(f"/sessions/{session_id}").json().get("request_count", 0) < 1:
-        assert time.monotonic() < deadline, failure
-        time.sleep(0.05)
+    logged = wait_for(lambda: http.get(f"/sessions/{session_id}").json().get("request_count", 0) >= 1, 10, 0.05)
+    assert logged, failure
 
 
 def test_disconnect_mid_stream_cancels_upstream_and_logs_partial(proxy_factory: Callable[..., Proxy], upstream: Upstream) -> None:
@@ -45,14 +45,11 @@ def test_disconnect_mid_stream_cancels_upstream_and_logs_partial(proxy_factory: 
     upstream.state.script.append({"role": "assistant", "content": REPLY})
     upstream.state.chunk_delay_s = 0.05  # about 70 chunks: 3.5 s if nobody hangs up
     sock = _stream_request(proxy, "hangup", "Tell me a story")
-    received = b""
-    while received.count(b"data: ") < 4:
-        received += sock.recv(65536)
+    recv_until(sock, lambda received: received.count(b"data: ") >= 4)
     assert connections_to(port) >= 1  # the proxy is streaming from the upstream
     t0 = time.monotonic()
     sock.close()  # the client hangs up after a few chunks
-    while connections_to(port) > 0 and time.monotonic() - t0 < 2:
-        time.sleep(0.02)
+    wait_for(lambda: connections_to(port) == 0, 2)
     closed_after = time.monotonic() - t0
     assert connections_to(port) == 0, "the upstream request was not cancelled"
     assert closed_after < 1.0
@@ -86,9 +83,7 @@ def test_disconnect_before_the_first_byte_is_logged_and_releases_upstream(proxy_
     assert records[0]["error"] == "client disconnected"
     assert (messages[0]["role"], messages[0]["content"]) == ("user", "Are you there?")
     assert all(m.get("x_context_proxy", {}).get("partial") for m in messages[1:])  # nothing logged as complete
-    deadline = time.monotonic() + 3
-    while connections_to(port) > 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: connections_to(port) == 0, 3)
     assert connections_to(port) == 0, "the upstream response was not released"
     TALLY.add("faults_injected")
 
@@ -97,17 +92,11 @@ def _idle_connection_closed_within(serve_url: str, wait_s: float) -> bool:
     """Send one request on a raw keep-alive connection, then wait up to ``wait_s`` idle: did the
     server close it in that time?"""
     host, port = serve_url.removeprefix("http://").split(":")
-    sock = socket.create_connection((host, int(port)))
+    sock = socket.create_connection((host, int(port)), timeout=10)
     try:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
-        reply = b""
-        while b"\r\n\r\n" not in reply:
-            reply += sock.recv(65536)
-        head, _, body = reply.partition(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 200")
-        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
-        while len(body) < length:  # read the whole response: what is left is only the close
-            body += sock.recv(65536)
+        status, _, _ = read_response(sock)  # the whole response: what is left is only the close
+        assert status == 200
         sock.settimeout(wait_s)
         try:
             return sock.recv(1) == b""  # EOF: the server closed it
