@@ -18,11 +18,12 @@ Order of application (each step reads the previous one's output):
    another defense changed the request, so an untouched request is forwarded as sent, case 004).
 
 Structure (roles and kinds, pairing groups, what is opaque) is read from the neutral model
-(``proxy.conversation.model``): the items a codec gives for the pieces (``codec.items``; chat by
-default). The pieces themselves are rewritten only by the defenses' part rewriters, which read
-and rewrite them through the same codec (its parts and their accessors) and keep each piece's
-item (a truncated, offloaded or media-offloaded piece has the item it had); a
+(``proxy.conversation.model``): the items a codec gives for the pieces (``codec.items``; the caller
+names the codec: chat, Messages, ...). The pieces themselves are rewritten only by the defenses'
+part rewriters, which read and rewrite them through the same codec (its parts and their accessors)
+and keep each piece's item (a truncated, offloaded or media-offloaded piece has the item it had); a
 ``sealed`` item (a signed Messages thinking turn) is never rewritten, only kept or summarized.
+Step 4's choice of event is ``proxy.planner``'s (it reads this module's working state).
 
 Counts are ``MessageCounter`` estimates memoized by message digest: unchanged messages reuse their
 digest as key, changed ones are counted once under their new digest. Unchanged messages are shared
@@ -39,23 +40,23 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
-from typing import Any, Protocol
+from typing import Any
 
 from proxy.cache import Memo
-from proxy.conversation.canonical import message_digest, text_of
-from proxy.conversation.chat_codec import CHAT
+from proxy.conversation.canonical import message_digest
 from proxy.conversation.codec import Codec
 from proxy.conversation.model import Item, Piece
 from proxy.conversation.prefix import PrefixState, PrefixStates
 from proxy.defenses.config import DefenseConfig
-from proxy.defenses.cutoff import last_user_turn, leading_system_count, tail_start
+from proxy.defenses.cutoff import leading_system_count
 from proxy.defenses.media import offload_media
 from proxy.defenses.offload import ArtifactToStore, offload_message
 from proxy.defenses.overflow_clip import clip_trailing_results
 from proxy.defenses.pairs import patch_dangling
-from proxy.defenses.plans import MediaPlan, Plan, SummaryPlan, TruncatePlan
+from proxy.defenses.plans import Plan
 from proxy.defenses.summarize import summary_message
 from proxy.defenses.truncate_args import truncate_message
+from proxy.planner import Event, Planner, media_plan, truncate_tail
 from proxy.tokens.protocol import MessageCounter
 
 REPLY_PRIMING_TOKENS = 3
@@ -65,22 +66,6 @@ TRANSFORM_MEMO_SIZE = 20_000
 """Transformed messages kept (truncated, offloaded, media-offloaded; one stub each): an unchanged
 message is transformed once, not on every request that resends it (entries unused for
 ``proxy.cache.MEMO_IDLE_S`` leave)."""
-
-
-class Event(Protocol):
-    """What the projection reads of a stored compaction event (``storage.records.EventRecord``)."""
-
-    @property
-    def id(self) -> str: ...
-
-    @property
-    def kind(self) -> str: ...
-
-    @property
-    def anchor_hash(self) -> str: ...
-
-    @property
-    def payload(self) -> Mapping[str, Any]: ...
 
 
 _Hit = tuple[Piece, int, tuple[str, ...], tuple[ArtifactToStore, ...]]
@@ -249,7 +234,7 @@ def project(
     counter: MessageCounter,
     session_id: str,
     memos: ProjectionMemos | None = None,
-    codec: Codec = CHAT,
+    codec: Codec,
     tools: list[dict[str, Any]] | None = None,
     reserved_output_tokens: int = 0,
     force: bool = False,
@@ -361,7 +346,7 @@ def _project(messages: list[Piece], digests: list[str], chain_hashes: list[str],
     if sev is not None:
         ev = sev[0]
         pinned_i = index.get(ev.payload.get("pinned_user_hash") or "")
-        pinned = text_of(messages[pinned_i].get("content")) if pinned_i is not None else None
+        pinned = codec.user_text(messages[pinned_i]) if pinned_i is not None else None
         summary_msg = summary_message(
             ev.payload.get("summary", ""), session_id, ev.id,
             int(ev.payload.get("message_count") or (c_prev - first + 1)),
@@ -383,10 +368,10 @@ def _project(messages: list[Piece], digests: list[str], chain_hashes: list[str],
 
     plan: Plan | None = None
     if force_media:
-        plan = _media_plan(p, lo, m_bound, total)
+        plan = media_plan(p, lo, m_bound, total)
     too_big = window is not None and total > window
     if plan is None and (force or too_big or total > cfg.trigger_tokens):
-        planner = _Planner(p, first, lo, c_prev, t_bound, fixed + head_tokens, total, sev)
+        planner = Planner(p, first, lo, c_prev, t_bound, fixed + head_tokens, total, sev)
         plan = planner.plan(aggressive=force or too_big, allow_truncate=truncate_first or not force)
     if plan is None and (force or too_big):
         clipped, idx, arts = clip_trailing_results(
@@ -400,128 +385,8 @@ def _project(messages: list[Piece], digests: list[str], chain_hashes: list[str],
             p.kinds.add("clip")
             total = fixed + head_tokens + summary_tokens + sum(p.counts[lo:])
         if window is not None and total > window:
-            total += _truncate_tail(p, lo)
+            total += truncate_tail(p, lo)
     return _finish(p, messages, first, lo, summary_msg, total, tokens_client, event_ids, plan, window, None)
-
-
-def _truncate_tail(p: _Projector, lo: int) -> int:
-    """Last resort after clipping: truncate configured tools' arguments in the kept tail too.
-
-    Those calls already ran (their files exist and can be re-read), so their long arguments are the
-    cheapest thing left to cut. Returns the token delta (<= 0).
-    """
-    cfg, delta = p.cfg, 0
-    for i in range(lo, len(p.cur)):
-        if p.items[i].sealed:
-            continue
-        t = truncate_message(p.cur[i], cfg.truncate_args_tools, cfg.truncate_args_max_chars,
-                             cfg.truncate_args_keep_chars, item=p.items[i], codec=p.codec)
-        if t is not None:
-            new_count = p.count_new(t)
-            delta += new_count - p.counts[i]
-            p.cur[i], p.counts[i] = t, new_count
-            p.kinds.add("truncate_args")
-    return delta
-
-
-def _media_plan(p: _Projector, lo: int, m_bound: int, total: int) -> MediaPlan | None:
-    """Case 019: offload inline images of every kept message before the newest user message."""
-    u = last_user_turn(p.items)
-    boundary = (u if u is not None else len(p.messages)) - 1
-    saved, found = 0, False
-    for i in range(max(lo, m_bound + 1), boundary + 1):
-        if p.items[i].sealed:
-            continue
-        new, _ = offload_media(p.cur[i], p.unavailable, codec=p.codec)
-        if new is not None:
-            found = True
-            saved += p.counts[i] - p.count_new(new)
-    if not found:
-        return None
-    return MediaPlan(p.chain[boundary], total, total - max(0, saved))
-
-
-class _Planner:
-    """Chooses the next compaction event (truncation first, else a summary)."""
-
-    def __init__(self, p: _Projector, first: int, lo: int, c_prev: int, t_bound: int,
-                 base: int, total: int, sev: tuple[Event, int] | None) -> None:
-        self.p, self.first, self.lo, self.c_prev, self.t_bound = p, first, lo, c_prev, t_bound
-        self.base, self.total, self.sev = base, total, sev
-
-    def plan(self, aggressive: bool, allow_truncate: bool) -> Plan | None:
-        p, cfg = self.p, self.p.cfg
-        c = tail_start(p.items, p.counts, self.lo, cfg.keep_tokens, cfg.keep_messages) - 1
-        if c < self.lo and aggressive:
-            c = tail_start(p.items, p.counts, self.lo, 0, None) - 1  # minimal tail: the last turn
-        if c < self.lo:
-            return None
-        if allow_truncate:
-            truncate = self._truncate(c)
-            if truncate is not None:
-                return truncate
-        replaced = sum(p.counts[self.lo:c + 1]) + self.total - self.base - sum(p.counts[self.lo:])
-        if replaced <= cfg.summary_estimate_tokens:
-            return None  # the summary would not be smaller than what it replaces: clip instead
-        return self._summary(c)
-
-    def _truncate(self, c: int) -> TruncatePlan | None:
-        """Truncation alone, if it frees enough to leave ``keep_tokens`` of room under the trigger.
-
-        A truncation that leaves less room would be redone within a few turns (churning the
-        prompt prefix); a summary then makes the larger step.
-        """
-        p, cfg = self.p, self.p.cfg
-        if c <= self.t_bound:
-            return None
-        saved = 0
-        for i in range(max(self.lo, self.t_bound + 1), c + 1):
-            if p.items[i].sealed:
-                continue
-            t = truncate_message(p.cur[i], cfg.truncate_args_tools, cfg.truncate_args_max_chars,
-                                 cfg.truncate_args_keep_chars, item=p.items[i], codec=p.codec)
-            if t is not None:
-                saved += p.counts[i] - p.count_new(t)
-        after = self.total - saved
-        if saved > 0 and after <= cfg.trigger_tokens - (cfg.keep_tokens or 0):
-            return TruncatePlan(p.chain[c], self.total, after)
-        return None
-
-    def _summary(self, c: int) -> SummaryPlan:
-        p, cfg = self.p, self.p.cfg
-        est_summary = cfg.summary_estimate_tokens
-        pinned: int | None = None
-        u = last_user_turn(p.items)
-        if u is not None and self.first <= u <= c:
-            # Cut before the user's latest request instead (a user turn is never a tool answer, so
-            # that cut is pair-safe) when it keeps at most one more keep budget: a big step still.
-            c2 = u - 1
-            extra_ok = (sum(p.counts[c2 + 1:c + 1]) <= cfg.keep_tokens if cfg.keep_tokens is not None
-                        else c - c2 <= (cfg.keep_messages or 0))
-            if c2 >= self.lo and extra_ok:
-                c = c2
-            elif p.client_counts[u] <= (cfg.keep_tokens or 2000):
-                pinned = u
-        to_summarize: list[Piece] = []
-        scratch: set[str] = set()
-        for i in range(self.lo, c + 1):
-            m, _ = p.transform(i, True, True, scratch)  # summarized history: media become references
-            to_summarize.append(m)
-        pinned_tokens = p.client_counts[pinned] if pinned is not None else 0
-        after = self.base + est_summary + pinned_tokens + sum(p.counts[c + 1:])
-        sev = self.sev
-        return SummaryPlan(
-            anchor_hash=p.chain[c],
-            first_hash=p.chain[self.first],
-            first_index=self.first,
-            cutoff_index=c,
-            previous_summary=sev[0].payload.get("summary") if sev else None,
-            previous_event_id=sev[0].id if sev else None,
-            to_summarize=to_summarize,
-            tokens_before=self.total,
-            tokens_after_estimate=after,
-            pinned_user_hash=p.chain[pinned] if pinned is not None else None,
-        )
 
 
 def _finish(p: _Projector, messages: list[Piece], first: int, lo: int,

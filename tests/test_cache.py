@@ -72,12 +72,12 @@ def test_memo_drops_entries_idle_longer_than_idle_s_but_keeps_used_ones(monkeypa
 def test_digest_memo_forgets_idle_conversations_and_stays_correct(monkeypatch) -> None:
     import copy
 
-    import proxy.conversation.canonical
-    from proxy.conversation.canonical import DigestMemo
+    import proxy.conversation.digest_memo
+    from proxy.conversation.digest_memo import DigestMemo
     from tests.test_chat import _direct as direct
 
     clock = _Clock()
-    monkeypatch.setattr(proxy.conversation.canonical, "time", clock)
+    monkeypatch.setattr(proxy.conversation.digest_memo, "time", clock)
     memo = DigestMemo(idle_s=60)
     old = [{"role": "user", "content": f"old {i}"} for i in range(5)]
     live = [{"role": "user", "content": f"live {i}"} for i in range(5)]

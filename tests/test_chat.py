@@ -7,13 +7,13 @@ import copy
 import pytest
 
 from proxy.conversation.canonical import (
-    DigestMemo,
     canonical,
     chain_hash,
     digests_and_chain,
     message_digest,
     text_of,
 )
+from proxy.conversation.digest_memo import DigestMemo
 
 REPLY = {"role": "assistant", "content": None, "tool_calls": [
     {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}

@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from proxy.conversation.canonical import digests_and_chain
+from proxy.conversation.chat_codec import CHAT
 from proxy.defenses.config import DefenseConfig
 from proxy.defenses.offload import artifact_id
 from proxy.defenses.plans import MediaPlan, SummaryPlan, TruncatePlan
@@ -202,9 +203,9 @@ def test_case_020_huge_result_is_a_stub_and_the_summary_request_fits(counter):
     forced = project_once(history, cfg, counter, tools=req["tools"], force=True)
     plan = forced.plan
     assert isinstance(plan, SummaryPlan)
-    assert huge not in render_transcript(plan.to_summarize)
-    for chunk in summary_chunks(plan.to_summarize, 2500, counter):
-        request = build_summary_request_messages(plan.previous_summary, render_transcript(chunk))
+    assert huge not in render_transcript(plan.to_summarize, CHAT)
+    for chunk in summary_chunks(plan.to_summarize, 2500, counter, CHAT):
+        request = build_summary_request_messages(plan.previous_summary, render_transcript(chunk, CHAT))
         assert counter.count_message(request[0]) + 1024 <= 4096
 
 
@@ -262,7 +263,7 @@ def test_cases_023_026_no_role_or_name_the_client_did_not_use(case_id, counter):
             assert "name" not in m and m["role"] == "user"
     assert p.messages[-1] is req["messages"][-1]  # the client's message keeps its name (023)
     first = project_once(req["messages"], cfg, counter)
-    request = build_summary_request_messages(None, render_transcript(first.plan.to_summarize))
+    request = build_summary_request_messages(None, render_transcript(first.plan.to_summarize, CHAT))
     assert [set(m) for m in request] == [{"role", "content"}] and request[0]["role"] == "user"
     fact = {"023": "FACT: pet=otter", "026": "FACT: lang=Rust"}[case_id]
     assert fact in forwarded_text(p.messages)
@@ -343,7 +344,7 @@ def test_images_in_summarized_history_become_references_for_the_summary_call(cou
     assert isinstance(plan, SummaryPlan) and plan.cutoff_index == 2
     part = plan.to_summarize[0]["content"][1]
     assert part["type"] == "text" and "/artifacts/art_" in part["text"]
-    assert "base64" not in render_transcript(plan.to_summarize)
+    assert "base64" not in render_transcript(plan.to_summarize, CHAT)
     assert [a.media_type for a in p.artifacts] == ["image/png"] and p.artifacts[0].id in part["text"]
     assert p.messages is messages  # the forwarded request is unchanged until the summary is stored
 

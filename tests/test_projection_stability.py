@@ -23,7 +23,7 @@ from tests.defenses.helpers import run_plans
 from tests.strict import validate_chat_messages
 from tests.support.shared import needs_exact_encodings
 
-WORDS = "alpha beta gamma delta epsilon config value service request handler module test file line".split()
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "config", "value", "service", "request", "handler", "module", "test", "file", "line"]
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ Pieces are the body's ``messages`` themselves. Items (``item``), by the message'
   ``tool_result`` blocks (bound to the message before it);
 - ``assistant``: ``ASSISTANT``, its ``calls`` the string ids of its ``tool_calls``.
 
-Any message carrying ``tool_result`` blocks is a tool answer (``Item.answer``) and bound to the
+Any message carrying ``tool_result`` blocks is a tool answer (``Item.is_answer``) and bound to the
 message before it. ``tool_use`` blocks in chat content are not ``calls`` (their answers live inside
 the next message: never patched). Nothing in chat is sealed: no chat field is signed.
 
@@ -40,12 +40,13 @@ from proxy.conversation.blocks import (
     tool_use_call,
     tool_use_with_input,
 )
-from proxy.conversation.canonical import ROLES, is_known_role
+from proxy.conversation.canonical import ROLES, is_known_role, text_of
 from proxy.conversation.codec import PartCounter, ToolCall
 from proxy.conversation.model import (
     ASSISTANT,
     BINDS_NONE,
     BINDS_PREVIOUS,
+    CANCELLED_TEXT,
     MEDIA,
     OPAQUE,
     OTHER,
@@ -74,9 +75,9 @@ def _build_common() -> dict[tuple[str, str | None, bool], Item]:
                 else ASSISTANT)
         for answer in (False, True):
             binds = BINDS_PREVIOUS if answer or kind == TOOL else BINDS_NONE
-            table[(kind, role, answer)] = Item(kind, role, answer=answer or kind == TOOL, binds=binds)
+            table[(kind, role, answer)] = Item(kind, role, is_answer=answer or kind == TOOL, binds=binds)
         if role == "user":
-            table[(RESULTS, role, True)] = Item(RESULTS, role, answer=True, binds=BINDS_PREVIOUS)
+            table[(RESULTS, role, True)] = Item(RESULTS, role, is_answer=True, binds=BINDS_PREVIOUS)
     return table
 
 
@@ -105,11 +106,11 @@ def chat_item(message: Piece) -> Item:
     role = message.get("role")
     blocks = has_tool_result_blocks(message)
     if not is_known_role(message):
-        return Item(OPAQUE, role if role.__class__ is str else None, answer=blocks, binds=BINDS_PREVIOUS)
+        return Item(OPAQUE, role if role.__class__ is str else None, is_answer=blocks, binds=BINDS_PREVIOUS)
     if role in _ANSWER_ROLES:
         answered = message.get("tool_call_id")
         if answered.__class__ is str:
-            return Item(TOOL, role, answers=(answered,), answer=True, binds=BINDS_PREVIOUS)
+            return Item(TOOL, role, answers=(answered,), is_answer=True, binds=BINDS_PREVIOUS)
         return _COMMON[(TOOL, role, True)]
     assert role.__class__ is str  # a known role
     if role in _SYSTEM_ROLES:
@@ -118,12 +119,8 @@ def chat_item(message: Piece) -> Item:
         return _COMMON[(RESULTS if blocks else USER, role, blocks)]
     calls = call_ids(message)
     if calls:
-        return Item(ASSISTANT, role, calls=calls, answer=blocks, binds=BINDS_PREVIOUS if blocks else BINDS_NONE)
+        return Item(ASSISTANT, role, calls=calls, is_answer=blocks, binds=BINDS_PREVIOUS if blocks else BINDS_NONE)
     return _COMMON[(ASSISTANT, role, blocks)]
-
-
-CANCELLED_TEXT = "[context-proxy] This tool call was cancelled or its result is unavailable."
-"""Content of the synthetic ``tool`` message that answers a dangling call (DESIGN.md section 2)."""
 
 
 class ChatCodec:
@@ -283,24 +280,23 @@ class ChatCodec:
         out.extend(pieces[prev:])
         return out
 
-    def apply(self, conversation: Conversation, pieces: list[Piece],
+    def user_text(self, piece: Piece) -> str:
+        """``canonical.text_of`` the message's ``content`` (as before the codec)."""
+        return text_of(piece.get("content"))
+
+    def apply(self, body: Mapping[str, Any], raw: bytes, messages: list[Piece],
               extra: Mapping[str, Any] | None = None) -> tuple[bytes, dict[str, Any] | None]:
-        return apply_chat(conversation.body, conversation.raw, pieces, extra)
-
-
-def apply_chat(body: Mapping[str, Any], raw: bytes, messages: list[Piece],
-               extra: Mapping[str, Any] | None = None) -> tuple[bytes, dict[str, Any] | None]:
-    """``(bytes to forward, the body they encode or None)``: ``raw`` itself when ``messages`` is (or
-    equals) the body's own list and no ``extra`` field is set; else ``body`` with ``messages``
-    replaced and ``extra`` set, serialized by orjson (raises ``TypeError`` for a body nested
-    deeper than ``chat_request.MAX_JSON_DEPTH``, as before the codec)."""
-    native = body.get("messages")
-    if not extra and (messages is native or messages == native):
-        return raw, None
-    forwarded = {**body, "messages": messages}  # ``messages`` keeps its place in the key order
-    if extra:
-        forwarded.update(extra)
-    return orjson.dumps(forwarded), forwarded
+        """``(bytes to forward, the body they encode or None)``: ``raw`` itself when ``messages`` is (or
+        equals) the body's own list and no ``extra`` field is set; else ``body`` with ``messages``
+        replaced and ``extra`` set, serialized by orjson (raises ``TypeError`` for a body nested
+        deeper than ``chat_request.MAX_JSON_DEPTH``, as before the codec)."""
+        native = body.get("messages")
+        if not extra and (messages is native or messages == native):
+            return raw, None
+        forwarded = {**body, "messages": messages}  # ``messages`` keeps its place in the key order
+        if extra:
+            forwarded.update(extra)
+        return orjson.dumps(forwarded), forwarded
 
 
 _RENDERED_FIELDS = frozenset({"role", "name", "tool_call_id", "content", "tool_calls", "function_call"})

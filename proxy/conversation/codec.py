@@ -9,8 +9,9 @@ body. The contract (``tests/conversation/test_codec_contract.py`` checks it for 
   ``pieces(body)`` and ``proxy.conversation.canonical``). Pure; raises nothing for a body the
   route accepted (what the codec does not understand becomes ``OPAQUE`` items and ``OTHER``/
   ``OPAQUE`` parts, forwarded as they came).
-- ``apply(conversation, pieces, extra)``: the bytes to forward and the body they encode (``None``
-  when the bytes are the client's). When ``pieces`` equal the body's own and ``extra`` is empty,
+- ``apply(body, raw, pieces, extra)``: the bytes to forward and the body they encode (``None``
+  when the bytes are the client's). ``body``/``raw``: the parsed request and its bytes as
+  received (a ``Conversation``'s). When ``pieces`` equal ``pieces(body)`` and ``extra`` is empty,
   the client's ``raw`` bytes, untouched; otherwise the body with only the pieces' place replaced
   (and the ``extra`` top-level fields set): every other field, unknown ones included, keeps its
   value and its place in the key order.
@@ -32,7 +33,8 @@ body. The contract (``tests/conversation/test_codec_contract.py`` checks it for 
   of ``piece`` reads, ``None``: not shown), ``transcript_frame(piece)`` (the header words after
   ``### ``, and the lines for what no part shows: fields the codec does not know included, so the
   summarizer sees what the provider saw), ``text_piece(piece, text)`` (a stand-in for an
-  oversized piece: its header, ``text`` as its whole content).
+  oversized piece: its header, ``text`` as its whole content); ``user_text(piece)`` (the text of a
+  user turn a summary pins: its text parts joined by newlines, ``""`` for none).
 
 Adding an API: write its codec (parse, item, parts, the part accessors, apply), register nothing
 else: the defenses and the projection read only ``Item``/``Part``, the accessors and the pieces'
@@ -119,8 +121,10 @@ class Codec(Protocol):
 
     def text_piece(self, piece: Piece, text: str) -> Piece: ...
 
+    def user_text(self, piece: Piece) -> str: ...
+
     def insert_answers(self, pieces: list[Piece], found: list[tuple[int, list[str]]],
                        text: str) -> list[Piece]: ...
 
-    def apply(self, conversation: Conversation, pieces: list[Piece],
+    def apply(self, body: Mapping[str, Any], raw: bytes, pieces: list[Piece],
               extra: Mapping[str, Any] | None = None) -> tuple[bytes, dict[str, Any] | None]: ...

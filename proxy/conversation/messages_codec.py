@@ -36,12 +36,13 @@ from proxy.conversation.blocks import (
     tool_use_call,
     tool_use_with_input,
 )
-from proxy.conversation.chat_codec import CANCELLED_TEXT
+from proxy.conversation.canonical import text_of
 from proxy.conversation.codec import PartCounter, ToolCall
 from proxy.conversation.model import (
     ASSISTANT,
     BINDS_NONE,
     BINDS_PREVIOUS,
+    CANCELLED_TEXT,
     MEDIA,
     OPAQUE,
     OPAQUE_PART,
@@ -86,7 +87,7 @@ def messages_item(piece: Piece) -> Item:
         return Item(SYSTEM, role)
     if role == "user":
         if any(isinstance(b, dict) and b.get("type") == "tool_result" for b in blocks):
-            return Item(RESULTS, role, answers=_ids(blocks, "tool_result", "tool_use_id"), answer=True,
+            return Item(RESULTS, role, answers=_ids(blocks, "tool_result", "tool_use_id"), is_answer=True,
                         binds=BINDS_PREVIOUS)
         return Item(USER, role)
     if role == "assistant":
@@ -204,13 +205,16 @@ class MessagesCodec:
                 out.insert(insert_at, {"role": "user", "content": blocks})
         return out
 
-    def apply(self, conversation: Conversation, pieces: list[Piece],
+    def user_text(self, piece: Piece) -> str:
+        """``canonical.text_of`` the turn's ``content`` (a string, or its ``text`` blocks joined)."""
+        return text_of(piece.get("content"))
+
+    def apply(self, body: Mapping[str, Any], raw: bytes, pieces: list[Piece],
               extra: Mapping[str, Any] | None = None) -> tuple[bytes, dict[str, Any] | None]:
-        """The client's bytes when ``pieces`` are the conversation's own and no ``extra``; else the
-        body with ``system`` and ``messages`` from the pieces (other fields kept, in order)."""
-        if not extra and (pieces is conversation.pieces or pieces == conversation.pieces):
-            return conversation.raw, None
-        body = conversation.body
+        """The client's bytes when ``pieces`` are the body's own (``pieces(body)``) and no ``extra``;
+        else the body with ``system`` and ``messages`` from the pieces (other fields kept, in order)."""
+        if not extra and pieces == self.pieces(body):
+            return raw, None
         forwarded = dict(body)
         rest = pieces
         if pieces and pieces[0].get("role") == "system":

@@ -76,12 +76,17 @@ OTHER = "other"
 PART_KINDS = frozenset({TEXT, MEDIA, TOOL_CALL, TOOL_RESULT, OPAQUE_PART, OTHER})
 
 
+CANCELLED_TEXT = "[context-proxy] This tool call was cancelled or its result is unavailable."
+"""Content of the synthetic answer to a dangling call (DESIGN.md section 2): chat ``tool`` messages,
+Messages ``tool_result`` blocks."""
+
+
 class Item(NamedTuple):
     """What the defenses know of one piece (a message, a Messages turn, a Responses item).
 
     ``kind``: one of ``KINDS``. ``role``: the native role (chat, Messages) or item type
     (Responses); ``None`` when absent or not a string. ``calls``: ids of the tool calls it makes
-    (string ids only). ``answers``: ids of the calls it answers. ``answer``: it answers the calls
+    (string ids only). ``answers``: ids of the calls it answers. ``is_answer``: it answers the calls
     of the item before it (a ``TOOL`` item, a ``RESULTS`` turn, or any item carrying result
     parts; its ``answers`` may be empty when the codec does not pair by id). ``binds``: ``BINDS_NONE``,
     ``BINDS_PREVIOUS`` or ``BINDS_NEXT``. ``sealed``: it holds an opaque part (a signed thinking
@@ -92,7 +97,7 @@ class Item(NamedTuple):
     role: str | None
     calls: tuple[str, ...] = ()
     answers: tuple[str, ...] = ()
-    answer: bool = False
+    is_answer: bool = False
     binds: int = BINDS_NONE
     sealed: bool = False
 
@@ -132,11 +137,6 @@ class Conversation:
                              f"and {len(self.chain)} chain hashes")
 
 
-def is_tool_answer(item: Item) -> bool:
-    """True if ``item`` answers the calls of the item before it (a ``TOOL`` item or ``RESULTS`` turn)."""
-    return item.answer
-
-
 def is_user_turn(item: Item) -> bool:
     """True for a turn the user wrote (``USER``: never a carrier of tool results)."""
     return item.kind == USER
@@ -155,17 +155,3 @@ def group_start(items: Sequence[Item], i: int) -> int:
         i -= 1
     return i
 
-
-def pairing_groups(items: Sequence[Item]) -> list[range]:
-    """The conversation cut into its pairing groups, in order: each group starts at an item not
-    ``bound_to_previous`` and holds the items bound to it after it (an assistant turn with its
-    tool answers; a ``CALL`` run with its outputs; an item with the opaque items after it)."""
-    groups: list[range] = []
-    start = 0
-    for i in range(1, len(items)):
-        if not bound_to_previous(items, i):
-            groups.append(range(start, i))
-            start = i
-    if items:
-        groups.append(range(start, len(items)))
-    return groups

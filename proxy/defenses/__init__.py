@@ -10,9 +10,3 @@
 
 ``proxy.projection.project`` folds stored events and these defenses over a request.
 """
-
-from proxy.defenses.config import DefenseConfig
-from proxy.defenses.offload import ArtifactToStore
-from proxy.defenses.plans import MediaPlan, Plan, SummaryPlan, TruncatePlan
-
-__all__ = ["ArtifactToStore", "DefenseConfig", "MediaPlan", "Plan", "SummaryPlan", "TruncatePlan"]

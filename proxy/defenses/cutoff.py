@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from proxy.conversation.model import OPAQUE, SYSTEM, Item, is_user_turn
-from proxy.defenses.pairs import safe_start
+from proxy.conversation.model import OPAQUE, SYSTEM, Item, group_start, is_user_turn
 
 
 def tail_start(
@@ -34,13 +33,13 @@ def tail_start(
     n = len(items)
     if n == 0:
         return 0
-    s = safe_start(items, n - 1)
+    s = group_start(items, n - 1)
     if keep_messages is not None:
-        return min(s, safe_start(items, max(0, n - keep_messages)))
+        return min(s, group_start(items, max(0, n - keep_messages)))
     budget = keep_tokens or 0
     total = sum(counts[s:n])
     while s - 1 >= lo:
-        s2 = safe_start(items, s - 1)
+        s2 = group_start(items, s - 1)
         if s2 < lo:
             break
         add = sum(counts[s2:s])

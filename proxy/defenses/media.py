@@ -14,17 +14,11 @@ alone) and builds the text part that replaces one (``Codec.text_part``).
 
 from __future__ import annotations
 
-from proxy.conversation.chat_codec import CHAT
 from proxy.conversation.codec import UNCOUNTED, Codec
 from proxy.conversation.model import MEDIA, Piece
 from proxy.defenses.offload import ArtifactToStore, artifact_id
 
 UNSTORED_TEXT = "[context-proxy] An image was removed here: it could not be stored, so it is not readable."
-
-
-def has_inline_media(message: Piece, codec: Codec = CHAT) -> bool:
-    """True if ``message`` (a piece of ``codec``) has a ``MEDIA`` part ``codec.inline_media`` reads."""
-    return any(p.kind == MEDIA and codec.inline_media(p) is not None for p in codec.parts(message, UNCOUNTED))
 
 
 def reference_text(art_id: str, media_type: str, size_chars: int) -> str:
@@ -36,7 +30,7 @@ def reference_text(art_id: str, media_type: str, size_chars: int) -> str:
 
 
 def offload_media(
-    message: Piece, unavailable: frozenset[str] = frozenset(), *, codec: Codec = CHAT,
+    message: Piece, unavailable: frozenset[str] = frozenset(), *, codec: Codec,
 ) -> tuple[Piece | None, list[ArtifactToStore]]:
     """Replace the inline media of ``message`` (a piece of ``codec``) by text parts; ``(new piece or
     None, artifacts)``.

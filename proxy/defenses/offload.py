@@ -24,14 +24,13 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from proxy.conversation.chat_codec import CHAT
 from proxy.conversation.codec import UNCOUNTED, Codec
 from proxy.conversation.model import RESULTS, TEXT, TOOL, TOOL_RESULT, USER, Item, Piece
 from proxy.defenses.config import DefenseConfig
 from proxy.defenses.hints import search_hint
 from proxy.tokens.protocol import CountText
 
-__all__ = ["ArtifactToStore", "CountText", "artifact_id", "offload_message", "preview", "stub_text"]
+__all__ = ["ArtifactToStore", "artifact_id", "offload_message", "preview", "stub_text"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,10 +99,10 @@ def _offload_text(
 
 def offload_message(
     message: Piece, message_tokens: int, count_text: CountText, config: DefenseConfig,
-    unavailable: frozenset[str] = frozenset(), *, item: Item | None = None, codec: Codec = CHAT,
+    unavailable: frozenset[str] = frozenset(), *, item: Item, codec: Codec,
 ) -> tuple[Piece | None, list[ArtifactToStore]]:
     """Offload the large content of one piece (``message``, a piece of ``codec``; ``item``: its
-    item, ``codec.item(message)`` when not given).
+    item, ``codec.item(message)``).
 
     ``message_tokens`` is the piece's (memoized) token count, used to skip small pieces cheaply
     and to measure a bare-string content (a part whose native is a ``str``: the piece's whole
@@ -115,7 +114,6 @@ def offload_message(
     Returns ``(new piece or None if unchanged, artifacts to store)``. Ids in ``unavailable``
     (artifacts the pipeline failed to store) are never referenced: that content is kept as sent.
     """
-    item = item if item is not None else codec.item(message)
     tool_t = config.offload_tool_threshold_tokens
     if item.kind == TOOL:
         text_t, what = tool_t, "tool result"

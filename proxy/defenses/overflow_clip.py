@@ -11,11 +11,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from proxy.conversation.chat_codec import CHAT
 from proxy.conversation.codec import Codec
-from proxy.conversation.model import Item, Piece, is_tool_answer
+from proxy.conversation.model import Item, Piece
 from proxy.defenses.config import DefenseConfig
-from proxy.defenses.offload import ArtifactToStore, CountText, offload_message
+from proxy.defenses.offload import ArtifactToStore, offload_message
+from proxy.tokens.protocol import CountText
 
 CLIP_MIN_TOKENS = 500
 """Results at or under this are left alone: a stub with its 10-line preview costs 150-400 tokens."""
@@ -24,7 +24,7 @@ CLIP_MIN_TOKENS = 500
 def trailing_batch(items: Sequence[Item]) -> range:
     """Indices of the tool answers the items end with (empty when they end with anything else)."""
     start = len(items)
-    while start > 0 and is_tool_answer(items[start - 1]):
+    while start > 0 and items[start - 1].is_answer:
         start -= 1
     return range(start, len(items))
 
@@ -35,8 +35,8 @@ def clip_trailing_results(
     counts: Sequence[int],
     config: DefenseConfig,
     count_text: CountText,
-    unavailable: frozenset[str] = frozenset(),
-    codec: Codec = CHAT,
+    unavailable: frozenset[str],
+    codec: Codec,
 ) -> tuple[list[Piece] | None, list[int], list[ArtifactToStore]]:
     """Offload each tool result of the trailing batch over ``CLIP_MIN_TOKENS``.
 

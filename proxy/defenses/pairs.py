@@ -16,28 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from proxy.conversation.chat_codec import CANCELLED_TEXT, CHAT
 from proxy.conversation.codec import Codec
-from proxy.conversation.model import CALL, OPAQUE, RESULTS, TOOL, Item, Piece, bound_to_previous, group_start
-from proxy.conversation.model import is_tool_answer as is_tool_answer
-from proxy.conversation.model import is_user_turn as is_user_turn
+from proxy.conversation.model import CALL, CANCELLED_TEXT, OPAQUE, RESULTS, TOOL, Item, Piece
 
-__all__ = ["CANCELLED_TEXT", "binds_to_previous", "dangling_calls", "is_tool_answer", "is_user_turn",
-           "patch_dangling", "safe_start"]
+__all__ = ["dangling_calls", "patch_dangling"]
 
 _BLOCK_KINDS = frozenset({TOOL, OPAQUE})
-
-
-def binds_to_previous(items: Sequence[Item], i: int) -> bool:
-    """True if ``items[i]`` may not be separated from the item before it (a tool answer, an opaque
-    item, a parallel call; or the item before is bound to it)."""
-    return bound_to_previous(items, i)
-
-
-def safe_start(items: Sequence[Item], start: int) -> int:
-    """The largest index ``<= start`` where a kept tail may begin without splitting a pairing group
-    (``proxy.conversation.model.group_start``). Returns 0 when no such index exists before ``start``."""
-    return group_start(items, start)
 
 
 def dangling_calls(items: Sequence[Item]) -> list[tuple[int, list[str]]]:
@@ -80,12 +64,11 @@ def dangling_calls(items: Sequence[Item]) -> list[tuple[int, list[str]]]:
     return out
 
 
-def patch_dangling(pieces: list[Piece], items: Sequence[Item] | None = None,
-                   codec: Codec = CHAT) -> list[Piece] | None:
+def patch_dangling(pieces: list[Piece], items: Sequence[Item], codec: Codec) -> list[Piece] | None:
     """``pieces`` with a synthetic answer after each dangling call (``codec.insert_answers``), or
-    ``None`` if none dangle. ``items``: the model's items of ``pieces`` (``codec.items(pieces)`` when
-    not given). The input list is not mutated; unchanged pieces are shared."""
-    found = dangling_calls(codec.items(pieces) if items is None else items)
+    ``None`` if none dangle. ``items``: the model's items of ``pieces`` (``codec.items(pieces)``).
+    The input list is not mutated; unchanged pieces are shared."""
+    found = dangling_calls(items)
     if not found:
         return None
     return codec.insert_answers(pieces, found, CANCELLED_TEXT)

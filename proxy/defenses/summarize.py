@@ -18,7 +18,6 @@ from itertools import groupby
 from operator import attrgetter
 from typing import Any
 
-from proxy.conversation.chat_codec import CHAT
 from proxy.conversation.codec import UNCOUNTED, Codec
 from proxy.conversation.model import Piece
 from proxy.defenses.hints import archive_url, search_hint
@@ -33,7 +32,7 @@ PROMPT_OVERHEAD_TOKENS = 400
 _CUT_MARKER = "\n... [message cut to fit the summary request: {n} chars omitted] ..."
 
 
-def render_message(message: Piece, codec: Codec = CHAT) -> str:
+def render_message(message: Piece, codec: Codec) -> str:
     """One piece (``message``, of ``codec``) as transcript text: a ``### header`` line
     (``codec.transcript_frame``: the role, a name, the call it answers), then its parts
     (``codec.render_part``), the parts of one field (content, tool calls) one block, an empty
@@ -53,7 +52,7 @@ def render_message(message: Piece, codec: Codec = CHAT) -> str:
     return "\n".join(lines)
 
 
-def render_transcript(messages: list[Piece], codec: Codec = CHAT) -> str:
+def render_transcript(messages: list[Piece], codec: Codec) -> str:
     """A readable, deterministic text transcript of ``messages`` (pieces of ``codec``; a blank line
     between two)."""
     return "\n\n".join(render_message(m, codec) for m in messages)
@@ -74,7 +73,7 @@ def _cut_to_fit(message: Piece, budget_tokens: int, counter: TextCounter, codec:
 
 
 def summary_chunks(messages: list[Piece], budget_tokens: int,
-                   counter: TextCounter, codec: Codec = CHAT) -> list[list[Piece]]:
+                   counter: TextCounter, codec: Codec) -> list[list[Piece]]:
     """Split ``messages`` into consecutive chunks whose rendered transcript fits ``budget_tokens``.
 
     Measured with ``counter.count_text`` on the rendered text (what the summary request contains).

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from proxy.conversation.chat_codec import CHAT
 from proxy.conversation.codec import UNCOUNTED, Codec
 from proxy.conversation.model import ASSISTANT, CALL, TOOL_CALL, Item, Piece
 from proxy.json_text import without_lone_surrogates
@@ -77,10 +76,10 @@ def truncate_arguments(arguments: str, max_chars: int, keep_chars: int) -> str:
 
 def truncate_message(
     message: Piece, tools: frozenset[str], max_chars: int, keep_chars: int, *,
-    item: Item | None = None, codec: Codec = CHAT,
+    item: Item, codec: Codec,
 ) -> Piece | None:
     """A copy of a model turn or call (``message``, a piece of ``codec``; ``item``: its item,
-    ``codec.item(message)`` when not given) with truncated arguments of calls to ``tools``;
+    ``codec.item(message)``) with truncated arguments of calls to ``tools``;
     ``None`` if unchanged.
 
     Decided over the codec's parts: only ``TOOL_CALL`` parts of an ``ASSISTANT`` or ``CALL`` item
@@ -89,7 +88,6 @@ def truncate_message(
     with ``codec.with_arguments``/``codec.with_parts``: ids, order, roles and every other part
     (text content ``None``/``""`` included) are kept as sent.
     """
-    item = item if item is not None else codec.item(message)
     if item.kind not in _CALLERS or item.sealed:
         return None
     new: dict[int, object] = {}

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from proxy.conversation.canonical import digests_and_chain, is_known_role
-from proxy.conversation.chat_codec import CHAT, apply_chat
+from proxy.conversation.chat_codec import CHAT
 from proxy.conversation.model import (
     ASSISTANT,
     BINDS_PREVIOUS,
@@ -72,8 +72,8 @@ def _old_call_ids(m: dict[str, Any]) -> list[str]:
 def test_chat_items_agree_with_the_predicates_the_defenses_used_on_dicts() -> None:
     for m in ALPHABET:
         item = CHAT.item(m)
-        assert item.answer == (_old_answer_role(m) or _old_blocks(m)), m
-        assert (item.binds == BINDS_PREVIOUS) == (not is_known_role(m) or item.answer), m
+        assert item.is_answer == (_old_answer_role(m) or _old_blocks(m)), m
+        assert (item.binds == BINDS_PREVIOUS) == (not is_known_role(m) or item.is_answer), m
         assert (item.kind == USER) == (m.get("role") == "user" and not _old_blocks(m)), m
         assert (item.kind == SYSTEM) == (m.get("role") in ("system", "developer")), m
         assert (item.kind == OPAQUE) == (not is_known_role(m)), m
@@ -85,8 +85,9 @@ def test_chat_items_agree_with_the_predicates_the_defenses_used_on_dicts() -> No
 
 
 def test_dangling_calls_and_cuts_agree_with_the_dict_rules_on_every_short_history() -> None:
-    """The old ``dangling_calls``/``safe_start`` over dicts, against the model's over chat items."""
-    from proxy.defenses.pairs import dangling_calls, safe_start
+    """The old ``dangling_calls``/``group_start`` over dicts, against the model's over chat items."""
+    from proxy.conversation.model import group_start
+    from proxy.defenses.pairs import dangling_calls
 
     def old_dangling(messages: list[dict[str, Any]]) -> list[tuple[int, list[str]]]:
         out, i, n = [], 0, len(messages)
@@ -119,7 +120,7 @@ def test_dangling_calls_and_cuts_agree_with_the_dict_rules_on_every_short_histor
             items = CHAT.items(messages)
             assert dangling_calls(items) == old_dangling(messages), messages
             for s in range(len(messages)):
-                assert safe_start(items, s) == old_safe_start(messages, s)
+                assert group_start(items, s) == old_safe_start(messages, s)
 
 
 def test_parse_keeps_the_native_pieces_themselves() -> None:
@@ -136,16 +137,16 @@ def test_apply_forwards_the_clients_bytes_unless_a_piece_changed() -> None:
     body = {"model": "m", "x_vendor": {"keep": 1.0}, "messages": messages, "stream": False}
     raw = b'{"model":"m","x_vendor":{"keep":1.0},"messages":[{"role":"user","content":"hi"}],"stream":false}'
     conv = CHAT.parse(body, raw, *digests_and_chain(messages))
-    assert CHAT.apply(conv, messages) == (raw, None)
-    sent, forwarded = CHAT.apply(conv, [dict(m) for m in messages])  # equal pieces: still the client's bytes
+    assert CHAT.apply(conv.body, conv.raw, messages) == (raw, None)
+    sent, forwarded = CHAT.apply(conv.body, conv.raw, [dict(m) for m in messages])  # equal pieces: still the client's bytes
     assert sent is raw and forwarded is None
     new = [{"role": "user", "content": "stub"}]
-    sent, forwarded = CHAT.apply(conv, new)
+    sent, forwarded = CHAT.apply(conv.body, conv.raw, new)
     assert forwarded is not None and list(forwarded) == ["model", "x_vendor", "messages", "stream"]
     assert sent == orjson.dumps(body | {"messages": new})  # the bytes the proxy forwarded before the codec
     assert forwarded["x_vendor"] == {"keep": 1.0} and forwarded["messages"] is new
     tools = [{"type": "function", "function": {"name": "context_proxy_read"}}]
-    sent, forwarded = apply_chat(body, raw, messages, {"tools": tools})
+    sent, forwarded = CHAT.apply(body, raw, messages, {"tools": tools})
     assert forwarded is not None and forwarded["tools"] == tools and orjson.loads(sent)["messages"] == messages
 
 

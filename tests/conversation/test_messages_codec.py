@@ -9,9 +9,19 @@ import orjson
 
 from proxy.conversation.canonical import digests_and_chain
 from proxy.conversation.messages_codec import MESSAGES
-from proxy.conversation.model import ASSISTANT, OPAQUE_PART, RESULTS, SYSTEM, TOOL_CALL, TOOL_RESULT, USER, Conversation
+from proxy.conversation.model import (
+    ASSISTANT,
+    CANCELLED_TEXT,
+    OPAQUE_PART,
+    RESULTS,
+    SYSTEM,
+    TOOL_CALL,
+    TOOL_RESULT,
+    USER,
+    Conversation,
+)
 from proxy.defenses.config import DefenseConfig
-from proxy.defenses.pairs import CANCELLED_TEXT, dangling_calls
+from proxy.defenses.pairs import dangling_calls
 from proxy.defenses.plans import SummaryPlan, TruncatePlan
 from proxy.projection import Projection, ProjectionMemos, project
 from proxy.tokens.counter import TokenCounter
@@ -74,7 +84,7 @@ def test_parse_gives_items_with_the_messages_rules(counter: TokenCounter) -> Non
     assert [i.kind for i in conv.items] == [SYSTEM, USER, ASSISTANT, RESULTS, ASSISTANT, USER, ASSISTANT, RESULTS]
     thinking_turn, results_turn = conv.items[2], conv.items[3]
     assert thinking_turn.sealed and thinking_turn.calls == ("t0",) and not conv.items[4].sealed
-    assert results_turn.answers == ("t0",) and results_turn.answer
+    assert results_turn.answers == ("t0",) and results_turn.is_answer
     parts = MESSAGES.parts(conv.pieces[2], counter)
     assert [p.kind for p in parts] == [OPAQUE_PART, TOOL_CALL] and parts[1].call_id == "t0"
     (result,) = MESSAGES.parts(conv.pieces[3], counter)
@@ -87,7 +97,7 @@ def test_the_defenses_plan_and_apply_over_a_messages_conversation(counter: Token
     conv = _conversation(body)
     memos = ProjectionMemos()
     untouched = _project(conv, counter, DefenseConfig(context_window_tokens=1_000_000), [], memos)
-    assert untouched.messages is conv.pieces and MESSAGES.apply(conv, untouched.messages) == (conv.raw, None)
+    assert untouched.messages is conv.pieces and MESSAGES.apply(conv.body, conv.raw, untouched.messages) == (conv.raw, None)
 
     cfg = DefenseConfig(context_window_tokens=int(untouched.tokens_client / 0.85 * 0.9))
     first = _project(conv, counter, cfg, [], memos)
@@ -99,7 +109,7 @@ def test_the_defenses_plan_and_apply_over_a_messages_conversation(counter: Token
     second = _project(conv, counter, cfg, [event], memos)
     assert second.plan is None and "summary" in second.applied and second.fits
     assert second.tokens_forwarded < untouched.tokens_client
-    sent, forwarded = MESSAGES.apply(conv, second.messages)
+    sent, forwarded = MESSAGES.apply(conv.body, conv.raw, second.messages)
     assert forwarded is not None and orjson.loads(sent) == forwarded
     assert list(forwarded) == list(body)  # every field kept, in order; system back at the top level
     assert forwarded["system"] == body["system"] and forwarded["x_vendor"] is True

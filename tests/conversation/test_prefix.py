@@ -50,7 +50,7 @@ def test_one_state_holds_the_counts_items_and_index_of_a_projection() -> None:
     digests, chain = digests_and_chain(messages)
     cfg = DefenseConfig(context_window_tokens=100_000)
     project(messages, digests=digests, chain_hashes=chain, events=[], config=cfg, counter=counter,
-            session_id="s", memos=memos)
+            session_id="s", memos=memos, codec=CHAT)
     state = memos.prefixes.take(chain)
     assert isinstance(state, PrefixState) and state.length == 30
     assert state.counts[counter.memo_key] == [counter.count_message(m) for m in messages]

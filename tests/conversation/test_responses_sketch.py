@@ -12,7 +12,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from proxy.conversation.canonical import digests_and_chain
-from proxy.conversation.chat_codec import CANCELLED_TEXT
 from proxy.conversation.codec import PartCounter, ToolCall
 from proxy.conversation.model import (
     ASSISTANT,
@@ -20,6 +19,7 @@ from proxy.conversation.model import (
     BINDS_NONE,
     BINDS_PREVIOUS,
     CALL,
+    CANCELLED_TEXT,
     MEDIA,
     OPAQUE,
     OPAQUE_PART,
@@ -70,7 +70,7 @@ class ResponsesSketch:
         if kind == "function_call":
             return Item(CALL, kind, calls=(piece["call_id"],))
         if kind == "function_call_output":
-            return Item(TOOL, kind, answers=(piece["call_id"],), answer=True, binds=BINDS_PREVIOUS)
+            return Item(TOOL, kind, answers=(piece["call_id"],), is_answer=True, binds=BINDS_PREVIOUS)
         return Item(OPAQUE, kind, binds=BINDS_PREVIOUS)
 
     def items(self, pieces: Sequence[Piece]) -> list[Item]:
@@ -175,6 +175,13 @@ class ResponsesSketch:
         if piece.get("type") == "function_call_output":
             return {"type": "function_call_output", "call_id": piece.get("call_id"), "output": text}
         return {"type": "message", "role": piece.get("role", "assistant"), "content": text}
+
+    def user_text(self, piece: Piece) -> str:
+        content = piece.get("content")
+        if isinstance(content, str):
+            return content
+        texts = [p.get("text") for p in content or [] if isinstance(p, dict) and p.get("type") == "input_text"]
+        return "\n".join(t for t in texts if isinstance(t, str))
 
     def insert_answers(self, pieces: list[Piece], found: list[tuple[int, list[str]]], text: str) -> list[Piece]:
         out = list(pieces)

@@ -16,7 +16,7 @@ from proxy.conversation.codec import UNCOUNTED, Codec, PartCounter
 from proxy.conversation.messages_codec import MESSAGES
 from proxy.conversation.model import TOOL_CALL, Part
 from proxy.defenses.config import DefenseConfig
-from proxy.defenses.media import UNSTORED_TEXT, has_inline_media, offload_media
+from proxy.defenses.media import UNSTORED_TEXT, offload_media
 from proxy.defenses.offload import artifact_id, offload_message
 from proxy.defenses.plans import TruncatePlan
 from proxy.defenses.summarize import render_transcript, summary_chunks
@@ -42,18 +42,19 @@ def counter() -> TokenCounter:
 def test_truncate_args_on_a_responses_function_call() -> None:
     call = {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "write_file",
             "arguments": json.dumps({"path": "p.py", "content": LONG}), "status": "completed"}
-    out = truncate_message(call, TOOLS, 2000, 20, codec=SKETCH)
+    out = truncate_message(call, TOOLS, 2000, 20, item=SKETCH.item(call), codec=SKETCH)
     assert out is not None and list(out) == list(call)
     assert json.loads(out["arguments"]) == {"path": "p.py", "content": "x" * 20 + MARKER}
     assert {k: v for k, v in out.items() if k != "arguments"} == {k: v for k, v in call.items() if k != "arguments"}
-    assert truncate_message({**call, "name": "read_file"}, TOOLS, 2000, 20, codec=SKETCH) is None
+    renamed = {**call, "name": "read_file"}
+    assert truncate_message(renamed, TOOLS, 2000, 20, item=SKETCH.item(renamed), codec=SKETCH) is None
     output = {"type": "function_call_output", "call_id": "c1", "output": LONG}
-    assert truncate_message(output, TOOLS, 2000, 20, codec=SKETCH) is None  # not a call
+    assert truncate_message(output, TOOLS, 2000, 20, item=SKETCH.item(output), codec=SKETCH) is None  # not a call
 
 
 def test_offload_on_a_responses_function_call_output(counter: TokenCounter) -> None:
     output = {"type": "function_call_output", "call_id": "c1", "output": "line of output\n" * 400}
-    new, artifacts = offload_message(output, counter.count_message(output), counter.count_text, SMALL, codec=SKETCH)
+    new, artifacts = offload_message(output, counter.count_message(output), counter.count_text, SMALL, item=SKETCH.item(output), codec=SKETCH)
     assert new is not None and list(new) == ["type", "call_id", "output"] and new["call_id"] == "c1"
     assert new["output"].startswith("[context-proxy] This tool result was too large")
     assert [a.id for a in artifacts] == [artifact_id(output["output"])] and artifacts[0].id in new["output"]
@@ -64,7 +65,7 @@ def test_offload_on_responses_input_text_parts(counter: TokenCounter) -> None:
     message = {"type": "message", "role": "user",
                "content": [{"type": "input_text", "text": "see below"}, {"type": "input_text", "text": big}]}
     new, artifacts = offload_message(message, counter.count_message(message), counter.count_text, SMALL,
-                                     codec=SKETCH)
+                                     item=SKETCH.item(message), codec=SKETCH)
     assert new is not None and new["content"][0] is message["content"][0]
     assert new["content"][1]["type"] == "input_text" and "This user message was too large" in new["content"][1]["text"]
     assert [a.content for a in artifacts] == [big]
@@ -76,7 +77,6 @@ def test_media_on_a_responses_input_image() -> None:
         {"type": "input_image", "image_url": DATA_URL, "detail": "auto"},
         {"type": "input_image", "image_url": "https://example.com/x.png"},
     ]}
-    assert has_inline_media(message, SKETCH)
     new, artifacts = offload_media(message, codec=SKETCH)
     assert new is not None and len(new["content"]) == 3
     assert new["content"][0] is message["content"][0] and new["content"][2] is message["content"][2]
@@ -130,18 +130,18 @@ def test_the_rewriters_on_messages_blocks(counter: TokenCounter) -> None:
         {"type": "tool_use", "id": "tu", "name": "write_file", "input": {"path": "p", "content": LONG},
          "cache_control": {"type": "ephemeral"}},
     ]}
-    out = truncate_message(turn, TOOLS, 2000, 20, codec=MESSAGES)
+    out = truncate_message(turn, TOOLS, 2000, 20, item=MESSAGES.item(turn), codec=MESSAGES)
     assert out is not None and out["content"][0] is turn["content"][0]
     assert out["content"][1] == {**turn["content"][1], "input": {"path": "p", "content": "x" * 20 + MARKER}}
     signed = {**turn, "content": [{"type": "thinking", "thinking": "hm", "signature": "sig"}, *turn["content"]]}
-    assert truncate_message(signed, TOOLS, 2000, 20, codec=MESSAGES) is None  # sealed: never rewritten
+    assert truncate_message(signed, TOOLS, 2000, 20, item=MESSAGES.item(signed), codec=MESSAGES) is None  # sealed: never rewritten
 
     results = {"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": "tu", "content": "row\n" * 2000, "cache_control": {"type": "ephemeral"}},
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo" * 400}},
     ]}
     new, artifacts = offload_message(results, counter.count_message(results), counter.count_text, SMALL,
-                                     codec=MESSAGES)
+                                     item=MESSAGES.item(results), codec=MESSAGES)
     assert new is not None and new["content"][1] is results["content"][1] and len(artifacts) == 1
     block = new["content"][0]
     assert list(block) == ["type", "tool_use_id", "content", "cache_control"]

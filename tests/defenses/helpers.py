@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.conversation.canonical import digests_and_chain
+from proxy.conversation.chat_codec import CHAT
 from proxy.defenses.config import DefenseConfig
 from proxy.defenses.plans import SummaryPlan
 from proxy.defenses.summarize import render_transcript
@@ -47,7 +48,7 @@ def load_case(case_id: str) -> dict[str, Any]:
 
 def fake_summary(plan: SummaryPlan) -> str:
     """A deterministic structured summary keeping every FACT line (as the fake upstream does)."""
-    text = (plan.previous_summary or "") + "\n" + render_transcript(plan.to_summarize)
+    text = (plan.previous_summary or "") + "\n" + render_transcript(plan.to_summarize, CHAT)
     facts = []
     for line in text.splitlines():
         if "FACT:" in line and line.strip() not in facts:
@@ -88,7 +89,7 @@ def run_plans(
         projection = project(
             messages, digests=digests, chain_hashes=chain, events=events, config=config, counter=counter,
             session_id=session_id, tools=tools, reserved_output_tokens=reserved_output_tokens,
-            force=force, force_media=force_media,
+            force=force, force_media=force_media, codec=CHAT,
         )
         if projection.plan is None:
             return projection, events
@@ -101,5 +102,6 @@ def project_once(messages, config, counter, events=(), **kw: Any) -> Projection:
     """One ``project`` call with digests and chain computed here."""
     digests, chain = digests_and_chain(messages)
     kw.setdefault("session_id", "s1")
+    kw.setdefault("codec", CHAT)
     return project(messages, digests=digests, chain_hashes=chain, events=list(events), config=config,
                    counter=counter, **kw)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from proxy.defenses.media import UNSTORED_TEXT, has_inline_media, offload_media
+from proxy.conversation.chat_codec import CHAT
+from proxy.defenses.media import UNSTORED_TEXT, offload_media
 from proxy.defenses.offload import artifact_id
 
 DATA_URL = "data:image/png;base64," + "iVBORw0K" * 1000
@@ -14,7 +15,7 @@ def screenshot(url: str = DATA_URL) -> dict:
 
 def test_inline_image_becomes_a_text_reference():
     message = screenshot()
-    new, artifacts = offload_media(message)
+    new, artifacts = offload_media(message, codec=CHAT)
     assert [p["type"] for p in new["content"]] == ["text", "text"]
     assert new["content"][0] is message["content"][0]
     art = artifacts[0]
@@ -24,19 +25,17 @@ def test_inline_image_becomes_a_text_reference():
 
 
 def test_remote_images_and_plain_text_are_left_alone():
-    assert offload_media(screenshot("https://example.com/x.png")) == (None, [])
-    assert offload_media({"role": "user", "content": "text"}) == (None, [])
-    assert not has_inline_media(screenshot("https://example.com/x.png"))
-    assert has_inline_media(screenshot())
+    assert offload_media(screenshot("https://example.com/x.png"), codec=CHAT) == (None, [])
+    assert offload_media({"role": "user", "content": "text"}, codec=CHAT) == (None, [])
 
 
 def test_anthropic_base64_image_block():
     message = {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": "QUJD"}}]}
-    new, artifacts = offload_media(message)
+    new, artifacts = offload_media(message, codec=CHAT)
     assert artifacts[0].media_type == "image/jpeg" and artifacts[0].content == "data:image/jpeg;base64,QUJD"
     assert new["content"][0]["type"] == "text"
 
 
 def test_unstorable_image_becomes_an_explicit_error_placeholder():
-    new, artifacts = offload_media(screenshot(), frozenset({artifact_id(DATA_URL)}))
+    new, artifacts = offload_media(screenshot(), frozenset({artifact_id(DATA_URL)}), codec=CHAT)
     assert artifacts == [] and new["content"][1] == {"type": "text", "text": UNSTORED_TEXT}

@@ -8,11 +8,18 @@ import re
 
 import pytest
 
+from proxy.conversation.chat_codec import CHAT
 from proxy.defenses.config import DefenseConfig
-from proxy.defenses.offload import artifact_id, offload_message, preview
+from proxy.defenses.offload import artifact_id, preview
+from proxy.defenses.offload import offload_message as _offload_message
 
 CFG = DefenseConfig(context_window_tokens=None)  # thresholds 20,000 (tool) / 50,000 (user)
 SMALL = DefenseConfig(context_window_tokens=4096)  # tool threshold: a quarter of the window = 1,024
+
+
+def offload_message(message, tokens, count_text, config, unavailable=frozenset()):
+    """``offload_message`` of a chat message (its item and the chat codec)."""
+    return _offload_message(message, tokens, count_text, config, unavailable, item=CHAT.item(message), codec=CHAT)
 
 
 def big_text(lines: int, first: str = "FACT: slowest=req-9931") -> str:

@@ -8,13 +8,8 @@ import itertools
 import pytest
 
 from proxy.conversation.chat_codec import CHAT
-from proxy.defenses.pairs import (
-    CANCELLED_TEXT,
-    dangling_calls,
-    is_tool_answer,
-    patch_dangling,
-    safe_start,
-)
+from proxy.conversation.model import CANCELLED_TEXT, group_start
+from proxy.defenses.pairs import dangling_calls, patch_dangling
 from tests.strict import validate_chat_messages
 
 
@@ -41,8 +36,8 @@ TOOL_RESULT = {"role": "user", "content": [{"type": "tool_result", "tool_use_id"
     [(tool("a"), True), ({"role": "function", "name": "f", "content": "x"}, True), (TOOL_RESULT, True),
      (USER, False), (asst("a"), False), (TOOL_USE, False), ({"role": "user", "content": [{"type": "text", "text": "x"}]}, False)],
 )
-def test_is_tool_answer(message, expected):
-    assert is_tool_answer(CHAT.item(message)) is expected
+def test_is_answer(message, expected):
+    assert CHAT.item(message).is_answer is expected
 
 
 PARALLEL = [SYS, USER, asst("a", "b", "c"), tool("a"), tool("b"), tool("c")]
@@ -59,8 +54,8 @@ PARALLEL = [SYS, USER, asst("a", "b", "c"), tool("a"), tool("b"), tool("c")]
         ([tool("x"), tool("y")], 1, 0),
     ],
 )
-def test_safe_start_never_splits_a_pair(messages, start, expected):
-    assert safe_start(CHAT.items(messages), start) == expected
+def test_group_start_never_splits_a_pair(messages, start, expected):
+    assert group_start(CHAT.items(messages), start) == expected
 
 
 @pytest.mark.parametrize(
@@ -90,7 +85,7 @@ def test_dangling_calls(messages, expected):
 def test_patch_dangling_makes_a_strictly_valid_request_without_mutating_input(messages):
     before = copy.deepcopy(messages)
     assert validate_chat_messages(messages)  # the strict provider rejects the input
-    patched = patch_dangling(messages)
+    patched = patch_dangling(messages, CHAT.items(messages), CHAT)
     assert messages == before
     assert patched is not None and validate_chat_messages(patched) == []
     synthetic = [m for m in patched if m.get("content") == CANCELLED_TEXT]
@@ -101,7 +96,7 @@ def test_patch_dangling_makes_a_strictly_valid_request_without_mutating_input(me
 
 
 def test_patch_dangling_returns_none_when_every_call_is_answered():
-    assert patch_dangling(PARALLEL) is None
+    assert patch_dangling(PARALLEL, CHAT.items(PARALLEL), CHAT) is None
 
 
 # --- roles the proxy does not know (issue 15): opaque, bound to the message before ----------------
@@ -123,8 +118,8 @@ LISTED = {"role": ["tool"], "content": "a role that is not a string (unhashable)
         ([SYS, USER, IPYTHON, USER], 3, 3),  # a known message after one is a fine start
     ],
 )
-def test_safe_start_never_starts_at_an_unknown_role(messages, start, expected):
-    assert safe_start(CHAT.items(messages), start) == expected
+def test_group_start_never_starts_at_an_unknown_role(messages, start, expected):
+    assert group_start(CHAT.items(messages), start) == expected
 
 
 @pytest.mark.parametrize(
@@ -153,9 +148,9 @@ def test_no_rewrite_separates_an_unknown_role_from_the_message_before_it():
         for combo in itertools.product(ALPHABET, repeat=n):
             messages = [SYS, *combo]
             for start in range(len(messages)):
-                s = safe_start(CHAT.items(messages), start)
+                s = group_start(CHAT.items(messages), start)
                 assert s == 0 or messages[s]["role"] in ("system", "user", "assistant"), (messages, start)
-            patched = patch_dangling(messages) or messages
+            patched = patch_dangling(messages, CHAT.items(messages), CHAT) or messages
             for before, m in itertools.pairwise(patched):
                 if m["role"] not in ("system", "user", "assistant", "tool"):
                     assert before.get("content") != CANCELLED_TEXT, (messages, patched)

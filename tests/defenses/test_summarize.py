@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from proxy.conversation.chat_codec import CHAT
 from proxy.defenses.summarize import (
     SUMMARY_PHRASE,
     build_summary_request_messages,
@@ -25,8 +26,8 @@ HISTORY = [
 
 
 def test_render_transcript_is_readable_and_deterministic():
-    text = render_transcript(HISTORY)
-    assert text == render_transcript(HISTORY)
+    text = render_transcript(HISTORY, CHAT)
+    assert text == render_transcript(HISTORY, CHAT)
     for expected in ("### user (alice)", "FACT: deploy_token=T-4471", '-> tool call read_file (id c1): {"path": "a.ini"}',
                      "### tool [answer to call c1]", "key = value", '-> tool call get_weather (id tu1): {"city": "Oslo"}',
                      "<- tool result (id tu1):\nFACT: oslo_temp=12C", "[image: inline data, 26 chars]"):
@@ -62,20 +63,20 @@ def test_summary_message_header_and_pinned_request():
 @pytest.mark.parametrize("budget", [60, 200, 5000])
 def test_summary_chunks_fit_the_budget_and_keep_order(counter, budget):
     history = HISTORY + [{"role": "tool", "tool_call_id": "c1", "content": "line of log output\n" * 400}]
-    chunks = summary_chunks(history, budget, counter)
+    chunks = summary_chunks(history, budget, counter, CHAT)
     assert all(chunks)
     for chunk in chunks:
-        assert counter.count_text(render_transcript(chunk)) <= budget + 2 * len(chunk)
+        assert counter.count_text(render_transcript(chunk, CHAT)) <= budget + 2 * len(chunk)
     flat = [m for chunk in chunks for m in chunk]
     assert len(flat) == len(history)
     assert [m["role"] for m in flat] == [m["role"] for m in history]
     cut = "message cut to fit the summary request" in flat[-1]["content"]
-    assert cut == (budget < counter.count_text(render_transcript(history[-1:])))
-    assert chunks == summary_chunks(history, budget, counter)
+    assert cut == (budget < counter.count_text(render_transcript(history[-1:], CHAT)))
+    assert chunks == summary_chunks(history, budget, counter, CHAT)
 
 
 def test_summary_chunks_one_chunk_when_it_fits(counter):
-    assert summary_chunks(HISTORY, 10_000, counter) == [HISTORY]
+    assert summary_chunks(HISTORY, 10_000, counter, CHAT) == [HISTORY]
 
 
 @pytest.mark.parametrize(
@@ -96,7 +97,7 @@ def test_the_transcript_shows_unknown_roles_and_fields_by_name():
          "refusal": None, "annotations": []},
         {"role": ["odd"], "content": "a role that is not a string"},
         {"role": "assistant", "content": None, "function_call": {"name": "lookup", "arguments": '{"q": 1}'}},
-    ])
+    ], CHAT)
     assert text == (
         "### assistant\n<|python_tag|>print(6*7)\n\n"
         "### ipython\n42\n\n"
@@ -108,7 +109,7 @@ def test_the_transcript_shows_unknown_roles_and_fields_by_name():
 
 def test_a_cut_stand_in_keeps_the_header_once(counter):
     big = {"role": "ipython", "name": "py", "content": "line of output\n" * 400, "x_exec_ms": 3}
-    (chunk,) = summary_chunks([big], 60, counter)
-    text = render_transcript(chunk)
+    (chunk,) = summary_chunks([big], 60, counter, CHAT)
+    text = render_transcript(chunk, CHAT)
     assert text.startswith("### ipython (py)\nline of output\n") and text.count("### ") == 1
     assert "message cut to fit the summary request" in text

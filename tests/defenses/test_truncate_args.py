@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from proxy.conversation.chat_codec import CHAT
 from proxy.defenses.truncate_args import MARKER, truncate_arguments, truncate_message
 
 TOOLS = frozenset({"write_file", "edit_file"})
@@ -50,7 +51,7 @@ def test_truncate_message_keeps_content_form_ids_and_order(content):
         ],
     }
     before = copy.deepcopy(message)
-    out = truncate_message(message, TOOLS, 2000, 20)
+    out = truncate_message(message, TOOLS, 2000, 20, item=CHAT.item(message), codec=CHAT)
     assert message == before  # input not mutated
     assert out is not None
     assert "content" in out and out["content"] == content and type(out["content"]) is type(content)
@@ -70,7 +71,7 @@ def test_truncate_message_keeps_content_form_ids_and_order(content):
     ],
 )
 def test_truncate_message_unchanged_returns_none(message):
-    assert truncate_message(message, TOOLS, 2000, 20) is None
+    assert truncate_message(message, TOOLS, 2000, 20, item=CHAT.item(message), codec=CHAT) is None
 
 
 def test_truncate_message_shortens_anthropic_tool_use_input():
@@ -78,7 +79,7 @@ def test_truncate_message_shortens_anthropic_tool_use_input():
         {"type": "text", "text": "writing"},
         {"type": "tool_use", "id": "tu", "name": "write_file", "input": {"path": "p", "content": LONG}},
     ]}
-    out = truncate_message(message, TOOLS, 2000, 20)
+    out = truncate_message(message, TOOLS, 2000, 20, item=CHAT.item(message), codec=CHAT)
     assert out["content"][0] is message["content"][0]
     assert out["content"][1]["input"] == {"path": "p", "content": "x" * 20 + MARKER}
     assert out["content"][1]["id"] == "tu"
@@ -88,4 +89,4 @@ def test_a_call_whose_name_is_not_a_string_is_left_alone():
     """A malformed call (its name a list) is forwarded as it came; it used to raise ``TypeError``."""
     message = {"role": "assistant", "content": [{"type": "tool_use", "id": "u", "name": ["write_file"], "input": LONG}],
                "tool_calls": [{"id": "c", "type": "function", "function": {"name": {"x": 1}, "arguments": LONG}}]}
-    assert truncate_message(message, TOOLS, 2000, 20) is None
+    assert truncate_message(message, TOOLS, 2000, 20, item=CHAT.item(message), codec=CHAT) is None
