@@ -13,9 +13,8 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -25,14 +24,16 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from proxy import __version__
 from proxy.admission import BodyBudget
 from proxy.compaction.base import Compactor
-from proxy.errors import BadRequest, NotFound, ProxyError, client_error
+from proxy.errors import BadRequest, NotFound, ProxyError
 from proxy.forward.pipeline import ChatPipeline
 from proxy.forward.session_log import SessionLog
 from proxy.routes import health, limits, passthrough, read
 from proxy.routes.auth import Authenticator
-from proxy.routes.chat import CHAT_PATH, ERROR_SCHEMA, OPENAPI_PATH_ITEM, ChatEndpoint, chat_route
+from proxy.routes.chat import CHAT_ROUTE, ERROR_SCHEMA, OPENAPI_PATH_ITEM, ChatEndpoint, chat_route
+from proxy.routes.errors import client_error
 from proxy.settings import Settings
 from proxy.telemetry.metrics import Metrics, MetricsMiddleware
+from proxy.tokens.counter import TokenCounter, load_counter
 from proxy.upstream.client import Upstream
 from proxy.upstream.transport import UpstreamTransport
 from storage.errors import StorageError
@@ -82,20 +83,36 @@ async def _migrate_until_done(state: ProxyState) -> None:
     log.info("database migrated; ready")
 
 
-def build_compactor(settings: Settings, store: Store, upstream: Upstream, metrics: Metrics | None = None) -> Compactor:
+def build_compactor(settings: Settings, store: Store, upstream: Upstream, counter: TokenCounter,
+                    metrics: Metrics) -> Compactor:
     """The defenses when enabled, else the pass-through compactor."""
     if not settings.compaction_enabled:
         return Compactor()
     from proxy.compaction.compactor import ProjectingCompactor
 
-    return ProjectingCompactor(settings, store, upstream, metrics=metrics)
+    return ProjectingCompactor(settings, store, upstream, counter, metrics=metrics)
 
 
-def create_app(settings: Settings, *,
-               upstream_transport: httpx.AsyncBaseTransport | UpstreamTransport | None = None) -> FastAPI:
-    """The proxy as an ASGI app. ``upstream_transport`` replaces the aiohttp transport: an httpx
-    transport or any ``proxy.upstream.transport.UpstreamTransport`` (tests, benchmarks). Touches
-    no process-wide state (the garbage collector is ``context-proxy serve``'s: ``proxy.server.process``)."""
+def _transport(settings: Settings, given: object) -> UpstreamTransport | None:
+    """``given`` as an ``UpstreamTransport``: an ``httpx.AsyncBaseTransport`` (tests, benchmarks)
+    wrapped in ``HttpxTransport`` (httpx is imported only then), anything else as it is."""
+    if not hasattr(given, "handle_async_request"):  # httpx's transport method; none of ours has it
+        return cast("UpstreamTransport | None", given)  # ``None``: aiohttp
+    import httpx
+
+    from proxy.upstream.httpx_transport import HttpxTransport
+
+    assert isinstance(given, httpx.AsyncBaseTransport)
+    return HttpxTransport(given, pool_size=settings.upstream_pool_size,
+                          connect_timeout_s=settings.upstream_connect_timeout_s,
+                          read_timeout_s=settings.upstream_read_timeout_s, keepalive_s=settings.upstream_keepalive_s)
+
+
+def create_app(settings: Settings, *, upstream_transport: object = None) -> FastAPI:
+    """The proxy as an ASGI app. ``upstream_transport`` replaces the aiohttp transport: any
+    ``proxy.upstream.transport.UpstreamTransport``, or an ``httpx.AsyncBaseTransport`` (tests,
+    benchmarks; wrapped in ``proxy.upstream.httpx_transport.HttpxTransport``). Touches no
+    process-wide state (the garbage collector is ``context-proxy serve``'s: ``proxy.server.process``)."""
     metrics = Metrics()
 
     @asynccontextmanager
@@ -109,11 +126,11 @@ def create_app(settings: Settings, *,
             read_timeout_s=settings.upstream_read_timeout_s,
             keepalive_s=settings.upstream_keepalive_s,
             tenant_pool_share=settings.upstream_tenant_pool_share,
-            transport=upstream_transport,
+            transport=_transport(settings, upstream_transport),
         )
-        pipeline = ChatPipeline(
-            settings, SessionLog(store), upstream, build_compactor(settings, store, upstream, metrics), metrics=metrics
-        )
+        counter = load_counter(settings.tiktoken_cache_dir)  # the defenses' and the tool rounds'
+        compactor = build_compactor(settings, store, upstream, counter, metrics)
+        pipeline = ChatPipeline(settings, SessionLog(store), upstream, compactor, counter, metrics=metrics)
         state = ProxyState(settings, Authenticator(settings), store, upstream, pipeline, migrated=migrated)
         app.state.proxy = state
         retry = None if migrated else asyncio.create_task(_migrate_until_done(state))
@@ -176,7 +193,7 @@ class ProxyApp(FastAPI):
         OpenAI's error envelope as the ``Error`` schema."""
         if self.openapi_schema is None:
             schema = super().openapi()
-            schema["paths"] = {CHAT_PATH: OPENAPI_PATH_ITEM, **schema.get("paths", {})}
+            schema["paths"] = {CHAT_ROUTE: OPENAPI_PATH_ITEM, **schema.get("paths", {})}
             schema.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
             self.openapi_schema = schema
         return self.openapi_schema
@@ -191,7 +208,7 @@ class ProxyApp(FastAPI):
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The chat route straight to ``self.chat.counted`` unless traced (class docstring)."""
-        chat = scope["type"] == "http" and scope["path"] == CHAT_PATH and scope["method"] == "POST"
+        chat = scope["type"] == "http" and scope["path"] == CHAT_ROUTE and scope["method"] == "POST"
         if chat and not self.chat_traced():
             if self.root_path:
                 scope["root_path"] = self.root_path
@@ -208,7 +225,7 @@ def _render(exc: ProxyError) -> Response:
 
 def _install_error_handlers(app: FastAPI) -> None:
     """Every error in OpenAI's envelope: ours as they are, a storage error or anything unexpected
-    as ``proxy.errors.client_error`` maps it, FastAPI's validation and HTTP errors as 400/404/..."""
+    as ``proxy.routes.errors.client_error`` maps it, FastAPI's validation and HTTP errors as 400/404/..."""
 
     @app.exception_handler(ProxyError)
     async def proxy_error(request: Request, exc: ProxyError) -> Response:

@@ -6,7 +6,7 @@ constants. Entries unused for ``proxy.cache.MEMO_IDLE_S`` seconds leave the idle
 ("idle"); a TTL is how long an entry is trusted. ``constant`` names where each bound is set: a
 module attribute, a ``Settings`` field, or a parameter's default (``module.Class(param)``);
 ``tests/test_bounds.py`` checks that every one exists and is a positive number, so the table
-follows the code.
+follows the code (a constant may bound two memos: the model labels bound the metric series).
 """
 
 from __future__ import annotations
@@ -37,8 +37,11 @@ BOUNDS: tuple[Bound, ...] = (
           "proxy.telemetry.logs.FIELD_KINDS_KEPT"),
     Bound("model label names", "Metrics", "256 names of at most 100 characters, the rest 'other'",
           "proxy.telemetry.metrics.MODEL_LABELS"),
+    Bound("metric series (labelled children)", "Metrics._children",
+          "one per label set: the model label is one of 257 (the names above, or 'other'), the other labels "
+          "are the proxy's own words (routes, statuses, kinds)", "proxy.telemetry.metrics.MODEL_LABELS"),
     Bound("message digests and chain hashes", "ChatPipeline.digest_memo (DigestMemo)", "16 MB of messages, idle",
-          "proxy.conversation.canonical.MEMO_MAX_BYTES"),
+          "proxy.conversation.digest_memo.MEMO_MAX_BYTES"),
     Bound("sessions, known hashes, internal messages", "SessionLog", "10,000 sessions each, 30 s TTL",
           "proxy.forward.session_log.CACHED_SESSIONS"),
     Bound("chain hashes known per session", "SessionLog", "64 hashes per cached session",
@@ -51,6 +54,10 @@ BOUNDS: tuple[Bound, ...] = (
           "proxy.compaction.compactor.ARTIFACTS_KNOWN"),
     Bound("retry windows", "ProjectingCompactor", "10,000 entries",
           "proxy.compaction.compactor.RETRY_WINDOWS"),
+    Bound("per-session compaction locks", "ProjectingCompactor._locks",
+          "one per session with a compaction running or waiting, dropped when its last waiter leaves "
+          "(so at most the requests in flight, whose held bodies are bounded in bytes)",
+          "proxy.settings.Settings.max_held_body_bytes"),
     Bound("learned limits and session windows", "LearnedLimits", "10,000 keys each, TTL",
           "proxy.compaction.limits.MAX_KEYS"),
     Bound("model profile lookups", "ModelProfiles", "4,096 names, cleared when full",
@@ -65,5 +72,7 @@ BOUNDS: tuple[Bound, ...] = (
           "proxy.conversation.prefix.MAX_POSITIONS"),
     Bound("message token counts", "TokenCounter", "200,000 messages, idle",
           "proxy.tokens.counter.TokenCounter(memo_size)"),
+    Bound("recent tool lists and their counts", "TokenCounter._recent_tools", "8 lists, the oldest dropped",
+          "proxy.tokens.counter.RECENT_TOOL_LISTS"),
 )
 """The table (module docstring)."""

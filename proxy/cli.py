@@ -20,12 +20,16 @@ import signal
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 import typer
 
 from proxy.settings import Settings
+
+if TYPE_CHECKING:  # imported where used: ``--help`` loads no storage
+    from storage.records import SessionRecord
+    from storage.store import Store
 
 app = typer.Typer(help="context-proxy: an OpenAI-compatible proxy that keeps agents inside their context window.",
                   no_args_is_help=True)
@@ -114,7 +118,7 @@ def db_upgrade(
 # --- operator commands over the store --------------------------------------------------------
 
 
-def _with_store(database_url: str | None, use: Callable[[Any], Awaitable[T]]) -> T:
+def _with_store(database_url: str | None, use: Callable[[Store], Awaitable[T]]) -> T:
     """Run ``use(store)`` on a store opened on the configured database; storage errors exit 1."""
     from storage.errors import StorageError
     from storage.store import Store
@@ -138,7 +142,7 @@ def _with_store(database_url: str | None, use: Callable[[Any], Awaitable[T]]) ->
 TENANT_HELP = "The session's tenant (t_…, as `sessions list` shows it); default: the newest session of that id."
 
 
-async def _find(store: Any, session_id: str, tenant: str | None = None) -> Any:
+async def _find(store: Store, session_id: str, tenant: str | None = None) -> SessionRecord:
     session = await store.find_session(session_id, tenant)
     if session is None:
         typer.echo(f"error: no session {session_id!r}" + (f" of tenant {tenant!r}" if tenant else ""), err=True)
@@ -159,7 +163,7 @@ def sessions_list(
     from proxy.routes.read import admin_cursor, session_json, session_page
     from storage.errors import InvalidCursor
 
-    async def page(store: Any) -> tuple[list[Any], bool] | None:
+    async def page(store: Store) -> tuple[list[Any], bool] | None:
         try:
             return await session_page(store, tenant, limit, after, True)
         except InvalidCursor:  # a StorageError, which _with_store reports as an unreadable database
@@ -197,7 +201,7 @@ def sessions_show(
     """One session as JSON: counts, tokens, timestamps, branches, and its compaction events."""
     from proxy.routes.read import event_json, session_json
 
-    async def use(store: Any) -> dict[str, Any]:
+    async def use(store: Store) -> dict[str, Any]:
         session = await _find(store, session_id, tenant)
         out = session_json(await store.session_summary(session), admin=True)
         events = await store.list_events(session.pk)
@@ -270,7 +274,7 @@ def archive(
     block per compaction where it happened; streamed page by page, lines numbered from 0."""
     from proxy.tools.archive import stream_archive_lines
 
-    async def use(store: Any) -> None:
+    async def use(store: Store) -> None:
         session = await _find(store, session_id, tenant)
         tip = await store.branch_leaf(session.pk, leaf)
         if tip is None and leaf is not None:

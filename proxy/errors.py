@@ -4,8 +4,8 @@ Every error that reaches a client is ``{"error": {"message", "type", "code", "pa
 status below, never a stack trace. Foreign exceptions are translated where they occur
 (``raise ProxyError(...) from exc``): aiohttp's and httpx's inside the upstream transports
 (``proxy.upstream.transport``), SQLAlchemy's inside ``storage`` (``storage.errors``). What reaches
-a route unanswered becomes the client's error in one place, ``client_error``: a ``StorageError``
-a 503 (the only storage-error mapping), anything else not ours a 500 without detail.
+a route unanswered becomes the client's error in one place, ``proxy.routes.errors.client_error``: a
+``StorageError`` a 503 (the only storage-error mapping), anything else not ours a 500 without detail.
 
 =========================  ======  ==========================
 class                      status  type / code
@@ -28,11 +28,9 @@ ProxyBusy                  503     service_unavailable / proxy_busy (+ ``retry-a
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
-
-from storage.errors import StorageError
 
 log = logging.getLogger("context_proxy.app")
 
@@ -144,26 +142,3 @@ class ProxyBusy(ProxyError):
     type = "service_unavailable"
     code = "proxy_busy"
     headers = (("retry-after", "1"),)
-
-
-class DatabaseErrors(Protocol):
-    """Counts database errors (``proxy.telemetry.metrics.Metrics`` is one)."""
-
-    def database_error(self, where: str) -> None: ...
-
-
-def client_error(exc: BaseException, counter: DatabaseErrors) -> ProxyError:
-    """The error a client is answered with when serving its request raised ``exc``.
-
-    ``ProxyError``: itself. ``StorageError``: ``StorageUnavailableError`` (503; counted in
-    ``counter`` as ``request``, logged by class: the database's own text may quote values and is
-    never shown to clients). Anything else: a 500 with no detail (logged with its traceback).
-    """
-    if isinstance(exc, ProxyError):
-        return exc
-    if isinstance(exc, StorageError):
-        log.error("database error: %s", type(exc).__name__)
-        counter.database_error("request")
-        return StorageUnavailableError("The proxy's database is unavailable; try again shortly.")
-    log.exception("unexpected error", exc_info=exc)
-    return ProxyError("The proxy failed to handle this request (internal error).")

@@ -67,7 +67,7 @@ class ArtifactQueries:
 
     async def get_artifact(self, artifact_id: str, tenant: str | None) -> ArtifactRecord | None:
         """The artifact if it exists and belongs to ``tenant`` (``None``: admin, any tenant). Any
-        ``str`` may be asked for (ids are escaped as stored: ``storage.tables.SafeText``)."""
+        ``str`` may be asked for (ids are escaped as stored: ``storage.columns.SafeText``)."""
         query = sa.select(*artifacts.c).where(artifacts.c.id == artifact_id)
         if tenant is not None:
             query = query.where(artifacts.c.tenant == tenant)

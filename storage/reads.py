@@ -12,9 +12,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from storage.columns import is_hex_hash
 from storage.errors import InvalidCursor
 from storage.records import MessageRecord, RequestRecord, SessionRecord, SessionSummary
-from storage.tables import events, is_hex_hash, messages, requests, sessions
+from storage.tables import events, messages, requests, sessions
 
 _children = messages.alias("children")
 

@@ -61,7 +61,7 @@ def test_sections_and_report_at_trivial_size(tmp_path: Path) -> None:
     assert set(point["candidates"]) == {"direct", "floor", "proxy"}
     assert all(c["errors"] == 0 for p in results["overhead"]["points"] for c in p["candidates"].values())
     assert point["candidates"]["proxy"]["cpu_ms_per_request"]["median"] > 0
-    assert [r["compaction_defenses"] for r in results["pipeline"]["sizes"]][0].startswith("summary")
+    assert results["pipeline"]["sizes"][0]["compaction_defenses"].startswith("summary")
     assert results["storage"]["traces"][0]["message_payload_bytes"] > 0
     assert results["compression"]["rows"][0]["turns"] > 0
 

@@ -29,4 +29,30 @@ def test_every_bound_names_a_positive_constant(bound: Bound) -> None:
 
 
 def test_no_memo_is_listed_twice() -> None:
-    assert len({b.constant for b in BOUNDS}) == len(BOUNDS)
+    assert len({(b.what, b.owner) for b in BOUNDS}) == len(BOUNDS)
+
+
+@pytest.mark.parametrize(("owner", "constant"), [
+    ("TokenCounter._recent_tools", "proxy.tokens.counter.RECENT_TOOL_LISTS"),
+    ("ProjectingCompactor._locks", "proxy.settings.Settings.max_held_body_bytes"),
+    ("Metrics._children", "proxy.telemetry.metrics.MODEL_LABELS"),
+])
+def test_the_memos_found_later_are_listed(owner: str, constant: str) -> None:
+    assert any(b.owner == owner and b.constant == constant for b in BOUNDS)
+
+
+def test_the_recent_tool_lists_stay_within_their_bound(tmp_path: object) -> None:
+    from proxy.tokens.counter import RECENT_TOOL_LISTS, TokenCounter
+
+    counter = TokenCounter(cache_dir=str(tmp_path))  # no encoding there: the estimate, same memos
+    for i in range(RECENT_TOOL_LISTS + 3):
+        counter.count_tools([{"type": "function", "function": {"name": f"tool_{i}"}}])
+    assert len(counter._recent_tools) == RECENT_TOOL_LISTS
+
+
+def test_the_listed_attributes_are_the_owners_state() -> None:
+    from proxy.compaction.compactor import ProjectingCompactor
+    from proxy.telemetry.metrics import Metrics
+
+    assert "_children" in vars(Metrics())
+    assert "self._locks" in inspect.getsource(ProjectingCompactor.__init__)

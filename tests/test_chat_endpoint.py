@@ -5,7 +5,7 @@ from __future__ import annotations
 from starlette.routing import Match, Route
 
 from proxy.app import create_app
-from proxy.routes.chat import CHAT_PATH, ChatEndpoint
+from proxy.routes.chat import CHAT_ROUTE, ChatEndpoint
 from proxy.settings import Settings
 
 
@@ -16,10 +16,10 @@ def _app():  # type: ignore[no-untyped-def]
 def test_the_schema_documents_chat_completions_once() -> None:
     app = _app()
     schema = app.openapi()
-    assert list(schema["paths"]).count(CHAT_PATH) == 1
-    operation = schema["paths"][CHAT_PATH]["post"]
+    assert list(schema["paths"]).count(CHAT_ROUTE) == 1
+    operation = schema["paths"][CHAT_ROUTE]["post"]
     assert operation["operationId"] == "chat_completions" and operation["tags"] == ["openai"]
-    assert set(schema["paths"][CHAT_PATH]) == {"post"}  # other methods are the pass-through's
+    assert set(schema["paths"][CHAT_ROUTE]) == {"post"}  # other methods are the pass-through's
     assert "application/json" in operation["requestBody"]["content"]
     assert schema["components"]["schemas"]["Error"]["required"] == ["error"]
     ids = [op["operationId"] for item in schema["paths"].values() for op in item.values()]
@@ -29,13 +29,13 @@ def test_the_schema_documents_chat_completions_once() -> None:
 
 def test_one_route_serves_the_chat_path_and_it_is_the_app_s_endpoint() -> None:
     app = _app()
-    chat_routes = [r for r in app.routes if getattr(r, "path", None) == CHAT_PATH]
+    chat_routes = [r for r in app.routes if getattr(r, "path", None) == CHAT_ROUTE]
     assert len(chat_routes) == 1
     route = chat_routes[0]
     assert isinstance(route, Route) and route.methods == {"POST"}
     assert isinstance(app.chat, ChatEndpoint) and route.app is app.chat
     for method, served_by_chat in (("POST", True), ("GET", False)):  # GET: the pass-through's
-        scope = {"type": "http", "method": method, "path": CHAT_PATH, "root_path": "", "headers": []}
+        scope = {"type": "http", "method": method, "path": CHAT_ROUTE, "root_path": "", "headers": []}
         first = next(r for r in app.router.routes if r.matches(scope)[0] == Match.FULL)
         assert (first is route) == served_by_chat
 
@@ -45,4 +45,4 @@ def test_the_schema_is_served_at_openapi_json() -> None:
 
     with TestClient(_app()) as client:
         schema = client.get("/openapi.json").json()
-    assert CHAT_PATH in schema["paths"] and "post" in schema["paths"][CHAT_PATH]
+    assert CHAT_ROUTE in schema["paths"] and "post" in schema["paths"][CHAT_ROUTE]

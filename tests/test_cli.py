@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from proxy.cli import app
 from tests.conftest import REPO_DIR, SHARED_DIR
-from tests.e2e.conftest import Proxy, Upstream, proxy, proxy_factory, upstream  # noqa: F401 - fixtures
+from tests.support.real_server import Proxy
+from tests.support.shared import needs_traces
 
 TRACE = SHARED_DIR / "traces" / "swe-agent__pydicom-1458__gpt-4.jsonl"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -78,6 +79,7 @@ def test_db_upgrade_creates_the_schema(runner: CliRunner, tmp_path: Path) -> Non
     assert listed.exit_code == 0 and json.loads(listed.output)["data"] == []
 
 
+@needs_traces
 def test_replay_prints_savings_and_writes_a_plot(runner: CliRunner, tmp_path: Path) -> None:
     plot = tmp_path / "tokens.png"
     result = runner.invoke(app, ["replay", str(TRACE), "--model", "gpt-4", "--window", "8192", "--plot", str(plot)])
@@ -97,6 +99,7 @@ def test_replay_prints_savings_and_writes_a_plot(runner: CliRunner, tmp_path: Pa
     assert data.startswith(PNG_SIGNATURE) and len(data) > 10_000
 
 
+@needs_traces
 def test_replay_as_a_subprocess(tmp_path: Path) -> None:
     env = os.environ | {"TIKTOKEN_CACHE_DIR": str(SHARED_DIR / "tiktoken")}
     done = subprocess.run(

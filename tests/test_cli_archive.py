@@ -8,7 +8,7 @@ import json
 from typer.testing import CliRunner
 
 from proxy.cli import app
-from tests.e2e.conftest import Proxy, Upstream, proxy, proxy_factory, upstream  # noqa: F401 - fixtures
+from tests.support.real_server import Proxy
 from tests.test_cli import logged_session, runner  # noqa: F401 - fixtures
 
 

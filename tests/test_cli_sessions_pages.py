@@ -9,14 +9,14 @@ from collections.abc import Callable
 from typer.testing import CliRunner
 
 from proxy.cli import app
-from tests.e2e.conftest import Proxy, Upstream, proxy_factory, upstream  # noqa: F401 - fixtures
 from tests.e2e.test_read_api import settled
 from tests.e2e.test_read_api_sessions import OTHER_KEY, chat
+from tests.support.real_server import Proxy
 from tests.test_cli import runner  # noqa: F401 - fixtures
 
 
 def test_sessions_list_pages_by_cursor_across_tenants_sharing_an_id(
-    runner: CliRunner, proxy_factory: Callable[..., Proxy]  # noqa: F811 - fixtures
+    runner: CliRunner, proxy_factory: Callable[..., Proxy]
 ) -> None:
     proxy = proxy_factory(compaction_enabled=False)
     with proxy.http() as a, proxy.http(OTHER_KEY) as b:

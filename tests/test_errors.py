@@ -15,8 +15,8 @@ from proxy.errors import (
     UpstreamError,
     UpstreamTimeout,
     UpstreamUnreachable,
-    client_error,
 )
+from proxy.routes.errors import client_error
 from storage.errors import StorageError, StorageUnavailable
 
 

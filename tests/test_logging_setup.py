@@ -21,7 +21,7 @@ from proxy.telemetry.logs import (
     request_context,
     write_direct,
 )
-from tests.e2e.conftest import Proxy, Upstream, proxy, proxy_factory, upstream  # noqa: F401 - fixtures
+from tests.support.real_server import Proxy
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from proxy.forward.rounds import reply_of as _reply_of
 from proxy.forward.sse import ReplyAssembler, SSEEvent
 from proxy.forward.streaming import provider_error_event
 from proxy.forward.tool_rounds import ToolRounds
-from proxy.tools.read_tool import parse_arguments
+from proxy.tools.schemas import parse_arguments
 
 LONE = b"half \\ud83d here"
 READ = "half \ufffd here"

@@ -12,16 +12,17 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import REPO_DIR, SHARED_DIR
+from tests.support.ports import free_port
 
 
 def _build_stage_copies() -> list[tuple[list[str], str]]:
@@ -61,12 +62,8 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return env | extra
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
+@pytest.mark.skipif(not (SHARED_DIR / "tiktoken").is_dir(),
+                    reason=f"install.sh would download tiktoken's files: it needs them in {SHARED_DIR / 'tiktoken'}")
 def test_install_and_start_scripts_in_a_clean_environment(tmp_path: Path) -> None:
     context = _assemble_context(tmp_path / "src")
     venv = tmp_path / "opt" / "context-proxy"
@@ -82,7 +79,7 @@ def test_install_and_start_scripts_in_a_clean_environment(tmp_path: Path) -> Non
     assert all(str(venv) in path for path in where.split()), where
     assert len(list((venv / "tiktoken").iterdir())) == 2
 
-    port = _free_port()
+    port = free_port()
     start = REPO_DIR / "deploy" / "container" / "start.sh"
     env = _clean_env(VENV_DIR=str(venv), CONTEXT_PROXY_HOST="127.0.0.1", CONTEXT_PROXY_PORT=str(port),
                      CONTEXT_PROXY_DATABASE_URL=f"sqlite:///{tmp_path / 'proxy.db'}",

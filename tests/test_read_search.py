@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from proxy.defenses.hints import search_hint
-from proxy.tools.read_tool import parse_arguments, read_tool_schema
+from proxy.tools.schemas import parse_arguments, read_tool_schema
 from proxy.tools.search import (
     MAX_QUERY_CHARS,
     Source,

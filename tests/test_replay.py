@@ -61,6 +61,7 @@ def test_replay_is_deterministic_and_uses_the_model_profile(counter) -> None:
     assert profiled.tokens_with == profiled.tokens_without
 
 
+@needs_traces
 def test_replay_forwards_the_same_bytes_each_time_and_untouched_requests_as_sent(counter) -> None:
     import orjson
 

@@ -14,6 +14,8 @@ from proxy.forward.context import ChatContext
 from proxy.forward.pipeline import ChatPipeline
 from proxy.forward.session_log import SessionLog, new_id, now
 from proxy.settings import Settings
+from proxy.telemetry.metrics import Metrics
+from proxy.tokens.counter import load_counter
 from storage.records import EventRecord
 from storage.refused import track_writes, untrack_writes
 from storage.retention import RetentionPolicy, run_retention
@@ -60,7 +62,8 @@ async def test_a_session_retention_deleted_before_the_append_is_the_one_the_requ
                                               payload={}, tokens_before=2, tokens_after=1, created_at=now()))
         finally:
             untrack_writes(with_writes)
-        pipeline = ChatPipeline(Settings(), log, None, Compactor())  # type: ignore[arg-type]  (no upstream call)
+        pipeline = ChatPipeline(Settings(), log, None, Compactor(), load_counter(None),  # type: ignore[arg-type]
+                                metrics=Metrics())  # (no upstream call)
         await pipeline.writer.finish(ctx, 403 if refused else 200, None if refused else {"role": "assistant", "content": "hi"}, None)
         session = await store.find_session("s", "t")
         assert session is not None and session.pk == ctx.session.pk

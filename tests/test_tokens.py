@@ -18,13 +18,14 @@ import pytest
 
 from proxy.tokens.counter import (
     IMAGE_UNKNOWN_SIZE_TOKENS,
+    TOKENS_PER_REPLY,
     TokenCounter,
     anthropic_image_tokens,
-    cache_file_for,
     load_counter,
     openai_image_tokens,
     reserved_output_tokens,
 )
+from proxy.tokens.encodings import cache_file_for
 from tests.support.shared import NO_ENCODINGS_REASON, needs_exact_encodings
 
 CACHE_DIR = os.environ.get("TIKTOKEN_CACHE_DIR") or str(Path(__file__).resolve().parents[2] / "shared" / "tiktoken")
@@ -86,9 +87,14 @@ def test_anthropic_image_formula() -> None:
 # --- messages ---------------------------------------------------------------------------------
 
 
+def count_messages(counter: TokenCounter, messages: list[dict], keys: list[str] | None = None) -> int:
+    """Tokens of a message list plus the reply priming (what a prompt of ``messages`` costs)."""
+    return TOKENS_PER_REPLY + sum(counter.count_message(m, keys[i] if keys else None) for i, m in enumerate(messages))
+
+
 def test_cookbook_framing(counter: TokenCounter) -> None:
     msg = {"role": "user", "content": "hi"}
-    assert counter.count_messages([msg]) == 3 + 1 + 1 + 3  # framing, "user", "hi", reply priming
+    assert count_messages(counter, [msg]) == 3 + 1 + 1 + 3  # framing, "user", "hi", reply priming
     named = {"role": "user", "content": "hi", "name": "alice"}
     assert counter.count_message(named) == counter.count_message(msg) + counter.count_text("alice") + 1
     parts = {"role": "user", "content": [{"type": "text", "text": "hello there"}, {"type": "text", "text": "general"}]}
@@ -178,15 +184,15 @@ def test_second_count_of_a_long_history_is_memo_hits(counter: TokenCounter) -> N
     fresh = TokenCounter("o200k_base", memo_size=20_000, cache_dir=CACHE_DIR)
     history = [{"role": "user" if i % 2 else "assistant", "content": f"message {i} " + "lorem ipsum dolor sit amet " * 20} for i in range(5000)]
     t0 = time.perf_counter()
-    first = fresh.count_messages(history)
+    first = count_messages(fresh, history)
     t1 = time.perf_counter()
-    second = fresh.count_messages(history)
+    second = count_messages(fresh, history)
     t2 = time.perf_counter()
     assert first == second
     assert (fresh.memo_misses, fresh.memo_hits) == (5000, 5000)
     assert (t2 - t1) < (t1 - t0) / 3
-    keyed = fresh.count_messages(history[:10], keys=[f"k{i}" for i in range(10)])
-    assert keyed == fresh.count_messages(history[:10], keys=[f"k{i}" for i in range(10)])
+    keyed = count_messages(fresh, history[:10], keys=[f"k{i}" for i in range(10)])
+    assert keyed == count_messages(fresh, history[:10], keys=[f"k{i}" for i in range(10)])
     assert fresh.memo_hits == 5000 + 10
 
 
@@ -226,7 +232,7 @@ def test_missing_cache_file_falls_back_fast_without_network(tmp_path: Path, monk
     assert c.count_text("abcde") == 2
     assert c.count_text("éé") == 1  # 4 UTF-8 bytes
     assert c.count_text("日本語の文章") == 5  # 18 bytes
-    assert c.count_messages([{"role": "user", "content": "abcdefgh"}]) == 3 + 1 + 2 + 3
+    assert count_messages(c, [{"role": "user", "content": "abcdefgh"}]) == 3 + 1 + 2 + 3
 
 
 def test_corrupt_cache_file_falls_back_and_is_left_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

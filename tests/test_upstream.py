@@ -9,8 +9,9 @@ import zlib
 import pytest
 
 from proxy.errors import UpstreamTimeout, UpstreamUnreachable
+from proxy.upstream.aiohttp_transport import aiohttp_error
 from proxy.upstream.client import Upstream
-from proxy.upstream.transport import upstream_error
+from proxy.upstream.httpx_transport import HttpxTransport
 
 BODY = b'{"id": "chatcmpl-1", "choices": []}' * 20
 
@@ -81,10 +82,10 @@ def test_timeouts_are_mapped_before_connection_errors() -> None:
     """``TimeoutError`` is an ``OSError`` in Python 3.11, and aiohttp's timeouts are client errors."""
     import aiohttp
 
-    assert isinstance(upstream_error(aiohttp.ServerTimeoutError("read")), UpstreamTimeout)
-    assert isinstance(upstream_error(TimeoutError()), UpstreamTimeout)
-    assert isinstance(upstream_error(aiohttp.ServerDisconnectedError()), UpstreamUnreachable)
-    assert isinstance(upstream_error(aiohttp.ClientPayloadError("cut")), UpstreamUnreachable)
+    assert isinstance(aiohttp_error(aiohttp.ServerTimeoutError("read")), UpstreamTimeout)
+    assert isinstance(aiohttp_error(TimeoutError()), UpstreamTimeout)
+    assert isinstance(aiohttp_error(aiohttp.ServerDisconnectedError()), UpstreamUnreachable)
+    assert isinstance(aiohttp_error(aiohttp.ClientPayloadError("cut")), UpstreamUnreachable)
 
 
 async def test_a_cookie_the_upstream_sets_is_never_sent_with_a_later_request() -> None:
@@ -119,7 +120,8 @@ async def test_the_httpx_transport_keeps_no_cookies_either() -> None:
         return httpx.Response(200, headers={"set-cookie": "session=secret-of-client-a; Path=/"}, content=b"{}")
 
     upstream = Upstream("https://api.example.com/v1", pool_size=2, connect_timeout_s=1, read_timeout_s=1,
-                        transport=httpx.MockTransport(handler))
+                        transport=HttpxTransport(httpx.MockTransport(handler), pool_size=2, connect_timeout_s=1,
+                                                  read_timeout_s=1, keepalive_s=4.0))
     try:
         for _ in range(2):
             resp = await upstream.send("POST", "/chat/completions", headers=[], content=b"{}")

@@ -17,6 +17,7 @@ import yarl
 
 from proxy.errors import ProxyBusy, UpstreamError, UpstreamTimeout, UpstreamUnreachable
 from proxy.upstream.client import Upstream
+from proxy.upstream.httpx_transport import HttpxTransport
 from proxy.upstream.transport import UpstreamResponse
 
 HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -129,7 +130,8 @@ async def test_the_httpx_transport_maps_its_errors_too(respx_mock: respx.MockRou
     route.side_effect = [httpx.Response(200, stream=_CutStream()), httpx.Response(200, stream=_CutStream()),
                          httpx.ConnectError("refused"), httpx.ReadTimeout("slow")]
     upstream = Upstream("https://api.example.com/v1", pool_size=2, connect_timeout_s=1, read_timeout_s=1,
-                        transport=httpx.AsyncHTTPTransport())  # respx patches httpx's transports
+                        transport=HttpxTransport(httpx.AsyncHTTPTransport(), pool_size=2, connect_timeout_s=1,
+                                                  read_timeout_s=1, keepalive_s=4.0))  # respx patches httpx's transports
     try:
         for read in ("aiter_raw", "aread"):
             resp = await upstream.send("POST", "/chat/completions", headers=[], content=b"{}")
@@ -193,3 +195,37 @@ async def test_an_upstream_transport_of_our_protocol_is_used_as_it_is_and_holds_
     again = await upstream.send("GET", "/models", headers=[], content=None)
     await again.aclose()
     await upstream.aclose()
+
+
+def test_the_production_modules_import_no_httpx() -> None:
+    """httpx is the tests' transport: the app, the CLI and the upstream client load none of it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, proxy.app, proxy.cli, proxy.upstream.client, proxy.upstream.headers; "
+            "print(sorted(m for m in sys.modules if m == 'httpx' or m.startswith('httpx.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]"
+
+
+def test_create_app_wraps_an_httpx_transport_and_keeps_ours() -> None:
+    from proxy.app import _transport
+    from proxy.settings import Settings
+
+    wrapped = _transport(Settings(), httpx.MockTransport(lambda request: httpx.Response(200)))
+    assert isinstance(wrapped, HttpxTransport)
+    ours = _FakeTransport()
+    assert _transport(Settings(), ours) is ours and _transport(Settings(), None) is None
+
+
+def test_each_transport_maps_its_own_library() -> None:
+    from proxy.upstream.aiohttp_transport import aiohttp_error
+    from proxy.upstream.httpx_transport import httpx_error
+
+    assert isinstance(httpx_error(httpx.ReadTimeout("slow")), UpstreamTimeout)
+    assert "could not be reached" in httpx_error(httpx.ConnectError("refused")).message
+    assert "closed the connection" in httpx_error(httpx.RemoteProtocolError("cut")).message
+    assert "could not be reached" in aiohttp_error(aiohttp.ClientConnectorError(
+        aiohttp.client_reqrep.ConnectionKey("h", 1, False, True, None, None, None), OSError(111, "refused"))).message
+    assert "closed the connection" in aiohttp_error(aiohttp.ServerDisconnectedError()).message
+    assert isinstance(aiohttp_error(aiohttp.ServerTimeoutError("read")), UpstreamTimeout)

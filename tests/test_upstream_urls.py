@@ -10,7 +10,7 @@ import pytest
 
 from proxy.errors import BadRequest
 from proxy.settings import Settings
-from proxy.upstream.client import forward_request_headers, response_headers
+from proxy.upstream.headers import forward_request_headers, response_headers
 from proxy.upstream.urls import (
     chat_path_variant,
     join,

@@ -3,7 +3,7 @@
     python fetch_tiktoken.py DIR
 
 Files are named as tiktoken's cache names them (SHA-1 of the download URL) and checked against
-the SHA-256 that tiktoken pins (``proxy.tokens.counter.ENCODING_FILES``). With ``TIKTOKEN_SEED_DIR`` set,
+the SHA-256 that tiktoken pins (``proxy.tokens.encodings.ENCODING_FILES``). With ``TIKTOKEN_SEED_DIR`` set,
 they are copied from that directory (an offline build, or the tests); otherwise downloaded.
 Finally the proxy's own loader must load them exactly (not the byte estimate), else exit 1.
 """
@@ -16,7 +16,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from proxy.tokens.counter import ENCODING_FILES, cache_file_for, load_counter
+from proxy.tokens.counter import load_counter
+from proxy.tokens.encodings import ENCODING_FILES, cache_file_for
 
 
 def fetch(target: Path, seed: Path | None) -> None:

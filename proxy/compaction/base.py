@@ -26,18 +26,6 @@ if TYPE_CHECKING:
     from storage.records import SessionRecord
 
 
-class MessageCounter(Protocol):
-    """The token counter the proxy's tool rounds size their results with (tiktoken estimates)."""
-
-    def count_message(self, message: dict[str, Any], key: str | None = None) -> int:
-        """Tokens of one chat message (content, tool calls, frame)."""
-        ...
-
-    def count_text(self, text: str) -> int:
-        """Tokens of a plain text."""
-        ...
-
-
 class CompactionInput(Protocol):
     """What the compactor reads of one chat request; read-only (the compactor never writes to it).
 
@@ -123,9 +111,6 @@ class Compactor:
     retries_overflows = False
     """Whether an overflow can be compacted and retried at all (a stream's first events are then
     held until they carry something, so that an error event among them can be retried)."""
-    counter: MessageCounter
-    """The token counter the proxy's tool rounds use (``ToolRounds``). Not set on the pass-through:
-    it offers none of the proxy's tools (``Prepared.own_tools`` is empty), so no tool round asks."""
 
     async def prepare(self, ctx: CompactionInput, *, overflow: Overflow | None) -> Prepared:
         """What to forward (after an ``overflow``: compacted even below the trigger). Raises

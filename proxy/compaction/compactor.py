@@ -30,15 +30,16 @@ from proxy.compaction.limits import LearnedLimits, Sent, WindowView
 from proxy.compaction.models import ModelProfiles
 from proxy.compaction.offer import OwnToolOffer
 from proxy.compaction.overflow import Overflow
-from proxy.compaction.plan_loop import PlanLoop, reserved_tokens
+from proxy.compaction.plan_loop import PlanLoop
 from proxy.compaction.references import StoredContent
 from proxy.compaction.summarizer import Summarizer, SummaryFailed, SummaryModel, UpstreamSummaryModel
+from proxy.conversation.chat_codec import CHAT
 from proxy.defenses.config import DefenseConfig
 from proxy.defenses.offload import ArtifactToStore
 from proxy.errors import CannotFit
 from proxy.settings import Settings
 from proxy.telemetry.metrics import Metrics
-from proxy.tokens.counter import TokenCounter, load_counter
+from proxy.tokens.counter import TokenCounter, reserved_output_tokens
 from proxy.upstream.client import Upstream
 from storage.errors import StorageError
 from storage.records import ArtifactRecord, EventRecord
@@ -64,18 +65,19 @@ class ProjectingCompactor(Compactor):
 
     retries_overflows = True
 
-    def __init__(self, settings: Settings, store: Store, upstream: Upstream, *, metrics: Metrics | None = None) -> None:
-        self.metrics = metrics or Metrics()
+    def __init__(self, settings: Settings, store: Store, upstream: Upstream, counter: TokenCounter, *,
+                 metrics: Metrics) -> None:
+        self.metrics = metrics
         self.settings = settings
         self.store = store
         self.upstream = upstream
-        self.counter: TokenCounter = load_counter(settings.tiktoken_cache_dir)
+        self.counter = counter
         self.metrics.tokenizer(self.counter.encoding_name, self.counter.exact)
         self.profiles = ModelProfiles(settings.models_file)
         self.limits = LearnedLimits(store, upstream.base_url, self.profiles, settings.learned_limit_ttl_s, self.metrics,
                                     self.counter.exact)
         self.plans = PlanLoop(settings, self.counter, OwnToolOffer(settings, StoredContent()),
-                              Summarizer(settings, self.counter))
+                              Summarizer(settings, self.counter, CHAT), CHAT)
         self._retry_windows = BoundedCache(RETRY_WINDOWS)
         self._events = BoundedCache(EVENTS_CACHED, EVENTS_TTL_S)
         self._locks: dict[int, asyncio.Lock] = {}
@@ -88,7 +90,7 @@ class ProjectingCompactor(Compactor):
 
     async def prepare(self, ctx: CompactionInput, *, overflow: Overflow | None) -> Prepared:
         view = await self.window(ctx)
-        window = view.estimate_window(reserved_tokens(ctx.body))
+        window = view.estimate_window(reserved_output_tokens(ctx.body))
         if overflow is not None:  # sized for what the provider said (``learn``), whatever was known
             hit = self._retry_windows.pop(ctx.request_id, None)
             retry = hit[0] if hit is not None else None
@@ -178,14 +180,15 @@ class ProjectingCompactor(Compactor):
         if p is None or not p.tokens_forwarded:
             return None
         estimate = p.tokens_forwarded + sum(self.counter.count_message(m) for m in ctx.internal)  # the proxy's rounds
-        return Sent(ctx.tenant, ctx.model, ctx.session.pk, estimate, reserved_tokens(ctx.body), lambda: _text_only(ctx))
+        return Sent(ctx.tenant, ctx.model, ctx.session.pk, estimate, reserved_output_tokens(ctx.body),
+                    lambda: _text_only(ctx))
 
     async def compact_now(self, ctx: CompactionInput) -> str:
         """Serve the manual compaction tool: summarize now if the session is past half the trigger.
 
         Never an error for the model: a failed compaction says that nothing was removed.
         """
-        window = (await self.window(ctx)).estimate_window(reserved_tokens(ctx.body))
+        window = (await self.window(ctx)).estimate_window(reserved_output_tokens(ctx.body))
         cfg = DefenseConfig.from_settings(self.settings, window)
         tools = ctx.prepared.count_tools if ctx.prepared is not None else None
         events = await self._events_of(ctx.session.pk, refresh=True)
@@ -265,7 +268,7 @@ class _LiveEffects:
     def summary_model(self) -> SummaryModel:
         ctx, settings = self.ctx, self.compactor.settings
         return UpstreamSummaryModel(self.compactor.upstream, settings.summary_model or ctx.model, ctx.body,
-                                    ctx.upstream_headers, ctx.tenant)
+                                    ctx.upstream_headers, ctx.tenant, self.compactor.plans.codec)
 
     def now(self) -> datetime:
         return datetime.now(UTC)

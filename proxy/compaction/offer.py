@@ -17,7 +17,7 @@ from typing import Any
 
 from proxy.compaction.references import StoredContent
 from proxy.settings import Settings
-from proxy.tools.read_tool import compact_tool_schema, read_tool_schema
+from proxy.tools.schemas import compact_tool_schema, read_tool_schema
 
 
 @dataclass(frozen=True, slots=True)

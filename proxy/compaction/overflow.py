@@ -36,6 +36,9 @@ import orjson
 
 from proxy.json_text import parse_json
 
+SentBody = Mapping[str, object]
+"""The request body that was forwarded, parsed (a JSON object: its values are read as JSON)."""
+
 
 @dataclass(frozen=True)
 class Overflow:
@@ -240,9 +243,9 @@ class _Echoes:
     whether that was all, and whether ``mask`` searched for all of them). Read only when an
     error's text matched an overflow rule."""
 
-    def __init__(self, sent: Any) -> None:
+    def __init__(self, sent: SentBody) -> None:
         self.strings: list[str] = []
-        stack = [sent]
+        stack: list[object] = [sent]
         while stack:
             node = stack.pop()
             if isinstance(node, str):
@@ -316,7 +319,7 @@ def _prompt(text: str, echoes: _Echoes | None) -> int | None:
     return None
 
 
-def _classify(status: int, parsed: _Parsed, sent: Any) -> Overflow | None:
+def _classify(status: int, parsed: _Parsed, sent: SentBody | None) -> Overflow | None:
     """The rules in order: quota and status first (no text read), then the wording on the raw text
     (most errors stop here), and only when a rule matched, the same on the text with the client's
     quoted strings masked; numbers are believed only when their wording quotes no client string."""
@@ -346,7 +349,7 @@ def _classify(status: int, parsed: _Parsed, sent: Any) -> Overflow | None:
 
 
 def classify_error(status: int, body: bytes, headers: Mapping[str, str] | None = None, *,
-                   sent: Any = None) -> Overflow | None:
+                   sent: SentBody | None = None) -> Overflow | None:
     """Classify an upstream error response. Returns an ``Overflow`` or ``None`` (not an overflow).
 
     ``status`` is the HTTP status, ``body`` the raw response bytes. ``headers`` is accepted for
@@ -360,7 +363,7 @@ def classify_error(status: int, body: bytes, headers: Mapping[str, str] | None =
         return None
 
 
-def classify_stream_event(data: bytes, *, sent: Any = None) -> Overflow | None:
+def classify_stream_event(data: bytes, *, sent: SentBody | None = None) -> Overflow | None:
     """Classify one server-sent event payload (with or without its ``data:`` prefix) seen before
     any content of an HTTP 200 stream: an ``{"error": ...}`` event (llama.cpp's
     ``exceed_context_size_error``, an Anthropic-style ``{"type": "error"}``) is read as a 400

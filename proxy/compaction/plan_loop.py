@@ -28,13 +28,14 @@ from typing import Any, Protocol
 from proxy.compaction.base import Prepared
 from proxy.compaction.offer import Offer, OwnToolOffer
 from proxy.compaction.summarizer import Summarizer, SummaryFailed, SummaryModel
-from proxy.conversation.chat_codec import apply_chat
+from proxy.conversation.codec import Codec
 from proxy.defenses.config import DefenseConfig
 from proxy.defenses.offload import ArtifactToStore
 from proxy.defenses.plans import SummaryPlan
 from proxy.projection import Projection, ProjectionMemos, project
 from proxy.settings import Settings
-from proxy.tokens.counter import TokenCounter
+from proxy.tokens.counter import reserved_output_tokens
+from proxy.tokens.protocol import MessageCounter
 from storage.records import EventRecord
 
 log = logging.getLogger("context_proxy.compaction")
@@ -123,15 +124,6 @@ def event_id(session_pk: int, kind: str, anchor_hash: str) -> str:
     return "evt_" + hashlib.sha256(f"{session_pk}:{kind}:{anchor_hash}".encode()).hexdigest()[:24]
 
 
-def reserved_tokens(body: Mapping[str, Any]) -> int:
-    """Output tokens the request reserves: its positive ``max_completion_tokens`` or ``max_tokens`` (else 0)."""
-    for key in ("max_completion_tokens", "max_tokens"):
-        value = body.get(key)
-        if isinstance(value, int) and value > 0:
-            return value
-    return 0
-
-
 class PlanLoop:
     """Runs the defenses over one request at a time; one per compactor (or replay).
 
@@ -141,8 +133,11 @@ class PlanLoop:
     lock themselves, for the worker thread of a big request).
     """
 
-    def __init__(self, settings: Settings, counter: TokenCounter, offer: OwnToolOffer, summarizer: Summarizer) -> None:
+    def __init__(self, settings: Settings, counter: MessageCounter, offer: OwnToolOffer,
+                 summarizer: Summarizer, codec: Codec) -> None:
         self.settings = settings
+        self.codec = codec
+        """Whose pieces the requests' messages are (``project`` and ``apply`` go through it)."""
         self.counter = counter
         self.offer = offer
         self.summarizer = summarizer
@@ -229,7 +224,7 @@ class PlanLoop:
             digests=req.digests,
             chain_hashes=req.chain,
             tools=count_tools,
-            reserved_output_tokens=reserved_tokens(req.body),
+            reserved_output_tokens=reserved_output_tokens(req.body),
             events=events,
             config=cfg,
             counter=self.counter,
@@ -239,6 +234,7 @@ class PlanLoop:
             force_media=force_media,
             unavailable_artifacts=frozenset(unavailable),
             truncate_first=truncate_first,
+            codec=self.codec,
         )
 
     async def execute(self, req: PlanInput, cfg: DefenseConfig, proj: Projection, events: list[EventRecord],
@@ -277,9 +273,9 @@ class PlanLoop:
         its token estimates, exact for the tools: the client's for the client, those sent for
         the forwarded."""
         own = self.offer.chosen(offer, req.raw, req.messages, req.chain, req.expanded, proj.messages, proj.applied)
-        # the chat codec: the client's bytes when the messages are the body's own, else only they change
+        # the codec: the client's bytes when the messages are the body's own, else only they change
         extra = {"tools": [*(req.body.get("tools") or []), *own]} if own else None
-        body, forwarded = apply_chat(req.body, req.raw, proj.messages, extra)
+        body, forwarded = self.codec.apply(req.body, req.raw, proj.messages, extra)
         names = frozenset(t["function"]["name"] for t in own)
         tokens_client, tokens_forwarded = proj.tokens_client, proj.tokens_forwarded
         if expected or own:

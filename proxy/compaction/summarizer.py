@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import orjson
 
 from proxy.compaction.overflow import classify_error
+from proxy.conversation.codec import Codec
 from proxy.defenses.plans import SummaryPlan
 from proxy.defenses.summarize import (
     build_summary_request_messages,
@@ -25,8 +26,9 @@ from proxy.defenses.summarize import (
 from proxy.errors import ProxyError
 from proxy.json_text import parse_json
 from proxy.settings import Settings
-from proxy.tokens.counter import TokenCounter
+from proxy.tokens.protocol import TextCounter
 from proxy.upstream.client import Upstream
+from proxy.upstream.urls import UPSTREAM_CHAT_PATH
 
 SUMMARY_ATTEMPTS = 3
 """Attempts at one summary (the chunks halved after each overflow of a summary call)."""
@@ -74,8 +76,8 @@ class UpstreamSummaryModel:
     ``Settings.summary_model``, its token-limit field). Built per request; holds no state."""
 
     def __init__(self, upstream: Upstream, model: str, client_body: Mapping[str, Any],
-                 headers: list[tuple[str, str]], tenant: str) -> None:
-        self.upstream, self.model, self.client_body = upstream, model, client_body
+                 headers: list[tuple[str, str]], tenant: str, codec: Codec) -> None:
+        self.upstream, self.model, self.client_body, self.codec = upstream, model, client_body, codec
         self.headers, self.tenant = headers, tenant
 
     async def summarize(self, previous: str | None, chunk: list[dict[str, Any]], reply_tokens: int) -> str:
@@ -84,9 +86,10 @@ class UpstreamSummaryModel:
         A failed call never fails the client's request (the caller forwards it uncompacted):
         raises ``SummaryOverflow`` for the provider's overflow error, ``SummaryFailed`` for any
         other error status, a transport error or a reply without text."""
-        body = summary_request_body(self.model, self.client_body, previous, render_transcript(chunk), reply_tokens)
+        body = summary_request_body(self.model, self.client_body, previous, render_transcript(chunk, self.codec),
+                                    reply_tokens)
         try:
-            resp = await self.upstream.send("POST", "/chat/completions", headers=self.headers,
+            resp = await self.upstream.send("POST", UPSTREAM_CHAT_PATH, headers=self.headers,
                                             content=orjson.dumps(body), tenant=self.tenant)
             try:
                 data = await resp.aread()
@@ -114,9 +117,11 @@ class Summarizer:
     """Folds a ``SummaryPlan``'s messages into its previous summary, chunk by chunk. Stateless
     past its settings and counter; one per compactor (or replay)."""
 
-    def __init__(self, settings: Settings, counter: TokenCounter) -> None:
+    def __init__(self, settings: Settings, counter: TextCounter, codec: Codec) -> None:
         self.settings = settings
         self.counter = counter
+        self.codec = codec
+        """Whose pieces a plan's messages are (their transcript and chunks)."""
 
     def reply_tokens(self, window_tokens: int) -> int:
         """The summary's output budget: ``Settings.summary_max_tokens``, at most a quarter of the
@@ -153,5 +158,5 @@ class Summarizer:
         prior = self.counter.count_text(summary) if summary else 0
         budget = max(MIN_CHUNK_TOKENS, chunk_budget_tokens(window, reply, prior) // shrink)
         if not off_loop:
-            return summary_chunks(messages, budget, self.counter)
-        return await asyncio.to_thread(summary_chunks, list(messages), budget, self.counter)
+            return summary_chunks(messages, budget, self.counter, self.codec)
+        return await asyncio.to_thread(summary_chunks, list(messages), budget, self.counter, self.codec)

@@ -9,6 +9,7 @@ this module); the round loop (``proxy.forward.rounds``), the tool rounds and the
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,9 @@ from proxy.compaction.overflow import Overflow
 from proxy.forward.session_log import LoggedRequest, SessionLog
 from storage.records import SessionRecord
 from storage.refused import RequestWrites
+
+Spawn = Callable[[Coroutine[Any, Any, LoggedRequest]], "asyncio.Task[LoggedRequest]"]
+"""Runs a write as a task (``asyncio.ensure_future``, or ``proxy.forward.log_writer.LogWriter.spawn``)."""
 
 
 @dataclass(slots=True)
@@ -70,14 +74,19 @@ class ChatContext:
     def model(self) -> str:
         return str(self.body.get("model"))
 
+    def start_append(self, spawn: Spawn = asyncio.ensure_future) -> asyncio.Task[LoggedRequest]:
+        """Start writing the client's messages, once per request (``append_task``; a second call
+        returns the first's task). ``spawn`` runs the write: the log writer's ``spawn`` to track it
+        (a stream's early write), else a plain task. The one way the messages are written early."""
+        if self.append_task is None:
+            self.append_task = spawn(self.session_log.append_request(self.session, self.messages, self.chain))
+        return self.append_task
+
     async def ensure_logged(self) -> LoggedRequest:
         """Write the client's messages now (before a compaction event anchors on them). Shielded:
         a request cancelled meanwhile (its client left) does not cancel the write. Raises
         ``storage.errors.StorageError``."""
-        if self.append_task is None:
-            write = self.session_log.append_request(self.session, self.messages, self.chain)
-            self.append_task = asyncio.ensure_future(write)
-        logged = await asyncio.shield(self.append_task)
+        logged = await asyncio.shield(self.start_append())
         self.use_session(logged)
         return logged
 

@@ -24,14 +24,15 @@ from typing import Any
 import orjson
 
 from proxy.compaction.base import Compactor
-from proxy.conversation.canonical import DigestMemo, digests_off_loop
+from proxy.conversation.canonical import digests_off_loop
 from proxy.conversation.chat_request import is_too_deep, parse_chat_request, too_deep
+from proxy.conversation.digest_memo import DigestMemo
 from proxy.errors import ProxyError
 from proxy.forward.answers import DISCONNECTED, Buffered, Reply, Streamed, Turn
 from proxy.forward.context import ChatContext
 from proxy.forward.db_health import DatabaseHealth
 from proxy.forward.log_writer import LogWriter
-from proxy.forward.rounds import CHAT_PATH, RoundLoop
+from proxy.forward.rounds import RoundLoop
 from proxy.forward.session_ids import client_session_id, header_value
 from proxy.forward.session_log import SessionLog, new_id
 from proxy.forward.sse import ReplyAssembler
@@ -40,7 +41,10 @@ from proxy.forward.tool_rounds import ToolRounds
 from proxy.settings import Settings
 from proxy.telemetry.logs import bind
 from proxy.telemetry.metrics import Metrics
-from proxy.upstream.client import Upstream, forward_request_headers, response_headers
+from proxy.tokens.protocol import MessageCounter
+from proxy.upstream.client import Upstream
+from proxy.upstream.headers import forward_request_headers, response_headers
+from proxy.upstream.urls import UPSTREAM_CHAT_PATH
 from storage.errors import StorageError, StorageUnavailable
 from storage.refused import track_writes, untrack_writes
 
@@ -56,16 +60,16 @@ class ChatPipeline:
     writes and their backpressure), ``health`` (whether the database is usable), ``digest_memo``."""
 
     def __init__(self, settings: Settings, session_log: SessionLog, upstream: Upstream, compactor: Compactor,
-                 *, metrics: Metrics | None = None) -> None:
-        self.metrics = metrics or Metrics()
+                 counter: MessageCounter, *, metrics: Metrics) -> None:
+        self.metrics = metrics
         self.settings = settings
         self.log = session_log
         self.upstream = upstream
         self.compactor = compactor
         self.health = DatabaseHealth(session_log.store)
         self.digest_memo = DigestMemo()
-        """Digests of the histories seen (bounded: ``canonical.MEMO_MAX_BYTES``)."""
-        tools = ToolRounds(settings, session_log.store, compactor)
+        """Digests of the histories seen (bounded: ``digest_memo.MEMO_MAX_BYTES``)."""
+        tools = ToolRounds(settings, session_log.store, compactor, counter)
         self.loop = RoundLoop(settings, upstream, compactor, tools, self.metrics, self.health)
         self.writer = LogWriter(settings, session_log, compactor, self.metrics, self.health)
 
@@ -148,10 +152,9 @@ class ChatPipeline:
         headers = self._client_headers(ctx, resp.headers)
 
         def started() -> None:
-            if ctx.append_task is None:
-                # a stream may last minutes: commit the client's messages while it runs, once
-                # its first byte is out (not before: the write would delay that byte)
-                ctx.append_task = self.writer.spawn(self.log.append_request(ctx.session, ctx.messages, ctx.chain))
+            # a stream may last minutes: commit the client's messages while it runs, once its
+            # first byte is out (not before: the write would delay that byte); once per request
+            ctx.start_append(self.writer.spawn)
 
         relay = relay_turn(turn, first, steps, started=started, ended=lambda: self._stream_ended(ctx, turn, steps))
 
@@ -196,7 +199,7 @@ class ChatPipeline:
         self.metrics.database_error("fail_open")
         log.warning("database unavailable: forwarding without logging or compaction (database_failure_mode=open)")
         headers = forward_request_headers(header_items, upstream_api_key=self.settings.upstream_api_key, identity=True)
-        resp = await self.upstream.send("POST", CHAT_PATH, headers=headers, content=raw, tenant=tenant)
+        resp = await self.upstream.send("POST", UPSTREAM_CHAT_PATH, headers=headers, content=raw, tenant=tenant)
         out = response_headers(resp.headers, keep_encoding=False, shared_key=self.settings.upstream_api_key is not None)
         out["x-context-proxy-warning"] = DEGRADED_WARNING
         out.pop("content-length", None)

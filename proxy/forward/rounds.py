@@ -40,9 +40,9 @@ from proxy.json_text import parse_json
 from proxy.settings import Settings
 from proxy.telemetry.metrics import Metrics
 from proxy.upstream.client import Upstream
+from proxy.upstream.urls import UPSTREAM_CHAT_PATH
 from storage.errors import StorageError
 
-CHAT_PATH = "/chat/completions"
 COMPACTING = b": context-proxy is compacting after an overflow\n\n"
 """Keep-alive comment of a stream whose later round overflowed (summary calls take a while)."""
 
@@ -94,7 +94,7 @@ class RoundLoop:
                 if ctx.internal:
                     sent = sent | {"messages": [*sent["messages"], *ctx.internal]}
                 started = time.perf_counter()
-                resp = turn.resp = await self.upstream.send("POST", CHAT_PATH, headers=ctx.upstream_headers,
+                resp = turn.resp = await self.upstream.send("POST", UPSTREAM_CHAT_PATH, headers=ctx.upstream_headers,
                                                             content=ctx.prepared.body, tenant=ctx.tenant)
                 self.metrics.upstream_answered(ctx.model, time.perf_counter() - started)
                 if resp.status_code >= 400:

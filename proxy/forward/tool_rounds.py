@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from proxy.forward.context import ChatContext
     from proxy.forward.streaming import StreamState
     from proxy.settings import Settings
+    from proxy.tokens.protocol import MessageCounter
     from storage.store import Store
 
 log = logging.getLogger("context_proxy.tools")
@@ -74,11 +75,13 @@ class ToolRounds:
     an empty answer an agent would stop on.
     """
 
-    def __init__(self, settings: Settings, store: Store, compactor: Compactor) -> None:
+    def __init__(self, settings: Settings, store: Store, compactor: Compactor, counter: MessageCounter) -> None:
         self.settings = settings
         self.store = store
         self.compactor = compactor
-        """Serves the compaction tool, and counts tokens (``Compactor.counter``)."""
+        """Serves the compaction tool."""
+        self.counter = counter
+        """Sizes the rounds' calls and results (tokens; the app's one counter, the defenses' too)."""
 
     def may_continue(self, ctx: ChatContext) -> bool:
         if ctx.read_rounds >= self.settings.read_tool_max_rounds:
@@ -94,7 +97,7 @@ class ToolRounds:
         dropped = max(0, len(calls) - MAX_CALLS_PER_ROUND)
         calls = calls[:MAX_CALLS_PER_ROUND]
         message = {"role": "assistant", "content": assistant.get("content"), "tool_calls": calls}
-        counter = self.compactor.counter
+        counter = self.counter
         spent = counter.count_message(message) + MESSAGE_FRAME_TOKENS  # the round's call, added to the prompt too
         left = self._budget_left(ctx)
         deadline = time.monotonic() + ROUND_SEARCH_S
@@ -141,7 +144,7 @@ class ToolRounds:
         """One read, at most ``budget`` tokens: served at ``budget * CHARS_PER_TOKEN`` characters,
         counted, re-read once at fewer characters if over (while the round's search time lasts),
         then cut to the budget (its last line, how to continue, kept)."""
-        counter = self.compactor.counter
+        counter = self.counter
         max_chars = max(MIN_READ_CHARS, budget * CHARS_PER_TOKEN)
         text = await serve_read(self.store, ctx.tenant, ctx.session, arguments, visible, max_chars, deadline)
         tokens = counter.count_text(text)
@@ -157,7 +160,7 @@ class ToolRounds:
 
     def spent_tokens(self, ctx: ChatContext) -> int:
         """Tokens this request's read rounds added to the prompt so far (calls and results)."""
-        counter = self.compactor.counter
+        counter = self.counter
         return sum(counter.count_message(m) + MESSAGE_FRAME_TOKENS for m in ctx.internal)
 
     def _budget_left(self, ctx: ChatContext) -> int:

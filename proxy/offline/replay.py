@@ -37,6 +37,7 @@ from proxy.compaction.plan_loop import PlanLoop
 from proxy.compaction.references import StoredContent
 from proxy.compaction.summarizer import Summarizer, SummaryModel
 from proxy.conversation.canonical import digests_and_chain
+from proxy.conversation.chat_codec import CHAT
 from proxy.defenses.config import SUMMARY_HEADER_TOKENS, DefenseConfig
 from proxy.defenses.offload import ArtifactToStore
 from proxy.defenses.summarize import PROMPT_OVERHEAD_TOKENS, render_message, render_transcript
@@ -80,7 +81,7 @@ def offline_summary(previous: str | None, messages: list[dict[str, Any]], budget
     """
     lines = [ln for ln in (previous or "").splitlines() if ln.strip()]
     for message in messages:
-        rendered = render_message(message).splitlines()
+        rendered = render_message(message, CHAT).splitlines()
         body = [ln for ln in rendered[1:] if ln.strip()]
         role = str(message.get("role", "?"))
         if body:
@@ -199,7 +200,7 @@ class _Counted:
     async def summarize(self, previous: str | None, chunk: list[dict[str, Any]], reply_tokens: int) -> str:
         prior = self.counter.count_text(previous) if previous else 0
         self.calls += 1
-        self.input_tokens += self.counter.count_text(render_transcript(chunk)) + PROMPT_OVERHEAD_TOKENS + prior
+        self.input_tokens += self.counter.count_text(render_transcript(chunk, CHAT)) + PROMPT_OVERHEAD_TOKENS + prior
         return await self.inner.summarize(previous, chunk, reply_tokens)
 
 
@@ -262,7 +263,8 @@ class _Session:
                  summary_model: SummaryModel | None) -> None:
         self.messages, self.model, self.settings, self.counter = messages, model, settings, counter
         self.window, self.fields, self.session = window, fields, session
-        self.loop = PlanLoop(settings, counter, OwnToolOffer(settings, StoredContent()), Summarizer(settings, counter))
+        self.loop = PlanLoop(settings, counter, OwnToolOffer(settings, StoredContent()),
+                             Summarizer(settings, counter, CHAT), CHAT)
         if summary_model is None:
             budget = DefenseConfig.from_settings(settings, window).summary_estimate_tokens - SUMMARY_HEADER_TOKENS
             summary_model = OfflineSummaryModel(counter, budget)

@@ -11,7 +11,7 @@ task group of a ``StreamingResponse``) cost about a fifth of a small request's C
 ``OPENAPI_PATH_ITEM`` (``ProxyApp.openapi``), so no FastAPI route stands in for it.
 
 Behaviour: authentication, the body limit (413), OpenAI's error envelopes
-(``proxy.errors.client_error``), the pipeline's headers; on a client disconnect mid-stream the
+(``proxy.routes.errors.client_error``), the pipeline's headers; on a client disconnect mid-stream the
 relay is cancelled (so the upstream request is too) and the partial reply logged by the pipeline.
 """
 
@@ -24,14 +24,15 @@ from typing import Any
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from proxy.errors import client_error
 from proxy.forward.answers import Buffered, Streamed
 from proxy.forward.session_ids import header_text
 from proxy.routes.body import read_asgi_body
+from proxy.routes.errors import client_error
 from proxy.telemetry.logs import close_request_context, open_request_context
 from proxy.telemetry.metrics import served
 
-CHAT_PATH = "/v1/chat/completions"
+CHAT_ROUTE = "/v1/chat/completions"
+"""The client's chat route on the proxy; the upstream's path is ``proxy.upstream.urls.UPSTREAM_CHAT_ROUTE``."""
 STATUS_KEY = "context_proxy.status"
 """Where ``ChatEndpoint`` puts the status of the response it starts (in the ASGI scope)."""
 
@@ -72,7 +73,7 @@ ERROR_SCHEMA: dict[str, Any] = {
 class _ChatRoute:
     """What ``MetricsMiddleware`` reads from ``scope["route"]``: the route's path template."""
 
-    path = CHAT_PATH
+    path = CHAT_ROUTE
 
 
 class ChatEndpoint:
@@ -117,7 +118,7 @@ class ChatEndpoint:
             await self(scope, receive, send)
         finally:
             try:
-                served(scope["app"].state.metrics, "POST", CHAT_PATH, fields.get("model", ""),
+                served(scope["app"].state.metrics, "POST", CHAT_ROUTE, fields.get("model", ""),
                        scope.get(STATUS_KEY, 500), started)
             finally:
                 close_request_context(token)
@@ -125,7 +126,7 @@ class ChatEndpoint:
 
 def chat_route(endpoint: ChatEndpoint) -> Route:
     """``endpoint`` in the router (``POST`` only; not in FastAPI's generated schema: see ``OPENAPI_PATH_ITEM``)."""
-    return Route(CHAT_PATH, endpoint, methods=["POST"], include_in_schema=False)
+    return Route(CHAT_ROUTE, endpoint, methods=["POST"], include_in_schema=False)
 
 
 def _encode(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:

@@ -21,14 +21,14 @@ import hashlib
 import logging
 import math
 import os
-import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from proxy.cache import Memo
+from proxy.tokens.encodings import default_cache_dir, load_cached_encoding
 from proxy.tokens.media import (
     ANTHROPIC_IMAGE_MAX_TOKENS,
     AUDIO_BYTES_PER_SECOND,
@@ -65,70 +65,6 @@ TOKENS_PER_TOOLS_BLOCK = 12
 """Framing once per request that carries tools (our estimate)."""
 FALLBACK_BYTES_PER_TOKEN = 4
 """Fallback estimate: one token per 4 UTF-8 bytes (DESIGN.md: about 4 chars per token)."""
-
-_BLOB_BASE = "https://openaipublic.blob.core.windows.net/encodings/"
-ENCODING_FILES: dict[str, tuple[str, str]] = {
-    "o200k_base": (
-        _BLOB_BASE + "o200k_base.tiktoken",
-        "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
-    ),
-    "cl100k_base": (
-        _BLOB_BASE + "cl100k_base.tiktoken",
-        "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
-    ),
-}
-"""Download URL and pinned SHA-256 of each supported encoding (as in ``tiktoken_ext.openai_public``)."""
-
-
-
-def cache_file_for(encoding_name: str, cache_dir: str) -> str:
-    """Path tiktoken reads ``encoding_name`` from: ``cache_dir/sha1(download URL)``.
-
-    Raises ``KeyError`` for an encoding not in ``ENCODING_FILES``.
-    """
-    url, _ = ENCODING_FILES[encoding_name]
-    return os.path.join(cache_dir, hashlib.sha1(url.encode()).hexdigest())
-
-
-def _default_cache_dir() -> str:
-    # The same lookup tiktoken's own loader does (tiktoken/load.py, read_file_cached).
-    return (
-        os.environ.get("TIKTOKEN_CACHE_DIR")
-        or os.environ.get("DATA_GYM_CACHE_DIR")
-        or os.path.join(tempfile.gettempdir(), "data-gym-cache")
-    )
-
-
-def _load_cached_encoding(encoding_name: str, cache_dir: str) -> tuple[Any, str | None]:
-    """Return ``(encoding, None)`` or ``(None, reason)``; never touches the network.
-
-    tiktoken downloads when its cache file is missing *or* fails the SHA-256 check, so both are
-    checked here before ``tiktoken.get_encoding`` is called.
-    """
-    if encoding_name not in ENCODING_FILES:
-        return None, f"unknown encoding {encoding_name!r}"
-    path = cache_file_for(encoding_name, cache_dir)
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        return None, f"cannot read {path}: {exc.strerror or exc}"
-    if hashlib.sha256(data).hexdigest() != ENCODING_FILES[encoding_name][1]:
-        return None, f"{path} does not match the SHA-256 tiktoken pins for {encoding_name}"
-    previous = os.environ.get("TIKTOKEN_CACHE_DIR")
-    os.environ["TIKTOKEN_CACHE_DIR"] = cache_dir
-    try:
-        import tiktoken
-
-        return tiktoken.get_encoding(encoding_name), None
-    except Exception as exc:  # noqa: BLE001 - any loader failure means: use the estimate
-        return None, f"tiktoken failed to load {encoding_name}: {exc}"
-    finally:
-        if previous is None:
-            os.environ.pop("TIKTOKEN_CACHE_DIR", None)
-        else:
-            os.environ["TIKTOKEN_CACHE_DIR"] = previous
-
 
 def estimate_text_tokens(text: str) -> int:
     """Fallback estimate of the tokens of ``text``: ``ceil(utf8_bytes / 4)``."""
@@ -174,8 +110,8 @@ class TokenCounter:
         self.encoding_name = encoding_name
         self.fallback_reason: str | None = None
         if encoding is None:
-            encoding, self.fallback_reason = _load_cached_encoding(
-                encoding_name, cache_dir or _default_cache_dir()
+            encoding, self.fallback_reason = load_cached_encoding(
+                encoding_name, cache_dir or default_cache_dir()
             )
         self._enc = encoding
         core = getattr(encoding, "_core_bpe", None)  # tiktoken's native encoder (absent in fakes)
@@ -417,15 +353,8 @@ class TokenCounter:
             self._memo.put(key, n)
         return n
 
-    def count_messages(self, messages: list[dict[str, Any]], keys: list[str] | None = None) -> int:
-        """Tokens of a message list plus the reply priming. ``keys[i]`` is the memo key of message i."""
-        total = TOKENS_PER_REPLY
-        for i, m in enumerate(messages):
-            total += self.count_message(m, keys[i] if keys else None)
-        return total
 
-
-def reserved_output_tokens(body: dict[str, Any]) -> int:
+def reserved_output_tokens(body: Mapping[str, Any]) -> int:
     """Completion tokens a request reserves: ``max_completion_tokens``, else ``max_tokens``, else 0.
 
     Non-integer or negative values count as 0 (the upstream will reject them anyway).

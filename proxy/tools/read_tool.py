@@ -18,6 +18,8 @@ request hold its very content (ids are content-addressed per tenant, so content 
 session of the tenant offloaded first is stored under that session). An id of another session
 that text in the conversation merely names reads nothing, unless the setting
 ``read_tool_scope`` is ``tenant`` (any artifact of the tenant that the request names).
+
+The tools' schemas and a call's argument checks are ``proxy.tools.schemas``'; this module serves calls.
 """
 
 from __future__ import annotations
@@ -30,20 +32,14 @@ from collections.abc import AsyncGenerator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from proxy.conversation.canonical import text_of
 from proxy.defenses.hints import archive_url
-from proxy.json_text import parse_json
 from proxy.tools.archive import stream_archive_lines
+from proxy.tools.schemas import ReadRequest, parse_arguments
 from proxy.tools.search import (
-    DEFAULT_MATCHES,
-    MAX_MATCHES,
     MAX_SEARCH_OFFSET,
     SEARCH_BUDGET_S,
-    Query,
     Searcher,
-    compile_query,
     split_lines,
 )
 from storage.records import ArtifactRecord, SessionRecord
@@ -53,8 +49,6 @@ ARTIFACT_RE = re.compile(r"\bart_[0-9a-f]{32}\b")
 ARCHIVE_RE = re.compile(r"/sessions/([^/\s`'\"?]+)/archive")
 """Any archive URL (to tell whether a request names stored content at all); which session's
 archive a request may read is decided by exact match with the current session's (``archive_urls``)."""
-DEFAULT_LIMIT_LINES = 200
-MAX_LIMIT_LINES = 2000
 MAX_SEARCH_ITEMS = 64
 """Artifacts one search without a reference reads at most (the most recently named)."""
 SEARCH_BATCH_LINES = 2000
@@ -65,55 +59,6 @@ def archive_urls(session_id: str) -> tuple[str, ...]:
     """The forms of the session's archive URL the model may see or pass: encoded, then raw."""
     encoded, raw = archive_url(session_id), f"/sessions/{session_id}/archive"
     return (encoded,) if encoded == raw else (encoded, raw)
-
-
-def read_tool_schema(name: str) -> dict[str, Any]:
-    """The read tool named ``name``, in OpenAI's function-tool shape (a new object each call: its
-    owner, ``proxy.compaction.offer.OwnToolOffer``, builds it once and shares it)."""
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": (
-                "Search and read content that context-proxy moved out of this conversation to keep it inside "
-                "the context window: offloaded tool results or messages (artifact ids, e.g. art_…, or "
-                "/artifacts/… URLs) and the archive of summarized earlier messages (/sessions/…/archive). "
-                "Search first: pass query (words; a line matches when it contains them) to find lines in all "
-                "stored content, or in one reference; then read around a match with reference, offset "
-                "(first line, from 0) and limit (number of lines)."
-            ),
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "query": {"type": "string",
-                              "description": "Words to search for (case-insensitive); best matches first."},
-                    "regex": {"type": "boolean", "description": "Treat query as a regular expression."},
-                    "reference": {"type": "string", "description": (
-                        "Artifact id, /artifacts/… URL, or /sessions/…/archive URL; without query, read it by lines.")},
-                    "offset": {"type": "integer", "description": (
-                        "First line to read (from 0), or with query the first match to list."), "minimum": 0},
-                    "limit": {"type": "integer", "description": (
-                        f"Lines to read (default {DEFAULT_LIMIT_LINES}), or with query matches to list "
-                        f"(default {DEFAULT_MATCHES})."), "minimum": 1},
-                },
-            },
-        },
-    }
-
-
-def compact_tool_schema(name: str) -> dict[str, Any]:
-    """The opt-in manual compaction tool named ``name`` (a new object each call, as ``read_tool_schema``)."""
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": (
-                "Compact this conversation now: context-proxy summarizes the earlier messages (they stay "
-                "readable in the archive). Call it between tasks, when earlier details are no longer needed."
-            ),
-            "parameters": {"type": "object", "properties": {}},
-        },
-    }
 
 
 def references_in(messages: Sequence[dict[str, Any]]) -> tuple[set[str], set[str]]:
@@ -182,50 +127,6 @@ def visible_in(forwarded: Sequence[dict[str, Any]], client: Sequence[dict[str, A
     named = any(url in text for m in forwarded for text in (text_of(m.get("content")),) if "/archive" in text
                 for url in urls)
     return Visible(tuple(artifacts), frozenset({session_id} if named else ()), client, scope)
-
-
-@dataclass(frozen=True, slots=True)
-class ReadRequest:
-    """Arguments of one read call, checked. ``query`` ``None``: read ``reference`` by lines."""
-
-    reference: str | None
-    offset: int
-    limit: int
-    query: Query | None = None
-
-
-def parse_arguments(arguments: str) -> ReadRequest | str:
-    """The call's arguments, or an error text for the model."""
-    try:
-        args = parse_json(arguments or "{}")
-    except orjson.JSONDecodeError:
-        return ("[context-proxy] The arguments were not valid JSON; pass {\"query\": \"words\"} or "
-                "{\"reference\": \"art_…\"}.")
-    if not isinstance(args, dict):
-        return "[context-proxy] Pass an object: {\"query\": \"words\"} or {\"reference\": \"art_…\"}."
-    reference = args.get("reference")
-    query_text = args.get("query")
-    if reference is not None and not isinstance(reference, str):
-        return "[context-proxy] 'reference' must be a string (art_… or /sessions/…/archive)."
-    if query_text is not None and not isinstance(query_text, str):
-        return "[context-proxy] 'query' must be a string of words."
-    if not (reference or "").strip() and not (query_text or "").strip():
-        return "[context-proxy] Pass 'query' (words to search for) and/or 'reference' (art_… or /sessions/…/archive)."
-    query = None
-    if query_text is not None and query_text.strip():
-        compiled = compile_query(query_text, args.get("regex") is True)
-        if isinstance(compiled, str):
-            return compiled
-        query = compiled
-    default, most = (DEFAULT_MATCHES, MAX_MATCHES) if query is not None else (DEFAULT_LIMIT_LINES, MAX_LIMIT_LINES)
-    offset = args.get("offset", 0)
-    limit = args.get("limit", default)
-    offset = offset if isinstance(offset, int) and not isinstance(offset, bool) and 0 <= offset < 10**9 else 0
-    if query is not None:
-        offset = min(offset, MAX_SEARCH_OFFSET)
-    limit = min(limit, most) if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else default
-    ref = reference.strip() if isinstance(reference, str) and reference.strip() else None
-    return ReadRequest(ref, offset, limit, query)
 
 
 def _slice(lines: Sequence[str], total: int | None, offset: int, max_chars: int, what: str, more: bool = False) -> str:

@@ -5,21 +5,42 @@ transport serves about 1,500 requests/s at 16 concurrent requests against about 
 own pool, and aiohttp's client used directly costs less again (0.4-0.5 ms of CPU a request
 against 0.7 ms through httpx). So the proxy sends through aiohttp, behind ``AiohttpResponse``
 (httpx's names: ``status_code``, ``headers``, ``aread``, ``aiter_raw``, ``aclose``). aiohttp's
-exceptions never leave this module: they become ``UpstreamError``s (``upstream_error``).
+exceptions never leave this module: they become ``UpstreamError``s (``aiohttp_error``).
 """
 
 from __future__ import annotations
 
+import os
+import ssl
 import zlib
 from collections.abc import AsyncIterator
 
 import aiohttp
-import httpx
+import certifi
 import yarl
 from multidict import CIMultiDictProxy
 
-from proxy.errors import UpstreamUnreachable
-from proxy.upstream.transport import TRANSPORT_ERRORS, upstream_error
+from proxy.errors import UpstreamError, UpstreamUnreachable
+from proxy.upstream.transport import OS_ERRORS, upstream_error
+
+TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError, *OS_ERRORS)
+"""What aiohttp raises when a connection fails (mapped by ``aiohttp_error``)."""
+
+
+def aiohttp_error(exc: BaseException) -> UpstreamError:
+    """Our error for one of ``TRANSPORT_ERRORS`` (``proxy.upstream.transport.upstream_error``)."""
+    return upstream_error(exc, refused=(aiohttp.ClientConnectorError,),
+                          closed=(aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError))
+
+
+def tls_context() -> ssl.SSLContext:
+    """The CAs httpx trusts (as ``httpx.create_ssl_context()`` builds them, httpx 0.28):
+    ``SSL_CERT_FILE``, else ``SSL_CERT_DIR``, else certifi's; aiohttp alone would use the system store."""
+    if os.environ.get("SSL_CERT_FILE"):
+        return ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+    if os.environ.get("SSL_CERT_DIR"):
+        return ssl.create_default_context(capath=os.environ["SSL_CERT_DIR"])
+    return ssl.create_default_context(cafile=certifi.where())
 
 
 class AiohttpResponse:
@@ -40,7 +61,7 @@ class AiohttpResponse:
         try:
             data = await self._resp.read()
         except TRANSPORT_ERRORS as exc:
-            raise upstream_error(exc) from exc
+            raise aiohttp_error(exc) from exc
         encoding = self.headers.get("content-encoding", "").strip().lower()
         if encoding in ("gzip", "x-gzip", "deflate") and data:
             try:
@@ -63,7 +84,7 @@ class AiohttpResponse:
             async for chunk in self._resp.content.iter_any():
                 yield chunk
         except TRANSPORT_ERRORS as exc:
-            raise upstream_error(exc) from exc
+            raise aiohttp_error(exc) from exc
 
     async def aclose(self) -> None:
         resp = self._resp
@@ -86,9 +107,8 @@ class AiohttpTransport:
     """
 
     def __init__(self, *, pool_size: int, connect_timeout_s: float, read_timeout_s: float, keepalive_s: float) -> None:
-        # certifi's CAs, as httpx trusted before (aiohttp alone would use the system store)
         connector = aiohttp.TCPConnector(limit=pool_size, keepalive_timeout=keepalive_s, ttl_dns_cache=60,
-                                         ssl=httpx.create_ssl_context())
+                                         ssl=tls_context())
         self._session = aiohttp.ClientSession(
             connector=connector,
             timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s,
@@ -106,7 +126,7 @@ class AiohttpTransport:
         try:
             resp = await self._session.request(method, url, headers=headers, data=content, allow_redirects=False)
         except TRANSPORT_ERRORS as exc:
-            raise upstream_error(exc) from exc
+            raise aiohttp_error(exc) from exc
         return AiohttpResponse(resp)
 
     async def aclose(self) -> None:

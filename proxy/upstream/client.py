@@ -12,17 +12,14 @@ from __future__ import annotations
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 
-import httpx
 import yarl
 
 from proxy.admission import PoolShare
 from proxy.upstream.aiohttp_transport import AiohttpTransport
-from proxy.upstream.headers import forward_request_headers, response_headers
-from proxy.upstream.httpx_transport import HttpxTransport
 from proxy.upstream.transport import UpstreamResponse, UpstreamTransport
 from proxy.upstream.urls import join, upstream_base
 
-__all__ = ["HeldResponse", "Upstream", "forward_request_headers", "response_headers"]
+__all__ = ["HeldResponse", "Upstream"]
 
 URL_MEMO_PATHS = 256
 """Parsed upstream URLs kept per path (building one was ~2% of a small request's CPU)."""
@@ -64,8 +61,8 @@ class Upstream:
     ``tenant_pool_share`` of them (a fraction, at least one) for one tenant; a slot not free
     within ``connect_timeout_s`` raises ``ProxyBusy`` (503): the proxy is full, the provider did
     not time out. The slot is held until ``aclose`` (or, for a response nobody closes, until it
-    is garbage). Timeouts: see ``AiohttpTransport``. ``transport``: an ``httpx`` transport (wrapped
-    in ``HttpxTransport``) or any ``UpstreamTransport``; ``None``: aiohttp.
+    is garbage). Timeouts: see ``AiohttpTransport``. ``transport``: any ``UpstreamTransport``
+    (tests wrap an httpx transport in ``proxy.upstream.httpx_transport.HttpxTransport``); ``None``: aiohttp.
     Memo: the parsed URL of at most ``URL_MEMO_PATHS`` paths of at most ``URL_MEMO_PATH_CHARS``
     characters (cleared whole when full).
     """
@@ -79,22 +76,16 @@ class Upstream:
         read_timeout_s: float,
         keepalive_s: float = 4.0,
         tenant_pool_share: float = 1.0,
-        transport: httpx.AsyncBaseTransport | UpstreamTransport | None = None,
+        transport: UpstreamTransport | None = None,
     ) -> None:
         self.slots = PoolShare(pool_size, int(pool_size * tenant_pool_share))
         self._slot_timeout_s = connect_timeout_s
         self.base = upstream_base(base_url)  # requests go there only (``proxy.upstream.urls``)
         self.base_url = str(self.base)
         self._urls: dict[str, yarl.URL] = {}  # path -> parsed URL (the chat path, mostly)
-        self.transport: UpstreamTransport
-        if transport is None:
-            self.transport = AiohttpTransport(pool_size=pool_size, connect_timeout_s=connect_timeout_s,
-                                              read_timeout_s=read_timeout_s, keepalive_s=keepalive_s)
-        elif isinstance(transport, httpx.AsyncBaseTransport):
-            self.transport = HttpxTransport(transport, pool_size=pool_size, connect_timeout_s=connect_timeout_s,
-                                            read_timeout_s=read_timeout_s, keepalive_s=keepalive_s)
-        else:
-            self.transport = transport
+        self.transport: UpstreamTransport = transport if transport is not None else AiohttpTransport(
+            pool_size=pool_size, connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s,
+            keepalive_s=keepalive_s)
 
     def url(self, path: str) -> str:
         """The upstream URL for ``path`` (relative to ``/v1``, e.g. ``/chat/completions``; raises

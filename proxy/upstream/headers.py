@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-import httpx
-
 HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -87,7 +85,8 @@ def response_headers(headers: Mapping[str, str], *, keep_encoding: bool, shared_
     ``shared_key`` (the proxy's own upstream key) the operator's account headers as well
     (``OPERATOR_RESPONSE_HEADERS``)."""
     out: dict[str, str] = {}
-    pairs = list(headers.multi_items() if isinstance(headers, httpx.Headers) else headers.items())
+    multi = getattr(headers, "multi_items", None)  # ``httpx.Headers``: each repeated name's value apart
+    pairs = list(multi() if multi is not None else headers.items())
     named = connection_tokens(pairs)
     for name, value in pairs:
         low = name.lower()

@@ -1,7 +1,7 @@
 """``UpstreamTransport`` over an injected ``httpx`` transport (tests' ``MockTransport`` or
 ``ASGITransport``, the benchmarks' httpx row): ``create_app(..., upstream_transport=...)``.
 
-httpx's exceptions never leave this module: they become ``UpstreamError``s (``upstream_error``).
+httpx's exceptions never leave this module: they become ``UpstreamError``s (``httpx_error``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,17 @@ from collections.abc import AsyncIterator
 import httpx
 import yarl
 
-from proxy.upstream.transport import TRANSPORT_ERRORS, upstream_error
+from proxy.errors import UpstreamError
+from proxy.upstream.transport import OS_ERRORS, upstream_error
+
+TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (httpx.HTTPError, *OS_ERRORS)
+"""What httpx raises when a connection fails (mapped by ``httpx_error``)."""
+
+
+def httpx_error(exc: BaseException) -> UpstreamError:
+    """Our error for one of ``TRANSPORT_ERRORS`` (``proxy.upstream.transport.upstream_error``)."""
+    return upstream_error(exc, timeouts=(httpx.TimeoutException,), refused=(httpx.ConnectError,),
+                          closed=(httpx.RemoteProtocolError, httpx.ReadError))
 
 
 class HttpxResponse:
@@ -31,14 +41,14 @@ class HttpxResponse:
         try:
             return await self._resp.aread()
         except TRANSPORT_ERRORS as exc:
-            raise upstream_error(exc) from exc
+            raise httpx_error(exc) from exc
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         try:
             async for chunk in self._resp.aiter_raw():
                 yield chunk
         except TRANSPORT_ERRORS as exc:
-            raise upstream_error(exc) from exc
+            raise httpx_error(exc) from exc
 
     async def aclose(self) -> None:
         try:
@@ -67,7 +77,7 @@ class HttpxTransport:
             request = self._client.build_request(method, str(url), headers=headers, content=content)
             return HttpxResponse(await self._client.send(request, stream=True))
         except TRANSPORT_ERRORS as exc:
-            raise upstream_error(exc) from exc
+            raise httpx_error(exc) from exc
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -8,8 +8,9 @@ benchmarks' httpx row); a test may pass any object with this shape (a fake provi
 
 Errors: ``send``, ``aread`` and ``aiter_raw`` raise ``UpstreamError`` subclasses only
 (``UpstreamTimeout``, 504; ``UpstreamUnreachable``, 502), never aiohttp's, httpx's or ``OSError``:
-each transport maps its library's exceptions with ``upstream_error`` where they occur, so no
-caller handles another library's exception types. ``asyncio.CancelledError`` passes through.
+each transport maps its library's exceptions with ``upstream_error`` where they occur (naming
+which of its classes are timeouts, refused connections and closed ones), so no caller handles
+another library's exception types and nothing here imports aiohttp or httpx. ``asyncio.CancelledError`` passes through.
 """
 
 from __future__ import annotations
@@ -18,14 +19,13 @@ import asyncio
 from collections.abc import AsyncIterator, Mapping
 from typing import Protocol
 
-import aiohttp
-import httpx
 import yarl
 
 from proxy.errors import UpstreamError, UpstreamTimeout, UpstreamUnreachable
 
-TRANSPORT_ERRORS = (httpx.HTTPError, aiohttp.ClientError, OSError, asyncio.TimeoutError)
-"""What aiohttp and httpx raise when a connection fails: the transports map them (``upstream_error``)."""
+OS_ERRORS: tuple[type[BaseException], ...] = (OSError, asyncio.TimeoutError)
+"""What any transport may raise when a connection fails, besides its library's own errors."""
+Classes = tuple[type[BaseException], ...]
 
 DESCRIPTION_CHARS = 300
 """An error's text is cut to this many characters in the message a client gets."""
@@ -71,18 +71,19 @@ class UpstreamTransport(Protocol):
     async def aclose(self) -> None: ...
 
 
-def upstream_error(exc: BaseException) -> UpstreamError:
-    """Our error for an exception of ``TRANSPORT_ERRORS`` (aiohttp, httpx, ``OSError``, timeouts):
-    a timeout is ``UpstreamTimeout``, anything else ``UpstreamUnreachable`` (its message says
-    which, in at most ``DESCRIPTION_CHARS`` of the library's text). Transports call it in
-    ``except TRANSPORT_ERRORS as exc: raise upstream_error(exc) from exc``."""
-    if isinstance(exc, (httpx.TimeoutException, asyncio.TimeoutError, TimeoutError)):
+def upstream_error(exc: BaseException, *, timeouts: Classes = (), refused: Classes = (),
+                   closed: Classes = ()) -> UpstreamError:
+    """Our error for a transport's exception (its library's, ``OS_ERRORS``): a timeout (one of
+    ``timeouts``, or asyncio's) is ``UpstreamTimeout``, anything else ``UpstreamUnreachable``
+    (its message says which: ``refused``, a connection that could not be made; ``closed``, one
+    that broke; in at most ``DESCRIPTION_CHARS`` of the library's text). A transport calls it
+    with its library's classes (``aiohttp_error``, ``httpx_error``)."""
+    if isinstance(exc, (*timeouts, asyncio.TimeoutError, TimeoutError)):
         # before the connection errors: aiohttp's timeouts are ``ClientError`` subclasses too
         return UpstreamTimeout(f"The upstream provider did not answer in time ({type(exc).__name__}).")
-    if isinstance(exc, (httpx.ConnectError, aiohttp.ClientConnectorError)):
+    if isinstance(exc, refused):
         return UpstreamUnreachable(f"The upstream provider could not be reached: {_describe(exc)}")
-    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError,
-                        httpx.RemoteProtocolError, httpx.ReadError, ConnectionError)):
+    if isinstance(exc, (*closed, ConnectionError)):
         return UpstreamUnreachable(f"The upstream provider closed the connection: {_describe(exc)}")
     return UpstreamUnreachable(f"Upstream transport error: {_describe(exc)}")
 

@@ -19,6 +19,9 @@ import yarl
 from proxy.errors import BadRequest
 
 ALLOWED_SCHEMES = frozenset({"http", "https"})
+UPSTREAM_CHAT_PATH = "/chat/completions"
+"""Where chat completions go on the upstream (joined onto ``upstream_url``, which ends in ``/v1``
+or the provider's own prefix); the client's route is ``proxy.routes.chat.CHAT_ROUTE``."""
 
 _ENCODED_SEPARATOR = re.compile(r"%(2f|5c)", re.IGNORECASE)
 _DOUBLE_ENCODED = re.compile(r"%25(?:25)*(?:2e|2f|5c|3b)", re.IGNORECASE)

@@ -15,7 +15,7 @@ class DriverStatement:
 
     ``execute(conn, values)`` / ``executemany(conn, rows)`` take the values by bind name (as
     ``conn.execute`` does), convert them with the compiled statement's bind processors (the
-    column types' own: ``storage.tables`` gives each of its types one bind function on SQLite,
+    column types' own: ``storage.columns`` gives each of its types one bind function on SQLite,
     the one SQLAlchemy's statements use too), and call ``sqlite3`` directly inside ``conn``'s
     transaction. They return the rows changed (``executemany``: the sum, so an ``INSERT .. ON
     CONFLICT DO NOTHING`` counts the rows it added). SQLAlchemy's per-execution work (execution

@@ -11,14 +11,15 @@ import orjson
 import pytest
 
 from proxy.compaction.offer import OwnToolOffer
-from proxy.compaction.plan_loop import MAX_PLAN_ROUNDS, PlanLoop, event_id, reserved_tokens
+from proxy.compaction.plan_loop import MAX_PLAN_ROUNDS, PlanLoop, event_id
 from proxy.compaction.references import StoredContent
 from proxy.compaction.summarizer import Summarizer, SummaryFailed, SummaryModel
 from proxy.conversation.canonical import digests_and_chain
+from proxy.conversation.chat_codec import CHAT
 from proxy.defenses.offload import ArtifactToStore
 from proxy.offline.replay import ReplayRequest, ReplaySession
 from proxy.settings import Settings
-from proxy.tokens.counter import TokenCounter, load_counter
+from proxy.tokens.counter import TokenCounter, load_counter, reserved_output_tokens
 from storage.records import EventRecord
 from tests.conftest import SHARED_DIR
 
@@ -82,7 +83,7 @@ class Effects:
 
 def loop_of(counter: TokenCounter, **settings: Any) -> PlanLoop:
     s = Settings(**settings)
-    return PlanLoop(s, counter, OwnToolOffer(s, StoredContent()), Summarizer(s, counter))
+    return PlanLoop(s, counter, OwnToolOffer(s, StoredContent()), Summarizer(s, counter, CHAT), CHAT)
 
 
 def request(messages: list[dict[str, Any]], **fields: Any) -> ReplayRequest:
@@ -108,9 +109,10 @@ def test_event_ids_keep_their_value() -> None:
 
 
 def test_reserved_tokens_read_the_clients_token_limit() -> None:
-    assert reserved_tokens({"max_completion_tokens": 300, "max_tokens": 100}) == 300
-    assert reserved_tokens({"max_tokens": 100}) == 100
-    assert reserved_tokens({"max_tokens": 0}) == reserved_tokens({"max_tokens": "9"}) == reserved_tokens({}) == 0
+    assert reserved_output_tokens({"max_completion_tokens": 300, "max_tokens": 100}) == 300
+    assert reserved_output_tokens({"max_tokens": 100}) == 100
+    assert reserved_output_tokens({"max_tokens": 0}) == reserved_output_tokens({"max_tokens": "9"}) == 0
+    assert reserved_output_tokens({}) == reserved_output_tokens({"max_tokens": True}) == 0
 
 
 async def test_an_untouched_request_is_forwarded_as_the_clients_bytes(counter: TokenCounter) -> None:

@@ -18,6 +18,7 @@ import orjson
 import pytest
 
 from proxy.compaction.summarizer import summary_request_body
+from proxy.conversation.chat_codec import CHAT
 from proxy.defenses.summarize import render_transcript
 from proxy.offline.replay import ReplaySession, areplay, load_trace, request_indices
 from tests.benchmarks.inproc import CLIENT_HEADERS, InProcessProxy
@@ -43,7 +44,7 @@ class FakeSummaries:
         self.bodies: list[bytes] = []
 
     async def summarize(self, previous: str | None, chunk: list[dict[str, Any]], reply_tokens: int) -> str:
-        body = summary_request_body(MODEL, self.client_body, previous, render_transcript(chunk), reply_tokens)
+        body = summary_request_body(MODEL, self.client_body, previous, render_transcript(chunk, CHAT), reply_tokens)
         self.bodies.append(orjson.dumps(body))
         reply = respond_summary(build_prompt(body, self.state.summary_substring), self.state)
         assert reply is not None and reply.content

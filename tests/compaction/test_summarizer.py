@@ -13,6 +13,7 @@ from proxy.compaction.summarizer import (
     SummaryOverflow,
     summary_request_body,
 )
+from proxy.conversation.chat_codec import CHAT
 from proxy.defenses.plans import SummaryPlan
 from proxy.settings import Settings
 from proxy.tokens.counter import TokenCounter, load_counter
@@ -50,7 +51,7 @@ class Model:
 
 
 def test_the_reply_budget_is_the_setting_at_most_a_quarter_of_the_window(counter: TokenCounter) -> None:
-    s = Summarizer(Settings(summary_max_tokens=2048), counter)
+    s = Summarizer(Settings(summary_max_tokens=2048), counter, CHAT)
     assert s.reply_tokens(128_000) == 2048
     assert s.reply_tokens(4096) == 1024
     assert s.reply_tokens(100) == 64
@@ -58,7 +59,7 @@ def test_the_reply_budget_is_the_setting_at_most_a_quarter_of_the_window(counter
 
 async def test_chunks_are_folded_into_the_running_summary_in_order(counter: TokenCounter) -> None:
     model = Model()
-    text = await Summarizer(Settings(), counter).fold(plan_of(MESSAGES, "S0"), 4096, model, off_loop=False)
+    text = await Summarizer(Settings(), counter, CHAT).fold(plan_of(MESSAGES, "S0"), 4096, model, off_loop=False)
     assert len(model.calls) > 1, "the transcript does not fit one 4k call"
     assert [c[0] for c in model.calls] == ["S0", *(f"S{i}" for i in range(1, len(model.calls)))]
     assert sum(c[1] for c in model.calls) == len(MESSAGES)
@@ -66,7 +67,7 @@ async def test_chunks_are_folded_into_the_running_summary_in_order(counter: Toke
 
 
 async def test_an_overflowing_call_halves_the_chunks_and_believes_a_smaller_stated_window(counter: TokenCounter) -> None:
-    s = Summarizer(Settings(), counter)
+    s = Summarizer(Settings(), counter, CHAT)
     plain = Model()
     await s.fold(plan_of(MESSAGES), 8192, plain, off_loop=False)
     model = Model(overflows=1, limit=4096)
@@ -80,12 +81,12 @@ async def test_an_overflowing_call_halves_the_chunks_and_believes_a_smaller_stat
 async def test_three_overflows_give_up(counter: TokenCounter) -> None:
     model = Model(overflows=SUMMARY_ATTEMPTS)
     with pytest.raises(SummaryFailed):
-        await Summarizer(Settings(), counter).fold(plan_of(MESSAGES[:2]), 8192, model, off_loop=False)
+        await Summarizer(Settings(), counter, CHAT).fold(plan_of(MESSAGES[:2]), 8192, model, off_loop=False)
     assert len(model.calls) == SUMMARY_ATTEMPTS
 
 
 async def test_off_loop_splits_the_same_chunks(counter: TokenCounter) -> None:
-    s = Summarizer(Settings(), counter)
+    s = Summarizer(Settings(), counter, CHAT)
     on, off = Model(), Model()
     assert await s.fold(plan_of(MESSAGES), 4096, on, off_loop=False) == await s.fold(plan_of(MESSAGES), 4096, off,
                                                                                      off_loop=True)

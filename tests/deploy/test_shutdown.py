@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,14 +19,9 @@ from tests.conftest import SHARED_DIR
 from tests.deploy.conftest import REPO_DIR
 from tests.fakes.server import UvicornServer
 from tests.fakes.upstream import create_fake_upstream
+from tests.support.ports import free_port
 
 REPLY = " ".join(f"word{i}" for i in range(60))  # 20 chunks of three words
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 30) -> None:
@@ -47,7 +41,7 @@ def test_sigterm_lets_the_stream_finish_then_exits_0(tmp_path: Path) -> None:
     fake, state = create_fake_upstream()
     state.chunk_delay_s = 0.1
     state.script.append({"role": "assistant", "content": REPLY})
-    port = _free_port()
+    port = free_port()
     database_url = f"sqlite:///{tmp_path / 'proxy.db'}"
     stderr_path = tmp_path / "stderr.log"
     with UvicornServer(fake) as upstream, stderr_path.open("w") as stderr:

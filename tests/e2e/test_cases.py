@@ -168,7 +168,7 @@ def test_case_005_three_compactions_keep_the_first_task(proxy: Proxy, upstream: 
     question = messages.pop()  # the final QUESTION
     body = {k: v for k, v in case["request"].items() if k != "messages"}
     n = 5
-    for send in range(3):
+    for _ in range(3):
         r = post(proxy, body | {"messages": [*messages, question]}, **{"x-session-id": "case-005"})
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["message"]["content"] == "ANSWER: T-4471"

@@ -10,29 +10,21 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-import time
 from collections.abc import Callable
 from typing import Any
 
 import openai
 import pytest
 
-from storage.tables import PACKED_COLUMNS, unpack
+from storage.columns import unpack
+from storage.tables import PACKED_COLUMNS
 from tests.e2e.conftest import CLIENT_KEY, Proxy, Upstream
+from tests.support.polling import wait_for
 
 OTHER_KEY = "sk-other-tenant-key-9876543210"
 ADMIN_KEY = "sk-admin-key-5555555555"
 UPSTREAM_KEY = "sk-upstream-provider-key-4242424242"
 ALL_KEYS = (CLIENT_KEY, OTHER_KEY, ADMIN_KEY, UPSTREAM_KEY)
-
-
-def wait_for(check: Callable[[], Any], timeout_s: float = 5.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.02)
 
 
 def database_text(database_url: str) -> str:

@@ -16,14 +16,10 @@ import openai
 import pytest
 
 from tests.e2e.conftest import Proxy, Upstream
+from tests.support.polling import wait_for
 
 ENVELOPE_KEYS = {"message", "type", "param", "code"}
 TRACE_MARKERS = ("Traceback", 'File "', "site-packages", "Error(", "\n  ")
-
-
-@pytest.fixture
-def plain_proxy(proxy_factory: Callable[..., Proxy]) -> Proxy:
-    return proxy_factory(compaction_enabled=False)
 
 
 def assert_envelope(body: Any, status_type: str) -> dict[str, Any]:
@@ -46,16 +42,6 @@ def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def wait_for(check: Callable[[], Any], timeout_s: float = 5.0) -> Any:
-    """Poll ``check`` until it returns a truthy value; the log is written while the request runs."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.02)
 
 
 def logged_messages(proxy: Proxy, session_id: str) -> list[dict[str, Any]]:

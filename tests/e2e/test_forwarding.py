@@ -13,7 +13,6 @@ import base64
 import json
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -52,17 +51,6 @@ TOOLS = [
                                       "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}},
 ]
 REPLIES = {"text": TEXT_REPLY, "parallel_tool_calls": PARALLEL_REPLY, "content_and_call": CONTENT_AND_CALL_REPLY}
-
-
-@pytest.fixture(params=[False, True], ids=["plain", "compaction"])
-def any_proxy(request: pytest.FixtureRequest, proxy_factory: Callable[..., Proxy]) -> Proxy:
-    """The proxy with the defenses off (pure forwarding) and on (the default a user runs)."""
-    return proxy_factory(compaction_enabled=request.param)
-
-
-@pytest.fixture
-def plain_proxy(proxy_factory: Callable[..., Proxy]) -> Proxy:
-    return proxy_factory(compaction_enabled=False)
 
 
 def direct_client(upstream: Upstream) -> openai.OpenAI:

@@ -8,26 +8,16 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.e2e.conftest import Proxy, Upstream
+from tests.support.polling import wait_for
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 LIST_KEYS = {"object", "data", "first_id", "last_id", "has_more"}
-
-
-@pytest.fixture(params=[False, True], ids=["plain", "compaction"])
-def any_proxy(request: pytest.FixtureRequest, proxy_factory: Callable[..., Proxy]) -> Proxy:
-    return proxy_factory(compaction_enabled=request.param)
-
-
-@pytest.fixture
-def plain_proxy(proxy_factory: Callable[..., Proxy]) -> Proxy:
-    return proxy_factory(compaction_enabled=False)
 
 
 def db_rows(database_url: str, sql: str) -> list[tuple[Any, ...]]:
@@ -39,16 +29,6 @@ def db_rows(database_url: str, sql: str) -> list[tuple[Any, ...]]:
 
     with psycopg.connect(database_url) as conn:
         return conn.execute(sql).fetchall()
-
-
-def wait_for(check: Callable[[], Any], timeout_s: float = 5.0) -> Any:
-    """Poll ``check`` until truthy: the reply and request record are logged as the response ends."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.02)
 
 
 def get(http: httpx.Client, path: str, **params: Any) -> Any:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from proxy.tools.read_tool import compact_tool_schema, read_tool_schema
+from proxy.tools.schemas import compact_tool_schema, read_tool_schema
 from tests.e2e.conftest import Upstream, wait_logged
 from tests.fakes.responders import Prompt, Reply
 from tests.strict import validate_chat_messages

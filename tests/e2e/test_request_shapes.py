@@ -1,6 +1,8 @@
 """Request shapes the proxy reads (issue 16, item 12): each ill-typed one is a 400 in OpenAI's
 envelope whose ``param`` names the field, never a 500; what the proxy does not read passes as it
-came (the provider decides); a body nested too deep is told apart from other encode errors."""
+came (the provider decides); a body nested too deep is told apart from other encode errors.
+
+The shapes run on the in-process tier (no sockets needed), on both databases."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.e2e.conftest import Proxy, Upstream
+from tests.e2e.conftest import Proxy
+from tests.support.inprocess import FakeProvider, InProcessProxy
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
@@ -62,26 +65,33 @@ FORWARDED: dict[str, dict[str, Any]] = {
 """Bodies the proxy does not need to understand: forwarded (the provider answers), never a 5xx."""
 
 
+@pytest.fixture
+def inprocess_database_url(database_url: str) -> str:
+    return database_url  # both databases, as on the real servers
+
+
 @pytest.mark.parametrize("name", list(REFUSED))
-def test_ill_typed_shapes_the_proxy_reads_are_400_naming_the_field(proxy: Proxy, upstream: Upstream, name: str) -> None:
+async def test_ill_typed_shapes_the_proxy_reads_are_400_naming_the_field(inprocess_proxy: InProcessProxy,
+                                                                        fake_provider: FakeProvider, name: str) -> None:
     payload, param = REFUSED[name]
-    before = len(upstream.state.requests)
-    with proxy.http() as http:
-        r = http.post("/v1/chat/completions", content=orjson.dumps(payload), headers={"content-type": "application/json"})
+    before = len(fake_provider.state.requests)
+    r = await inprocess_proxy.http.post("/v1/chat/completions", content=orjson.dumps(payload),
+                                        headers={"content-type": "application/json"})
     assert r.status_code == 400, (r.status_code, r.text[:300])
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param, error
     assert param in error["message"] and "nested" not in error["message"], error
-    assert len(upstream.state.requests) == before  # refused by the proxy, never forwarded
+    assert len(fake_provider.state.requests) == before  # refused by the proxy, never forwarded
 
 
 @pytest.mark.parametrize("name", list(FORWARDED))
-def test_shapes_the_proxy_does_not_read_are_forwarded(proxy: Proxy, upstream: Upstream, name: str) -> None:
-    before = len(upstream.state.requests)
-    with proxy.http() as http:
-        r = http.post("/v1/chat/completions", content=orjson.dumps(FORWARDED[name]), headers={"content-type": "application/json"})
+async def test_shapes_the_proxy_does_not_read_are_forwarded(inprocess_proxy: InProcessProxy, fake_provider: FakeProvider,
+                                                            name: str) -> None:
+    before = len(fake_provider.state.requests)
+    r = await inprocess_proxy.http.post("/v1/chat/completions", content=orjson.dumps(FORWARDED[name]),
+                                        headers={"content-type": "application/json"})
     assert r.status_code < 500, (r.status_code, r.text[:300])
-    assert len(upstream.state.requests) > before  # the provider saw it
+    assert len(fake_provider.state.requests) > before  # the provider saw it
 
 
 def test_a_type_error_of_ours_is_not_reported_as_deep_nesting(proxy: Proxy, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -28,10 +28,11 @@ from typing import Any
 
 import httpx
 
-from tests.conftest import REPO_DIR, SHARED_DIR, _free_port
+from tests.conftest import REPO_DIR, SHARED_DIR
 from tests.reliability.adversarial_report import before_path, render_section
 from tests.reliability.load import as_json, run_load
 from tests.reliability.probes import PgCluster, ServeProcess, log_consistency, query
+from tests.support.ports import free_port
 
 FAKE_SERVER = (
     "import sys, uvicorn; from tests.fakes.upstream import create_fake_upstream; "
@@ -58,7 +59,7 @@ def run_tests(tmp: Path, fuzz_examples: int, schema_examples: int) -> dict[str, 
 
 def run_full_load(tmp: Path, concurrency: int, duration_s: float) -> dict[str, Any]:
     cluster = PgCluster().start()
-    port = _free_port()
+    port = free_port()
     fake = subprocess.Popen([sys.executable, "-c", FAKE_SERVER, str(port)], cwd=REPO_DIR,
                             env=os.environ | {"TIKTOKEN_CACHE_DIR": str(SHARED_DIR / "tiktoken"), "PYTHONPATH": str(REPO_DIR)})
     proxy = None

@@ -23,7 +23,8 @@ from typing import Any
 
 import httpx
 
-from tests.conftest import REPO_DIR, SHARED_DIR, _free_port
+from tests.conftest import REPO_DIR, SHARED_DIR
+from tests.support.ports import free_port
 
 PROXY_NOFILE = 4096
 """File-descriptor limit the proxy runs with (``RLIMIT_NOFILE``), so that the idle-socket flood
@@ -91,7 +92,7 @@ class Proxy:
 
     def __init__(self, tree: Path, tmp: Path, upstream_url: str, database_url: str, cleanup: Cleanup, **env: str) -> None:
         self.tree, self.cleanup = tree, cleanup
-        self.port = _free_port()
+        self.port = free_port()
         self.log_path = tmp / f"serve-{self.port}.log"
         self.env = os.environ | {"TIKTOKEN_CACHE_DIR": str(SHARED_DIR / "tiktoken"), "PYTHONPATH": str(tree),
                                  "CONTEXT_PROXY_LOG_LEVEL": "info"} | env
@@ -244,7 +245,7 @@ class Watch:
         self.over_cap = threading.Event()
         self._stop = threading.Event()
 
-    def __enter__(self) -> Watch:  # noqa: PYI034
+    def __enter__(self) -> Watch:
         self.t0 = time.monotonic()
         self.rss0, self.fds0 = self.proxy.rss_mb(), self.proxy.fds()
         self.rss_peak, self.fds_peak = self.rss0, self.fds0

@@ -24,8 +24,10 @@ from typing import Any
 import httpx
 import psutil
 
-from storage.tables import PACKED_COLUMNS, unpack
-from tests.conftest import REPO_DIR, SHARED_DIR, _free_port, _pg_binary
+from storage.columns import unpack
+from storage.tables import PACKED_COLUMNS
+from tests.conftest import REPO_DIR, SHARED_DIR, _pg_binary
+from tests.support.ports import free_port
 
 ENVELOPE_KEYS = {"message", "type", "param", "code"}
 
@@ -57,10 +59,10 @@ def assert_envelope(resp: httpx.Response, status: int | None = None) -> dict[str
     """``resp`` is a 4xx/5xx in OpenAI's error envelope (and ``status`` if given); returns ``error``."""
     if status is not None:
         assert resp.status_code == status, (resp.status_code, resp.text[:300])
-    assert 400 <= resp.status_code, resp.status_code
+    assert resp.status_code >= 400, resp.status_code
     assert resp.headers.get("content-type", "").startswith("application/json"), resp.headers
     error = resp.json()["error"]
-    assert ENVELOPE_KEYS <= set(error) and isinstance(error["message"], str) and error["message"]
+    assert set(error) >= ENVELOPE_KEYS and isinstance(error["message"], str) and error["message"]
     return error
 
 
@@ -139,7 +141,7 @@ class PgCluster:
     """
 
     def __init__(self, port: int | None = None) -> None:
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.root = Path(tempfile.mkdtemp(prefix="context-proxy-pg-rel-"))
         self.data = self.root / "data"
         self._as: list[str] = []
@@ -182,7 +184,7 @@ class ServeProcess:
     """``python -m proxy.cli serve`` on a free port; stderr (JSON log lines) kept in a file."""
 
     def __init__(self, tmp: Path, upstream_url: str, database_url: str, **env: str) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.stderr_path = tmp / f"serve-{self.port}.log"
         self.env = os.environ | {"TIKTOKEN_CACHE_DIR": str(SHARED_DIR / "tiktoken")} | env
         self.args = [sys.executable, "-m", "proxy.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),

@@ -117,7 +117,7 @@ def test_database_down_while_serving_closed_and_open(upstream: Upstream, cluster
             wait_until(lambda: ready(c), 30, "ready again")
             attempts = 0
             for http in (c, o):
-                for attempt in range(3):
+                for _ in range(3):
                     attempts += 1
                     r = http.post("/v1/chat/completions", json=BODY | {"messages": [{"role": "user", "content": "back"}]},
                                   headers={"x-session-id": "back"})
@@ -258,7 +258,7 @@ def test_a_refused_reply_write_is_counted_and_logged_and_the_next_one_lands(
     proxy_factory: Callable[..., Any], upstream: Upstream, sqlite_database_url: str, caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The end of a request is queued without a task on SQLite (``_finish_nowait``). When that write
+    """The end of a request is queued without a task on SQLite (``Store.append_and_record``). When that write
     is refused, the client has its answer all the same; the failure is logged with the request's
     ids and counted (``database_errors_total{where="log"}``), and the next request is logged."""
     import logging
@@ -274,8 +274,9 @@ def test_a_refused_reply_write_is_counted_and_logged_and_the_next_one_lands(
         wait_logged(proxy, "refused", 1)  # the session's messages are known: the next end is queued
         pipeline = proxy.server.config.app.state.proxy.pipeline
         tasks: list[int] = []
-        real_finish = pipeline._finish
-        monkeypatch.setattr(pipeline, "_finish", lambda *a, **k: tasks.append(1) or real_finish(*a, **k))
+        real_after = pipeline.writer._after_append
+        monkeypatch.setattr(pipeline.writer, "_after_append", lambda *a, **k: tasks.append(1) or real_after(*a, **k))
+        monkeypatch.setattr(pipeline.log, "_spawn", lambda *a, **k: tasks.append(1))  # (a read first: a task)
         db = sqlite3.connect(path, isolation_level=None)
         db.execute("CREATE TRIGGER refuse BEFORE INSERT ON requests BEGIN SELECT RAISE(ABORT, 'refused'); END")
         try:
@@ -310,7 +311,7 @@ def test_a_reply_the_log_cannot_hash_is_answered_and_reported(sqlite_database_ur
 
     async def deep_upstream(scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
         if scope["type"] == "lifespan":
-            while (message := await receive())["type"] != "lifespan.shutdown":
+            while (await receive())["type"] != "lifespan.shutdown":
                 await send({"type": "lifespan.startup.complete"})
             await send({"type": "lifespan.shutdown.complete"})
             return

@@ -26,6 +26,7 @@ from proxy.settings import Settings
 from tests.conftest import REPO_DIR, SHARED_DIR
 from tests.e2e.conftest import Upstream
 from tests.fakes.server import UvicornServer
+from tests.support.ports import free_port
 
 KEY = {"authorization": "Bearer sk-test-bounds-0123456789"}
 
@@ -298,19 +299,13 @@ def _read_until(sock: socket.socket, marker: bytes, timeout_s: float = 10.0) -> 
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_serve_idle_socket_flood_keeps_descriptors_bounded_and_answers_a_healthy_client(
     upstream: Upstream, tmp_path: Path,
 ) -> None:
     """``context-proxy serve`` with a cap of 200 connections: 3,000 idle sockets (never a byte sent)
     leave the server's descriptors bounded, and a healthy client is answered within a second
     throughout (the longest-idle connection makes room for it)."""
-    port = _free_port()
+    port = free_port()
     env = os.environ | {"TIKTOKEN_CACHE_DIR": str(SHARED_DIR / "tiktoken"), "CONTEXT_PROXY_HTTP_MAX_CONNECTIONS": "200",
                         "CONTEXT_PROXY_HTTP_HEADER_TIMEOUT_S": "5"}
     proc = subprocess.Popen(

@@ -17,6 +17,7 @@ from proxy.settings import Settings
 from tests.conftest import SHARED_DIR
 from tests.e2e.conftest import Upstream
 from tests.fakes.server import UvicornServer
+from tests.support.sockets import read_response
 
 AUTH = b"authorization: Bearer sk-test-memory-0123456789\r\n"
 
@@ -28,15 +29,8 @@ def _server(upstream: Upstream, database_url: str, **overrides: Any) -> UvicornS
 
 
 def _answer(sock: socket.socket) -> tuple[int, bytes, bytes]:
-    sock.settimeout(10)
-    data = b""
-    while b"\r\n\r\n" not in data:
-        data += sock.recv(65536)
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
-    while len(body) < length:
-        body += sock.recv(65536)
-    return int(head.split(b" ")[1]), head.lower(), body
+    status, head, body = read_response(sock, 10)
+    return status, head.lower(), body
 
 
 def test_bodies_past_the_budget_are_refused_with_retry_after(upstream: Upstream, sqlite_database_url: str) -> None:

@@ -12,12 +12,12 @@ import sqlalchemy as sa
 from alembic import command
 
 from proxy.conversation.canonical import chain_hash, digests_and_chain, message_digest
+from storage.columns import PACK_MIN_BYTES, JsonText, UtcDateTime
 from storage.engine import create_engine
 from storage.migrate import alembic_config, upgrade
 from storage.records import ArtifactRecord, EventRecord, NewMessage
 from storage.retention import RetentionPolicy, run_retention
 from storage.store import Store
-from storage.tables import PACK_MIN_BYTES, JsonText, UtcDateTime
 
 T0 = datetime(2025, 3, 1, 8, 30, 15, 123456, tzinfo=UTC)
 

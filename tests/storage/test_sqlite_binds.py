@@ -12,8 +12,9 @@ from datetime import UTC, datetime, timedelta, timezone
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
+from storage.columns import UTC_TIME
 from storage.sqlite.driver import DriverStatement
-from storage.tables import UTC_TIME, metadata
+from storage.tables import metadata
 from storage.values import ESCAPE
 
 

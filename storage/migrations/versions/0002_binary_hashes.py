@@ -5,7 +5,7 @@ Revises: 0001
 Create Date: 2025-06-01
 
 ``messages.chain_hash``, ``messages.parent_hash`` and ``events.anchor_hash`` become ``bytea`` on
-PostgreSQL and ``BLOB`` on SQLite (``storage.tables.HexHash``; why: the docstring of
+PostgreSQL and ``BLOB`` on SQLite (``storage.columns.HexHash``; why: the docstring of
 ``storage.tables``). Existing rows are converted:
 
 - PostgreSQL: one ``ALTER TABLE`` per table, ``USING decode(col, 'hex')`` (one rewrite of the
@@ -38,7 +38,7 @@ HASHES = {"messages": {"chain_hash": False, "parent_hash": True}, "events": {"an
 """Hash columns per table, with their nullability."""
 
 PACKED = {"messages": "message", "events": "payload", "artifacts": "content"}
-"""Columns that SQLite may hold compressed (``storage.tables._Packed``)."""
+"""Columns that SQLite may hold compressed (``storage.columns._Packed``)."""
 
 BATCH_ROWS = 2000
 """Rows converted per round trip on SQLite (bounded memory on large logs)."""

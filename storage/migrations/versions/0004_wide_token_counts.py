@@ -10,7 +10,7 @@ The token columns become ``BIGINT`` on PostgreSQL: ``requests.tokens_client`` an
 ``tokens_forwarded``, ``events.tokens_before`` and ``tokens_after``,
 ``learned_limits.context_window_tokens``. Storage also bounds what it writes there
 (``storage.values.TOKENS_MAX``). On SQLite an ``INTEGER`` column already holds 64 bits: nothing
-changes (``storage.tables.BigCount`` is ``INTEGER`` there). Rows are kept as they are; widening
+changes (``storage.columns.BigCount`` is ``INTEGER`` there). Rows are kept as they are; widening
 rewrites each table on PostgreSQL (under its lock, once). The downgrade narrows them back and
 fails if a stored value no longer fits.
 
