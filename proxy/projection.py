@@ -57,7 +57,7 @@ from proxy.defenses.plans import Plan
 from proxy.defenses.summarize import summary_message
 from proxy.defenses.truncate_args import truncate_message
 from proxy.planner import Event, Planner, media_plan, truncate_tail
-from proxy.tokens.protocol import MessageCounter
+from proxy.tokens.protocol import MessageCounter, Tokenizer
 
 REPLY_PRIMING_TOKENS = 3
 """Every reply is primed with ``<|start|>assistant<|message|>`` (OpenAI cookbook)."""
@@ -231,7 +231,7 @@ def project(
     chain_hashes: list[str],
     events: Sequence[Event],
     config: DefenseConfig,
-    counter: MessageCounter,
+    counter: Tokenizer,
     session_id: str,
     memos: ProjectionMemos | None = None,
     codec: Codec,
@@ -247,11 +247,11 @@ def project(
 
     ``digests``/``chain_hashes``: from ``proxy.conversation.canonical.digests_and_chain(messages)``. ``events``:
     the session's ``storage.records.EventRecord``s (any order; an event applies iff its
-    ``anchor_hash`` is in ``chain_hashes``). ``counter``: a ``proxy.tokens.protocol.MessageCounter``
-    (``proxy.tokens.counter.TokenCounter``). ``memos``: what to remember across calls (the
-    caller's ``ProjectionMemos``; ``None``: nothing, the same result). ``codec``: whose items
-    describe the pieces (``messages``: chat messages, or another codec's pieces), and through
-    which the part rewriters read and rewrite them.
+    ``anchor_hash`` is in ``chain_hashes``). ``counter``: a ``proxy.tokens.protocol.Tokenizer``
+    (``proxy.tokens.counter.TokenCounter``), bound to ``codec`` to count the pieces. ``memos``:
+    what to remember across calls (the caller's ``ProjectionMemos``; ``None``: nothing, the same
+    result). ``codec``: whose items describe the pieces (``messages``: chat messages, or another
+    codec's pieces), and through which the part rewriters read and rewrite them.
     ``force``: an overflow happened, compact even below the trigger (pass it once per overflow:
     after storing the planned event, re-project with ``force=False``; a forced projection may
     plan a summary that keeps only the last turn; as over the trigger, old tool arguments are
@@ -265,7 +265,8 @@ def project(
     """
     cfg = config.with_window(limit_override_tokens)
     window = cfg.context_window_tokens
-    tools_tokens = counter.count_tools(tools)
+    priced = counter.bind(codec)
+    tools_tokens = priced.count_tools(tools)
     fixed = tools_tokens + reserved_output_tokens + REPLY_PRIMING_TOKENS
     if len(digests) != len(messages) or len(chain_hashes) != len(messages):
         raise ValueError(f"{len(messages)} messages but {len(digests)} digests and {len(chain_hashes)} chain hashes")
@@ -273,12 +274,12 @@ def project(
         memos = ProjectionMemos(0, PrefixStates(0))
     state = memos.prefixes.take(chain_hashes)
     try:
-        client_counts = counter.count_history(messages, digests, chain_hashes, state)
+        client_counts = priced.count_history(messages, digests, chain_hashes, state)
         tokens_client = fixed + sum(client_counts)
         if not cfg.enabled or not messages:
             fits = window is None or tokens_client <= window
             return Projection(messages, tokens_client, tokens_client, (), (), (), None, fits, None)
-        return _project_counted(messages, digests, chain_hashes, events, cfg, counter, session_id, window, fixed,
+        return _project_counted(messages, digests, chain_hashes, events, cfg, priced, session_id, window, fixed,
                                 tools_tokens, reserved_output_tokens, client_counts, tokens_client, force,
                                 force_media, unavailable_artifacts, truncate_first, state, memos, codec)
     finally:

@@ -149,7 +149,7 @@ def test_case_007_tool_schemas_are_counted_and_never_touched(counter):
     req, _cfg, p, events = run_case("007", counter)
     tools_before = orjson.dumps(req["tools"])
     assert p.fits and p.tokens_forwarded <= 4096
-    assert p.tokens_forwarded >= counter.count_tools(req["tools"]) + sum(counter.count_message(m) for m in p.messages)
+    assert p.tokens_forwarded >= counter.bind(CHAT).count_tools(req["tools"]) + sum(counter.bind(CHAT).count_message(m) for m in p.messages)
     assert orjson.dumps(req["tools"]) == tools_before
     assert len(events) == 1  # no compaction loop
     text = forwarded_text(p.messages)
@@ -206,7 +206,7 @@ def test_case_020_huge_result_is_a_stub_and_the_summary_request_fits(counter):
     assert huge not in render_transcript(plan.to_summarize, CHAT)
     for chunk in summary_chunks(plan.to_summarize, 2500, counter, CHAT):
         request = build_summary_request_messages(plan.previous_summary, render_transcript(chunk, CHAT))
-        assert counter.count_message(request[0]) + 1024 <= 4096
+        assert counter.bind(CHAT).count_message(request[0]) + 1024 <= 4096
 
 
 def test_unavailable_artifact_forwards_the_original(counter):
@@ -383,28 +383,28 @@ def test_count_history_reuses_the_previous_turn_and_equals_counting_each_message
     def count_history(messages, digests, chain):
         state = states.take(chain)
         try:
-            return counter.count_history(messages, digests, chain, state)
+            return counter.bind(CHAT).count_history(messages, digests, chain, state)
         finally:
             states.keep(chain, state)
 
     history = [{"role": "user" if i % 2 else "assistant", "content": f"message number {i} " * (i % 7)} for i in range(40)]
     d, c = digests_and_chain(history)
-    assert count_history(history, d, c) == [counter.count_message(m) for m in history]
+    assert count_history(history, d, c) == [counter.bind(CHAT).count_message(m) for m in history]
     misses = counter.memo_misses
     turn = [dict(m) for m in history] + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "next"}]
     d2, c2 = digests_and_chain(turn)
     counts = count_history(turn, d2, c2)
-    assert counts == [_fresh_counter().count_message(m) for m in turn]
+    assert counts == [_fresh_counter().bind(CHAT).count_message(m) for m in turn]
     assert counter.memo_misses == misses + 2  # only the two new messages were counted
     hits = counter.memo_hits
     count_history(turn, d2, c2)  # a retry of the same request: no per-message lookup
     assert counter.memo_hits == hits
     edited = turn[:-1] + [{"role": "user", "content": "other"}]  # a branch at the last message
     d3, c3 = digests_and_chain(edited)
-    assert count_history(edited, d3, c3) == [_fresh_counter().count_message(m) for m in edited]
-    assert counter.count_history(edited, d3, c3) == count_history(edited, d3, c3)  # without a state: the same
+    assert count_history(edited, d3, c3) == [_fresh_counter().bind(CHAT).count_message(m) for m in edited]
+    assert counter.bind(CHAT).count_history(edited, d3, c3) == count_history(edited, d3, c3)  # without a state: the same
     with pytest.raises(ValueError):
-        counter.count_history(turn, d2[:-1], c2)
+        counter.bind(CHAT).count_history(turn, d2[:-1], c2)
 
 
 def test_memoized_projection_equals_a_cold_one_turn_after_turn(counter):

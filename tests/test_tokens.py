@@ -16,6 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from proxy.conversation.chat_codec import CHAT
 from proxy.tokens.counter import (
     IMAGE_UNKNOWN_SIZE_TOKENS,
     TOKENS_PER_REPLY,
@@ -89,26 +90,26 @@ def test_anthropic_image_formula() -> None:
 
 def count_messages(counter: TokenCounter, messages: list[dict], keys: list[str] | None = None) -> int:
     """Tokens of a message list plus the reply priming (what a prompt of ``messages`` costs)."""
-    return TOKENS_PER_REPLY + sum(counter.count_message(m, keys[i] if keys else None) for i, m in enumerate(messages))
+    return TOKENS_PER_REPLY + sum(counter.bind(CHAT).count_message(m, keys[i] if keys else None) for i, m in enumerate(messages))
 
 
 def test_cookbook_framing(counter: TokenCounter) -> None:
     msg = {"role": "user", "content": "hi"}
     assert count_messages(counter, [msg]) == 3 + 1 + 1 + 3  # framing, "user", "hi", reply priming
     named = {"role": "user", "content": "hi", "name": "alice"}
-    assert counter.count_message(named) == counter.count_message(msg) + counter.count_text("alice") + 1
+    assert counter.bind(CHAT).count_message(named) == counter.bind(CHAT).count_message(msg) + counter.count_text("alice") + 1
     parts = {"role": "user", "content": [{"type": "text", "text": "hello there"}, {"type": "text", "text": "general"}]}
-    assert counter.count_message(parts) == 3 + 1 + counter.count_text("hello there") + counter.count_text("general")
+    assert counter.bind(CHAT).count_message(parts) == 3 + 1 + counter.count_text("hello there") + counter.count_text("general")
 
 
 def test_png_data_url_counts_its_dimensions_not_its_base64_length(counter: TokenCounter) -> None:
-    small_file = counter.count_message(image_message(data_url(png(2048, 4096))))
-    big_file = counter.count_message(image_message(data_url(png(2048, 4096, trailing_bytes=300_000))))
-    text_only = counter.count_message({"role": "user", "content": []})
+    small_file = counter.bind(CHAT).count_message(image_message(data_url(png(2048, 4096))))
+    big_file = counter.bind(CHAT).count_message(image_message(data_url(png(2048, 4096, trailing_bytes=300_000))))
+    text_only = counter.bind(CHAT).count_message({"role": "user", "content": []})
     assert small_file == big_file == text_only + 1105
-    assert counter.count_message(image_message(data_url(png(2048, 4096)), "low")) == text_only + 85
-    assert counter.count_message(image_message("https://example.com/cat.png")) == text_only + IMAGE_UNKNOWN_SIZE_TOKENS
-    assert counter.count_message(image_message("data:image/png;base64,!!!notbase64")) == text_only + IMAGE_UNKNOWN_SIZE_TOKENS
+    assert counter.bind(CHAT).count_message(image_message(data_url(png(2048, 4096)), "low")) == text_only + 85
+    assert counter.bind(CHAT).count_message(image_message("https://example.com/cat.png")) == text_only + IMAGE_UNKNOWN_SIZE_TOKENS
+    assert counter.bind(CHAT).count_message(image_message("data:image/png;base64,!!!notbase64")) == text_only + IMAGE_UNKNOWN_SIZE_TOKENS
 
 
 def test_jpeg_with_large_exif_block_is_measured(counter: TokenCounter) -> None:
@@ -117,32 +118,32 @@ def test_jpeg_with_large_exif_block_is_measured(counter: TokenCounter) -> None:
     exif = pil_image.Exif()
     exif[0x010E] = "x" * 20_000  # ImageDescription: pushes the frame header past the first 4 KiB
     pil_image.new("RGB", (1600, 900), (10, 20, 30)).save(buf, "JPEG", exif=exif.tobytes())
-    text_only = counter.count_message({"role": "user", "content": []})
-    assert counter.count_message(image_message(data_url(buf.getvalue(), "image/jpeg"))) == text_only + 1105
+    text_only = counter.bind(CHAT).count_message({"role": "user", "content": []})
+    assert counter.bind(CHAT).count_message(image_message(data_url(buf.getvalue(), "image/jpeg"))) == text_only + 1105
 
 
 def test_anthropic_blocks_and_media_estimates(counter: TokenCounter) -> None:
-    base = counter.count_message({"role": "user", "content": []})
+    base = counter.bind(CHAT).count_message({"role": "user", "content": []})
     tool_use = {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_01", "name": "get_weather", "input": {"city": "Oslo"}}]}
-    assert counter.count_message(tool_use) == 3 + 1 + 3 + counter.count_text("get_weather") + counter.count_text('{"city":"Oslo"}')
+    assert counter.bind(CHAT).count_message(tool_use) == 3 + 1 + 3 + counter.count_text("get_weather") + counter.count_text('{"city":"Oslo"}')
     short = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01", "content": "FACT: oslo_temp=12C"}]}
     long = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01", "content": [{"type": "text", "text": "word " * 1000}]}]}
-    assert counter.count_message(short) == base + 3 + counter.count_text("FACT: oslo_temp=12C")
-    assert counter.count_message(long) >= base + 1000
+    assert counter.bind(CHAT).count_message(short) == base + 3 + counter.count_text("FACT: oslo_temp=12C")
+    assert counter.bind(CHAT).count_message(long) >= base + 1000
     image_block = {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": base64.b64encode(png(200, 200)).decode()}}]}
-    assert counter.count_message(image_block) == base + 54
+    assert counter.bind(CHAT).count_message(image_block) == base + 54
     wav = base64.b64encode(b"\x00" * 320_000).decode()  # 10 s at 32 kB/s
     audio = {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}}]}
-    assert counter.count_message(audio) == base + 100
+    assert counter.bind(CHAT).count_message(audio) == base + 100
     pdf = {"role": "user", "content": [{"type": "file", "file": {"filename": "a.pdf", "file_data": data_url(b"%PDF" + b"\x00" * 79_996, "application/pdf")}}]}
-    assert counter.count_message(pdf) == base + 10_000
+    assert counter.bind(CHAT).count_message(pdf) == base + 10_000
 
 
 def test_tool_calls_count_name_and_arguments(counter: TokenCounter) -> None:
     def call(args: str) -> dict:
         return {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "write_file", "arguments": args}}]}
 
-    small, large = counter.count_message(call("{}")), counter.count_message(call('{"content": "' + "line\\n" * 500 + '"}'))
+    small, large = counter.bind(CHAT).count_message(call("{}")), counter.bind(CHAT).count_message(call('{"content": "' + "line\\n" * 500 + '"}'))
     # framing + "assistant" + per-call framing + name + arguments (ids are not shown to the model)
     assert small == 3 + 1 + 3 + counter.count_text("write_file") + counter.count_text("{}")
     assert large - small >= 500
@@ -151,21 +152,21 @@ def test_tool_calls_count_name_and_arguments(counter: TokenCounter) -> None:
 def test_an_equal_tool_list_is_remembered_and_a_changed_one_counted_anew() -> None:
     counter = TokenCounter(cache_dir=CACHE_DIR)
     tool = {"type": "function", "function": {"name": "read_file", "description": "Read a text file.", "parameters": {}}}
-    first = counter.count_tools([tool])
+    first = counter.bind(CHAT).count_tools([tool])
     hits = counter.memo_hits
-    assert counter.count_tools(orjson.loads(orjson.dumps([tool]))) == first  # equal, new objects
+    assert counter.bind(CHAT).count_tools(orjson.loads(orjson.dumps([tool]))) == first  # equal, new objects
     assert counter.memo_hits == hits + 1
     longer = [{"type": "function", "function": {**tool["function"], "description": "Read a text file, whole."}}]
-    assert counter.count_tools(longer) > first  # no stale count for a changed description
+    assert counter.bind(CHAT).count_tools(longer) > first  # no stale count for a changed description
     for i in range(20):  # more lists than are remembered: each still counted right
         named = [{"type": "function", "function": {**tool["function"], "name": f"tool_{i:02d}"}}]
-        assert counter.count_tools(named) == first + counter.count_text(f"tool_{i:02d}") - counter.count_text("read_file")
+        assert counter.bind(CHAT).count_tools(named) == first + counter.count_text(f"tool_{i:02d}") - counter.count_text("read_file")
 
 
 def test_tool_schemas_and_reserved_output_are_counted(counter: TokenCounter) -> None:
     tool = {"type": "function", "function": {"name": "read_file", "description": "Read a text file.", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}
-    one, two = counter.count_tools([tool]), counter.count_tools([tool, {**tool, "function": {**tool["function"], "name": "read_other"}}])
-    assert counter.count_tools(None) == 0 and counter.count_tools([]) == 0
+    one, two = counter.bind(CHAT).count_tools([tool]), counter.bind(CHAT).count_tools([tool, {**tool, "function": {**tool["function"], "name": "read_other"}}])
+    assert counter.bind(CHAT).count_tools(None) == 0 and counter.bind(CHAT).count_tools([]) == 0
     assert one > counter.count_text('{"name":"read_file"}') and two > one + 20
     messages = [{"role": "user", "content": "Read it."}]
     body = {"messages": messages, "tools": [tool], "max_completion_tokens": 300, "max_tokens": 999}
@@ -199,8 +200,8 @@ def test_second_count_of_a_long_history_is_memo_hits(counter: TokenCounter) -> N
 def test_memo_is_bounded() -> None:
     small = TokenCounter("o200k_base", memo_size=3, cache_dir=CACHE_DIR)
     for i in range(10):
-        small.count_message({"role": "user", "content": str(i)})
-    small.count_message({"role": "user", "content": "0"})
+        small.bind(CHAT).count_message({"role": "user", "content": str(i)})
+    small.bind(CHAT).count_message({"role": "user", "content": "0"})
     assert small.memo_hits == 0 and small.memo_misses == 11
 
 
@@ -260,7 +261,7 @@ def test_a_role_the_proxy_does_not_know_is_counted_as_text(counter: TokenCounter
     content = [{"type": "text", "text": "The answer is 42.", "x_part": "p"}]
     known = {"role": "user", "content": content, "x_vendor": {"k": "v"}}
     odd = {"role": role, "content": content, "x_vendor": {"k": "v"}}
-    assert counter.count_message(odd) - counter.count_message(known) == counter.count_text(role) - counter.count_text("user")
+    assert counter.bind(CHAT).count_message(odd) - counter.bind(CHAT).count_message(known) == counter.count_text(role) - counter.count_text("user")
     plain = {"role": role, "content": "The answer is 42."}
-    assert counter.count_message(odd) == counter.count_message(plain) + counter.count_text('{"k":"v"}')
-    assert counter.count_message({"role": ["odd"], "content": "x"}) == 3 + counter.count_text('["odd"]') + counter.count_text("x")
+    assert counter.bind(CHAT).count_message(odd) == counter.bind(CHAT).count_message(plain) + counter.count_text('{"k":"v"}')
+    assert counter.bind(CHAT).count_message({"role": ["odd"], "content": "x"}) == 3 + counter.count_text('["odd"]') + counter.count_text("x")

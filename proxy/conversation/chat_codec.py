@@ -62,6 +62,7 @@ from proxy.conversation.model import (
     Part,
     Piece,
 )
+from proxy.conversation.pricing import price_message, price_part, price_tool_call, tool_schemas
 
 _ANSWER_ROLES = frozenset({"tool", "function"})
 _SYSTEM_ROLES = frozenset({"system", "developer"})
@@ -147,8 +148,8 @@ class ChatCodec:
     def parts(self, piece: Piece, counter: PartCounter) -> list[Part]:
         """The parts of one message, in order: its ``content`` (a string is one ``TEXT`` part; a list
         gives one part per element), then one ``TOOL_CALL`` part per ``tool_calls`` entry. A
-        ``tool``/``function`` message's text is its ``TOOL_RESULT``. Costs: ``counter.count_part``
-        / ``count_tool_call`` (no message framing)."""
+        ``tool``/``function`` message's text is its ``TOOL_RESULT``. Costs (no message framing):
+        ``proxy.conversation.pricing.price_part`` / ``price_tool_call`` through ``counter``."""
         out: list[Part] = []
         answered = piece.get("tool_call_id")
         call_id = answered if answered.__class__ is str else None
@@ -160,16 +161,25 @@ class ChatCodec:
                             call_id if is_answer else None))
         elif content.__class__ is list:
             for part in content:
-                out.append(Part(_part_kind(part, is_answer), counter.count_part(part), part, _part_call_id(part)))
+                out.append(Part(_part_kind(part, is_answer), price_part(part, counter), part, _part_call_id(part)))
         elif content is not None:
-            out.append(Part(OTHER, counter.count_part(content), content))
+            out.append(Part(OTHER, price_part(content, counter), content))
         calls = piece.get("tool_calls")
         if calls.__class__ is list:
             for call in calls:
                 cid = call.get("id") if call.__class__ is dict else None
-                out.append(Part(TOOL_CALL, counter.count_tool_call(call), call,
+                out.append(Part(TOOL_CALL, price_tool_call(call, counter), call,
                                 cid if cid.__class__ is str else None, "tool_calls"))
         return out
+
+    def price(self, piece: Piece, counter: PartCounter) -> int:
+        """Tokens of one message, framing included (``pricing.price_message``: OpenAI's documented
+        accounting, 3 per message and 1 per ``name``, plus every field's text or JSON)."""
+        return price_message(piece, counter)
+
+    def tool_schemas(self, tools: list[Any]) -> list[object]:
+        """``pricing.tool_schemas``: a function tool's name/description/parameters, else the entry."""
+        return tool_schemas(tools)
 
     def part_text(self, part: Part) -> str | None:
         """A content part's text (``blocks.block_text``: a string content, a ``text`` part, a

@@ -16,7 +16,11 @@ body. The contract (``tests/conversation/test_codec_contract.py`` checks it for 
   (and the ``extra`` top-level fields set): every other field, unknown ones included, keeps its
   value and its place in the key order.
 - ``item(piece)``: the ``Item`` of one piece (a pure function of the piece: items are kept across
-  requests by chain hash); ``parts(piece, counter)``: its parts with token costs;
+  requests by chain hash); ``parts(piece, counter)``: its parts with token costs (priced through
+  ``counter``, a ``PartCounter``: the counter knows no API shape, the codec says what a part is
+  made of); ``price(piece, counter)``: the piece's whole cost, framing included (its parts, its
+  message/name/tool-call frames, the fields no part holds); ``tool_schemas(tools)``: what each
+  tool schema of a request is made of (JSON values the counter prices);
   ``answer(call_id, text)``: a native piece answering a dangling call (for codecs whose answers are
   items of their own); ``insert_answers(pieces, found, text)``: the pieces with those answers in
   place (``found`` from ``proxy.defenses.pairs.dangling_calls``).
@@ -38,7 +42,7 @@ body. The contract (``tests/conversation/test_codec_contract.py`` checks it for 
 
 Adding an API: write its codec (parse, item, parts, the part accessors, apply), register nothing
 else: the defenses and the projection read only ``Item``/``Part``, the accessors and the pieces'
-token counts.
+token counts (``price``, through a counter bound to the codec: ``proxy.tokens.priced``).
 """
 
 from __future__ import annotations
@@ -58,6 +62,29 @@ class ToolCall(NamedTuple):
     arguments: object
 
 
+class PartCounter(Protocol):
+    """What a codec needs of a token counter to price what a piece is made of (tokens; no API
+    shape: ``proxy.tokens.counter.TokenCounter``). ``count_frame``: the framing of ``messages``
+    messages, ``names`` names and ``tool_calls`` tool calls. ``count_image_url``: an image by URL
+    (a ``data:`` URL is sized; ``detail`` as sent); ``count_image_data``: an inline base64 image
+    priced the Anthropic way (``None``: unknown size); ``count_audio``: base64 audio of a format;
+    ``count_file_data``: a base64 file (``data_url``: given as a ``data:`` URL; ``None``: unknown)."""
+
+    def count_text(self, text: str) -> int: ...
+
+    def count_json(self, value: object) -> int: ...
+
+    def count_frame(self, *, messages: int = 0, names: int = 0, tool_calls: int = 0) -> int: ...
+
+    def count_image_url(self, url: str, detail: object) -> int: ...
+
+    def count_image_data(self, data: str | None) -> int: ...
+
+    def count_audio(self, data: str, audio_format: str) -> int: ...
+
+    def count_file_data(self, data: str | None, *, data_url: bool = False) -> int: ...
+
+
 class Uncounted:
     """A ``PartCounter`` that prices nothing (every cost 0): for reading parts without counting
     them (a rewrite decides by kind, text and call, not by a part's cost). Stateless."""
@@ -65,25 +92,27 @@ class Uncounted:
     def count_text(self, text: str) -> int:
         return 0
 
-    def count_part(self, part: object) -> int:
+    def count_json(self, value: object) -> int:
         return 0
 
-    def count_tool_call(self, call: object) -> int:
+    def count_frame(self, *, messages: int = 0, names: int = 0, tool_calls: int = 0) -> int:
+        return 0
+
+    def count_image_url(self, url: str, detail: object) -> int:
+        return 0
+
+    def count_image_data(self, data: str | None) -> int:
+        return 0
+
+    def count_audio(self, data: str, audio_format: str) -> int:
+        return 0
+
+    def count_file_data(self, data: str | None, *, data_url: bool = False) -> int:
         return 0
 
 
 UNCOUNTED = Uncounted()
 """The one ``Uncounted`` (stateless)."""
-
-
-class PartCounter(Protocol):
-    """What a codec needs of a token counter to price parts (``proxy.tokens.counter.TokenCounter``)."""
-
-    def count_text(self, text: str) -> int: ...
-
-    def count_part(self, part: object) -> int: ...
-
-    def count_tool_call(self, call: object) -> int: ...
 
 
 class Codec(Protocol):
@@ -100,6 +129,10 @@ class Codec(Protocol):
     def items(self, pieces: Sequence[Piece]) -> list[Item]: ...
 
     def parts(self, piece: Piece, counter: PartCounter) -> list[Part]: ...
+
+    def price(self, piece: Piece, counter: PartCounter) -> int: ...
+
+    def tool_schemas(self, tools: list[Any]) -> list[object]: ...
 
     def part_text(self, part: Part) -> str | None: ...
 

@@ -58,6 +58,7 @@ from proxy.conversation.model import (
     Part,
     Piece,
 )
+from proxy.conversation.pricing import price_message, price_part, tool_schemas
 
 _SIGNED = frozenset({"thinking", "redacted_thinking"})
 _MEDIA = frozenset({"image", "document"})
@@ -130,18 +131,28 @@ class MessagesCodec:
         for block in _blocks(piece):
             kind = block.get("type") if isinstance(block, dict) else None
             if kind == "text":
-                out.append(Part(TEXT, counter.count_part(block), block))
+                out.append(Part(TEXT, price_part(block, counter), block))
             elif kind in _MEDIA:
-                out.append(Part(MEDIA, counter.count_part(block), block))
+                out.append(Part(MEDIA, price_part(block, counter), block))
             elif kind == "tool_use":
-                out.append(Part(TOOL_CALL, counter.count_part(block), block, _str(block.get("id"))))
+                out.append(Part(TOOL_CALL, price_part(block, counter), block, _str(block.get("id"))))
             elif kind == "tool_result":
-                out.append(Part(TOOL_RESULT, counter.count_part(block), block, _str(block.get("tool_use_id"))))
+                out.append(Part(TOOL_RESULT, price_part(block, counter), block, _str(block.get("tool_use_id"))))
             elif kind in _SIGNED:
-                out.append(Part(OPAQUE_PART, counter.count_part(block), block))
+                out.append(Part(OPAQUE_PART, price_part(block, counter), block))
             else:
-                out.append(Part(OTHER, counter.count_part(block), block))
+                out.append(Part(OTHER, price_part(block, counter), block))
         return out
+
+    def price(self, piece: Piece, counter: PartCounter) -> int:
+        """Tokens of one piece, framing included (``pricing.price_message``: a message frame, the
+        ``role``'s text, the blocks' costs; the estimate chat pieces get)."""
+        return price_message(piece, counter)
+
+    def tool_schemas(self, tools: list[Any]) -> list[object]:
+        """``pricing.tool_schemas`` (a Messages tool, ``name``/``description``/``input_schema``, is
+        priced whole)."""
+        return tool_schemas(tools)
 
     def part_text(self, part: Part) -> str | None:
         """A string content, a ``text`` block's text, a ``tool_result``'s string ``content``."""

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from proxy.conversation.chat_codec import CHAT
 from proxy.errors import UpstreamError
 from proxy.forward.sse import SSEEvent
 from proxy.json_text import parse_json
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from proxy.forward.context import ChatContext
     from proxy.forward.streaming import StreamState
     from proxy.settings import Settings
-    from proxy.tokens.protocol import MessageCounter
+    from proxy.tokens.protocol import Tokenizer
     from storage.store import Store
 
 log = logging.getLogger("context_proxy.tools")
@@ -75,13 +76,14 @@ class ToolRounds:
     an empty answer an agent would stop on.
     """
 
-    def __init__(self, settings: Settings, store: Store, compactor: Compactor, counter: MessageCounter) -> None:
+    def __init__(self, settings: Settings, store: Store, compactor: Compactor, counter: Tokenizer) -> None:
         self.settings = settings
         self.store = store
         self.compactor = compactor
         """Serves the compaction tool."""
-        self.counter = counter
-        """Sizes the rounds' calls and results (tokens; the app's one counter, the defenses' too)."""
+        self.counter = counter.bind(CHAT)
+        """Sizes the rounds' calls and results, chat messages (tokens; the app's one counter, the
+        defenses' too, bound to the chat codec)."""
 
     def may_continue(self, ctx: ChatContext) -> bool:
         if ctx.read_rounds >= self.settings.read_tool_max_rounds:

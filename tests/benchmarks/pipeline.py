@@ -104,6 +104,10 @@ async def measure_size(n: int, cfg: BenchConfig, pool: list[dict[str, Any]]) -> 
     history = build_history(n, pool)
     counter = load_counter(os.environ.get("TIKTOKEN_CACHE_DIR"))
     _, cmp_messages = turn_body(BIG_MODEL, history, 1)
+    if hasattr(counter, "bind"):  # issue 18 item 1: the counter counts pieces bound to a codec
+        from proxy.conversation.chat_codec import CHAT
+
+        counter = counter.bind(CHAT)
     tokens = sum(counter.count_message(m) for m in cmp_messages) + 3 + 3  # + reply priming
     cmp_model = f"bench-cmp-{n}"
     windows = {BIG_MODEL: BIG_WINDOW_TOKENS, cmp_model: max(256, int(tokens / 0.85 * 0.95))}

@@ -22,6 +22,7 @@ from proxy.conversation.model import (
     TOOL_RESULT,
     USER,
 )
+from proxy.conversation.pricing import price_part, price_tool_call
 from proxy.tokens.counter import TokenCounter
 
 
@@ -155,12 +156,12 @@ def test_parts_name_their_kind_cost_and_native_piece(counter: TokenCounter) -> N
     text = {"type": "text", "text": "look at this"}
     parts = CHAT.parts({"role": "user", "content": [text, image]}, counter)
     assert [p.kind for p in parts] == [TEXT, MEDIA] and parts[0].native is text and parts[1].native is image
-    assert parts[0].tokens == counter.count_text("look at this") and parts[1].tokens == counter.count_part(image)
+    assert parts[0].tokens == counter.count_text("look at this") and parts[1].tokens == price_part(image, counter)
     call = _call("c1")
     parts = CHAT.parts({"role": "assistant", "content": "ok", "tool_calls": [call]}, counter)
     assert [(p.kind, p.call_id, p.field) for p in parts] == [(TEXT, None, "content"), (TOOL_CALL, "c1", "tool_calls")]
-    assert parts[1].native is call and parts[1].tokens == counter.count_tool_call(call)
+    assert parts[1].native is call and parts[1].tokens == price_tool_call(call, counter)
     (result,) = CHAT.parts({"role": "tool", "tool_call_id": "c1", "content": "done"}, counter)
     assert (result.kind, result.call_id, result.tokens) == (TOOL_RESULT, "c1", counter.count_text("done"))
     message = {"role": "user", "content": [text, image]}
-    assert sum(p.tokens for p in CHAT.parts(message, counter)) + 3 + 1 == counter.count_message(message)
+    assert sum(p.tokens for p in CHAT.parts(message, counter)) + 3 + 1 == counter.bind(CHAT).count_message(message)

@@ -35,6 +35,7 @@ from proxy.conversation.model import (
     Piece,
     group_start,
 )
+from proxy.conversation.pricing import price_message, price_part, tool_schemas
 from proxy.defenses.config import DefenseConfig
 from proxy.defenses.pairs import dangling_calls
 from proxy.defenses.plans import SummaryPlan
@@ -80,6 +81,12 @@ class ResponsesSketch:
                 out[i] = out[i]._replace(binds=BINDS_PREVIOUS)
         return out
 
+    def price(self, piece: Piece, counter: PartCounter) -> int:
+        return price_message(piece, counter)
+
+    def tool_schemas(self, tools: list[Any]) -> list[object]:
+        return tool_schemas(tools)
+
     def parts(self, piece: Piece, counter: PartCounter) -> list[Part]:
         """A message: its string content (one ``TEXT`` part) or one part per content element
         (``input_text``/``output_text``: ``TEXT``; ``input_image``: ``MEDIA``). A ``function_call``:
@@ -87,13 +94,13 @@ class ResponsesSketch:
         (``TOOL_RESULT``); ``reasoning``: ``OPAQUE``."""
         kind = piece.get("type", "message")
         if kind == "function_call":
-            return [Part(TOOL_CALL, counter.count_part(piece), piece, piece.get("call_id"), "item")]
+            return [Part(TOOL_CALL, price_part(piece, counter), piece, piece.get("call_id"), "item")]
         if kind == "function_call_output":
             output = piece.get("output")
-            cost = counter.count_text(output) if isinstance(output, str) else counter.count_part(output)
+            cost = counter.count_text(output) if isinstance(output, str) else price_part(output, counter)
             return [Part(TOOL_RESULT, cost, output, piece.get("call_id"), "output")]
         if kind != "message":
-            return [Part(OPAQUE_PART, counter.count_part(piece), piece, None, "item")]
+            return [Part(OPAQUE_PART, price_part(piece, counter), piece, None, "item")]
         content = piece.get("content")
         if isinstance(content, str):
             return [Part(TEXT, counter.count_text(content), content)]
@@ -101,7 +108,7 @@ class ResponsesSketch:
         for part in content if isinstance(content, list) else []:
             ptype = part.get("type") if isinstance(part, dict) else None
             pkind = TEXT if ptype in _TEXT_PARTS else MEDIA if ptype == "input_image" else OTHER
-            out.append(Part(pkind, counter.count_part(part), part))
+            out.append(Part(pkind, price_part(part, counter), part))
         return out
 
     def part_text(self, part: Part) -> str | None:

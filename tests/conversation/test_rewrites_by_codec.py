@@ -54,7 +54,7 @@ def test_truncate_args_on_a_responses_function_call() -> None:
 
 def test_offload_on_a_responses_function_call_output(counter: TokenCounter) -> None:
     output = {"type": "function_call_output", "call_id": "c1", "output": "line of output\n" * 400}
-    new, artifacts = offload_message(output, counter.count_message(output), counter.count_text, SMALL, item=SKETCH.item(output), codec=SKETCH)
+    new, artifacts = offload_message(output, counter.bind(CHAT).count_message(output), counter.count_text, SMALL, item=SKETCH.item(output), codec=SKETCH)
     assert new is not None and list(new) == ["type", "call_id", "output"] and new["call_id"] == "c1"
     assert new["output"].startswith("[context-proxy] This tool result was too large")
     assert [a.id for a in artifacts] == [artifact_id(output["output"])] and artifacts[0].id in new["output"]
@@ -64,7 +64,7 @@ def test_offload_on_responses_input_text_parts(counter: TokenCounter) -> None:
     big = "user pasted line\n" * 600
     message = {"type": "message", "role": "user",
                "content": [{"type": "input_text", "text": "see below"}, {"type": "input_text", "text": big}]}
-    new, artifacts = offload_message(message, counter.count_message(message), counter.count_text, SMALL,
+    new, artifacts = offload_message(message, counter.bind(CHAT).count_message(message), counter.count_text, SMALL,
                                      item=SKETCH.item(message), codec=SKETCH)
     assert new is not None and new["content"][0] is message["content"][0]
     assert new["content"][1]["type"] == "input_text" and "This user message was too large" in new["content"][1]["text"]
@@ -140,7 +140,7 @@ def test_the_rewriters_on_messages_blocks(counter: TokenCounter) -> None:
         {"type": "tool_result", "tool_use_id": "tu", "content": "row\n" * 2000, "cache_control": {"type": "ephemeral"}},
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo" * 400}},
     ]}
-    new, artifacts = offload_message(results, counter.count_message(results), counter.count_text, SMALL,
+    new, artifacts = offload_message(results, counter.bind(CHAT).count_message(results), counter.count_text, SMALL,
                                      item=MESSAGES.item(results), codec=MESSAGES)
     assert new is not None and new["content"][1] is results["content"][1] and len(artifacts) == 1
     block = new["content"][0]

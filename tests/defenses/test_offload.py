@@ -56,7 +56,7 @@ def test_large_tool_result_becomes_a_tool_stub(counter):
     text = big_text(2500)
     message = {"role": "tool", "tool_call_id": "call_log", "content": text}
     before = copy.deepcopy(message)
-    tokens = counter.count_message(message)
+    tokens = counter.bind(CHAT).count_message(message)
     new, artifacts = offload_message(message, tokens, counter.count_text, SMALL)
     assert message == before
     assert new["role"] == "tool" and new["tool_call_id"] == "call_log"  # case 020
@@ -81,12 +81,12 @@ def test_large_tool_result_becomes_a_tool_stub(counter):
     ],
 )
 def test_small_or_other_roles_are_not_offloaded(counter, message, config):
-    assert offload_message(message, counter.count_message(message), counter.count_text, config) == (None, [])
+    assert offload_message(message, counter.bind(CHAT).count_message(message), counter.count_text, config) == (None, [])
 
 
 def test_user_message_over_50000_tokens_is_offloaded(counter):
     message = {"role": "user", "name": "alice", "content": big_text(6000)}
-    new, artifacts = offload_message(message, counter.count_message(message), counter.count_text, CFG)
+    new, artifacts = offload_message(message, counter.bind(CHAT).count_message(message), counter.count_text, CFG)
     assert new["role"] == "user" and new["name"] == "alice"
     assert "user message" in new["content"] and artifacts[0].id in new["content"]
 
@@ -95,7 +95,7 @@ def test_content_list_is_offloaded_part_by_part_and_keeps_its_shape(counter):
     image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
     message = {"role": "tool", "tool_call_id": "t", "content": [
         {"type": "text", "text": "short header"}, {"type": "text", "text": big_text(2500)}, image]}
-    new, artifacts = offload_message(message, counter.count_message(message), counter.count_text, SMALL)
+    new, artifacts = offload_message(message, counter.bind(CHAT).count_message(message), counter.count_text, SMALL)
     assert [p["type"] for p in new["content"]] == ["text", "text", "image_url"]
     assert new["content"][0] is message["content"][0] and new["content"][2] is image
     assert artifacts[0].id in new["content"][1]["text"]
@@ -103,7 +103,7 @@ def test_content_list_is_offloaded_part_by_part_and_keeps_its_shape(counter):
 
 def test_anthropic_tool_result_block_is_offloaded_in_place(counter):
     message = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu1", "content": big_text(2500)}]}
-    new, artifacts = offload_message(message, counter.count_message(message), counter.count_text, SMALL)
+    new, artifacts = offload_message(message, counter.bind(CHAT).count_message(message), counter.count_text, SMALL)
     part = new["content"][0]
     assert part["type"] == "tool_result" and part["tool_use_id"] == "tu1"
     assert artifacts[0].id in part["content"]
@@ -113,7 +113,7 @@ def test_unavailable_artifact_keeps_the_original(counter):
     text = big_text(2500)
     message = {"role": "tool", "tool_call_id": "a", "content": text}
     new, artifacts = offload_message(
-        message, counter.count_message(message), counter.count_text, SMALL, frozenset({artifact_id(text)})
+        message, counter.bind(CHAT).count_message(message), counter.count_text, SMALL, frozenset({artifact_id(text)})
     )
     assert new is None and artifacts == []
 
@@ -121,7 +121,7 @@ def test_unavailable_artifact_keeps_the_original(counter):
 def test_stub_names_the_read_tool_when_configured(counter):
     cfg = DefenseConfig(context_window_tokens=4096, read_tool_name="context_proxy_read")
     message = {"role": "tool", "tool_call_id": "a", "content": big_text(2500)}
-    new, _ = offload_message(message, counter.count_message(message), counter.count_text, cfg)
+    new, _ = offload_message(message, counter.bind(CHAT).count_message(message), counter.count_text, cfg)
     assert "`context_proxy_read`" in new["content"]
 
 
@@ -134,7 +134,7 @@ def test_only_parts_the_codec_reads_as_text_are_offloaded(counter):
         {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": text}]},
         {"type": "text", "text": text},
     ]}
-    new, artifacts = offload_message(message, counter.count_message(message), counter.count_text, SMALL)
+    new, artifacts = offload_message(message, counter.bind(CHAT).count_message(message), counter.count_text, SMALL)
     assert new is not None and new["content"][:3] == message["content"][:3]
     assert new["content"][3]["text"].startswith("[context-proxy] This tool result")
     assert len(artifacts) == 1

@@ -32,7 +32,7 @@ def test_trailing_batch(messages, expected):
 
 def test_clip_offloads_oversized_trailing_results_in_place(counter):
     messages = [SYS, USER, asst("call_d1", "call_d2"), tool("call_d1", DIFF_1), tool("call_d2", DIFF_2), ]
-    counts = [counter.count_message(m) for m in messages]
+    counts = [counter.bind(CHAT).count_message(m) for m in messages]
     cfg = DefenseConfig(context_window_tokens=128_000)  # offload threshold 20,000: only clipping applies
     out, clipped, artifacts = clip_trailing_results(messages, CHAT.items(messages), counts, cfg, counter.count_text, frozenset(), CHAT)
     assert clipped == [3, 4] and len(artifacts) == 2
@@ -40,14 +40,14 @@ def test_clip_offloads_oversized_trailing_results_in_place(counter):
     assert "FACT: timeout_module=net" in out[3]["content"]
     assert out[:3] == messages[:3] and all(a is b for a, b in zip(out[:3], messages[:3], strict=True))
     assert validate_chat_messages(out) == []
-    assert sum(counter.count_message(m) for m in out) < sum(counts) / 3
+    assert sum(counter.bind(CHAT).count_message(m) for m in out) < sum(counts) / 3
 
 
 def test_clip_leaves_small_results_and_non_trailing_ones(counter):
     small = [SYS, USER, asst("a"), tool("a", "ok")]
-    counts = [counter.count_message(m) for m in small]
+    counts = [counter.bind(CHAT).count_message(m) for m in small]
     assert counts[-1] <= CLIP_MIN_TOKENS
     assert clip_trailing_results(small, CHAT.items(small), counts, DefenseConfig(context_window_tokens=None), counter.count_text, frozenset(), CHAT)[0] is None
     ends_with_user = [SYS, USER, asst("a"), tool("a", DIFF_1), USER]
-    counts = [counter.count_message(m) for m in ends_with_user]
+    counts = [counter.bind(CHAT).count_message(m) for m in ends_with_user]
     assert clip_trailing_results(ends_with_user, CHAT.items(ends_with_user), counts, DefenseConfig(context_window_tokens=None), counter.count_text, frozenset(), CHAT)[0] is None
