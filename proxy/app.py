@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from proxy import __version__
 from proxy.admission import BodyBudget
 from proxy.compaction.base import Compactor
+from proxy.conversation.prefix import PrefixStates
 from proxy.errors import BadRequest, NotFound, ProxyError
 from proxy.forward.pipeline import ChatPipeline
 from proxy.forward.session_log import SessionLog
@@ -84,13 +85,14 @@ async def _migrate_until_done(state: ProxyState) -> None:
 
 
 def build_compactor(settings: Settings, store: Store, upstream: Upstream, counter: TokenCounter,
-                    metrics: Metrics) -> Compactor:
-    """The defenses when enabled, else the pass-through compactor."""
+                    metrics: Metrics, prefixes: PrefixStates | None = None) -> Compactor:
+    """The defenses when enabled, else the pass-through compactor (``prefixes``: the app's
+    per-conversation prefix states, shared with the session log)."""
     if not settings.compaction_enabled:
         return Compactor()
     from proxy.compaction.compactor import ProjectingCompactor
 
-    return ProjectingCompactor(settings, store, upstream, counter, metrics=metrics)
+    return ProjectingCompactor(settings, store, upstream, counter, metrics=metrics, prefixes=prefixes)
 
 
 def _transport(settings: Settings, given: object) -> UpstreamTransport | None:
@@ -129,8 +131,9 @@ def create_app(settings: Settings, *, upstream_transport: object = None) -> Fast
             transport=_transport(settings, upstream_transport),
         )
         counter = load_counter(settings.tiktoken_cache_dir)  # the defenses' and the tool rounds'
-        compactor = build_compactor(settings, store, upstream, counter, metrics)
-        pipeline = ChatPipeline(settings, SessionLog(store), upstream, compactor, counter, metrics=metrics)
+        prefixes = PrefixStates()  # the projection's, the offer's and the session log's, per conversation
+        compactor = build_compactor(settings, store, upstream, counter, metrics, prefixes)
+        pipeline = ChatPipeline(settings, SessionLog(store, prefixes), upstream, compactor, counter, metrics=metrics)
         state = ProxyState(settings, Authenticator(settings), store, upstream, pipeline, migrated=migrated)
         app.state.proxy = state
         retry = None if migrated else asyncio.create_task(_migrate_until_done(state))

@@ -42,10 +42,8 @@ BOUNDS: tuple[Bound, ...] = (
           "are the proxy's own words (routes, statuses, kinds)", "proxy.telemetry.metrics.MODEL_LABELS"),
     Bound("message digests and chain hashes", "ChatPipeline.digest_memo (DigestMemo)", "16 MB of messages, idle",
           "proxy.conversation.digest_memo.MEMO_MAX_BYTES"),
-    Bound("sessions, known hashes, internal messages", "SessionLog", "10,000 sessions each, 30 s TTL",
+    Bound("sessions, stored-length trust stamps, internal messages", "SessionLog", "10,000 sessions each, 30 s TTL",
           "proxy.forward.session_log.CACHED_SESSIONS"),
-    Bound("chain hashes known per session", "SessionLog", "64 hashes per cached session",
-          "proxy.forward.session_log.KNOWN_HASHES_PER_SESSION"),
     Bound("derived session ids", "SessionLog", "10,000 ids, cleared when full",
           "proxy.forward.session_log.DERIVED_IDS_KEPT"),
     Bound("compaction events per session", "ProjectingCompactor", "10,000 sessions, 30 s TTL",
@@ -64,15 +62,20 @@ BOUNDS: tuple[Bound, ...] = (
           "proxy.compaction.models.LOOKUP_MEMO"),
     Bound("defense configs", "PlanLoop", "4,096 (window, read tool) keys, cleared when full",
           "proxy.compaction.plan_loop.CONFIG_MEMO"),
-    Bound("messages naming stored content", "ReferenceMemo", "20,000 chain hashes, idle",
-          "proxy.compaction.references.REFERENCE_MEMO_SIZE"),
     Bound("transformed messages", "PlanLoop.memos (ProjectionMemos)", "20,000 messages, idle",
           "proxy.projection.TRANSFORM_MEMO_SIZE"),
-    Bound("per-conversation prefix states", "ProjectionMemos.prefixes (PrefixStates)", "200,000 positions, idle",
-          "proxy.conversation.prefix.MAX_POSITIONS"),
+    Bound("per-conversation prefix states (chain index, token counts, items, whether the prefix names "
+          "stored content, its stored length per session)",
+          "ProxyState's lifespan: one PrefixStates shared by ProjectionMemos.prefixes, ReferenceMemo.prefixes and "
+          "SessionLog.prefixes", "200,000 positions (a state counts one more, a stored length one), idle; found "
+          "among a request's newest 64 chain hashes", "proxy.conversation.prefix.MAX_POSITIONS"),
+    Bound("sessions remembered per prefix state", "PrefixState.stored", "8 sessions, the newest noted kept",
+          "proxy.conversation.prefix.STORED_SESSIONS_PER_PREFIX"),
+    Bound("prefix state lookback", "PrefixStates", "64 newest positions of a request searched",
+          "proxy.conversation.prefix.LOOKBACK"),
     Bound("message token counts", "TokenCounter", "200,000 messages, idle",
           "proxy.tokens.counter.TokenCounter(memo_size)"),
-    Bound("recent tool lists and their counts", "TokenCounter._recent_tools", "8 lists, the oldest dropped",
-          "proxy.tokens.counter.RECENT_TOOL_LISTS"),
+    Bound("recent tool lists and their counts", "CodecCounter._recent_tools",
+          "8 lists per codec, the oldest dropped", "proxy.tokens.priced.RECENT_TOOL_LISTS"),
 )
 """The table (module docstring)."""

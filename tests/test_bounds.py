@@ -8,6 +8,7 @@ import inspect
 import pytest
 
 from proxy.bounds import BOUNDS, Bound
+from proxy.conversation.chat_codec import CHAT
 from proxy.settings import Settings
 
 
@@ -33,7 +34,7 @@ def test_no_memo_is_listed_twice() -> None:
 
 
 @pytest.mark.parametrize(("owner", "constant"), [
-    ("TokenCounter._recent_tools", "proxy.tokens.counter.RECENT_TOOL_LISTS"),
+    ("CodecCounter._recent_tools", "proxy.tokens.priced.RECENT_TOOL_LISTS"),
     ("ProjectingCompactor._locks", "proxy.settings.Settings.max_held_body_bytes"),
     ("Metrics._children", "proxy.telemetry.metrics.MODEL_LABELS"),
 ])
@@ -42,12 +43,13 @@ def test_the_memos_found_later_are_listed(owner: str, constant: str) -> None:
 
 
 def test_the_recent_tool_lists_stay_within_their_bound(tmp_path: object) -> None:
-    from proxy.tokens.counter import RECENT_TOOL_LISTS, TokenCounter
+    from proxy.tokens.counter import TokenCounter
+    from proxy.tokens.priced import RECENT_TOOL_LISTS
 
     counter = TokenCounter(cache_dir=str(tmp_path))  # no encoding there: the estimate, same memos
     for i in range(RECENT_TOOL_LISTS + 3):
-        counter.count_tools([{"type": "function", "function": {"name": f"tool_{i}"}}])
-    assert len(counter._recent_tools) == RECENT_TOOL_LISTS
+        counter.bind(CHAT).count_tools([{"type": "function", "function": {"name": f"tool_{i}"}}])
+    assert len(counter.bind(CHAT)._recent_tools) == RECENT_TOOL_LISTS
 
 
 def test_the_listed_attributes_are_the_owners_state() -> None:

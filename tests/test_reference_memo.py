@@ -8,12 +8,9 @@ from typing import Any
 
 import pytest
 
-from proxy.compaction.references import (
-    REFERENCE_CHECKPOINT,
-    REFERENCE_LOOKBACK,
-    ReferenceMemo,
-)
+from proxy.compaction.references import ReferenceMemo
 from proxy.conversation.canonical import digests_and_chain
+from proxy.conversation.prefix import LOOKBACK, PrefixStates
 from proxy.tools.read_tool import references_in
 
 ART = "art_" + "0123456789abcdef" * 2
@@ -53,19 +50,44 @@ def test_the_answer_for_a_known_prefix_comes_from_its_chain_hash() -> None:
     assert ReferenceMemo().names(scrubbed, chain) is False
 
 
-@pytest.mark.parametrize("branch_at", [REFERENCE_CHECKPOINT - 1, 3 * REFERENCE_CHECKPOINT + 5])
-def test_a_branch_older_than_the_lookback_reuses_a_checkpoint(branch_at: int) -> None:
-    n = branch_at + 2 * REFERENCE_LOOKBACK + 10
+def test_a_request_extending_the_last_one_reuses_its_answer_and_a_branch_reads_all() -> None:
+    """The answer lives in the conversation's prefix state, kept under the last request's newest
+    chain hash and found among the next request's newest ``LOOKBACK``: a request that extends it
+    reads only what it adds; a branch (an edit, a regenerated turn) reads its history once (the
+    former own cache also kept checkpoints every 256 positions; gone with it)."""
+    n = 3 * LOOKBACK
     messages = [{"role": "user", "content": f"m{i}"} for i in range(n)]
     memo = ReferenceMemo()
     assert memo.names(messages, chain_of(messages)) is False
-    branch = [*messages[: branch_at + 1], {"role": "user", "content": "edited"}]
-    chain = chain_of(branch)
-    # a reference put into the prefix without changing its chain hashes is not read: the answer
-    # up to the deepest checkpoint at or before the branch point is the remembered one
+    grown = [*messages, *({"role": "user", "content": f"new {i}"} for i in range(LOOKBACK - 1))]
+    injected = [{"role": "user", "content": f"/artifacts/{ART}"} if i == 2 else m for i, m in enumerate(grown)]
+    assert memo.names(injected, chain_of(grown)) is False  # the prefix's remembered answer: not read
+    branch = [*messages[: n - 1], {"role": "user", "content": "edited"}]
     injected = [{"role": "user", "content": f"/artifacts/{ART}"} if i == 2 else m for i, m in enumerate(branch)]
-    assert memo.names(injected, chain) is False
-    assert ReferenceMemo().names(injected, chain) is True
+    assert memo.names(injected, chain_of(branch)) is True  # no state within the lookback: all read
+    too_far = [*grown, *({"role": "user", "content": f"later {i}"} for i in range(LOOKBACK))]
+    injected = [{"role": "user", "content": f"/artifacts/{ART}"} if i == 2 else m for i, m in enumerate(too_far)]
+    assert memo.names(injected, chain_of(too_far)) is True
+
+
+def test_the_answer_is_kept_in_the_shared_prefix_state() -> None:
+    prefixes = PrefixStates()
+    memo = ReferenceMemo(prefixes)
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": f"at /artifacts/{ART}"},
+                {"role": "user", "content": "more"}]
+    chain = chain_of(messages)
+    assert memo.names(messages, chain) is True and len(prefixes) == 1
+    state = prefixes.take(chain)
+    assert (state.refs_at, state.refs_checked, state.length) == (1, 2, 3)
+
+
+def test_many_conversations_stay_within_the_prefix_states_bound() -> None:
+    prefixes = PrefixStates(max_positions=1_000)
+    memo = ReferenceMemo(prefixes)
+    for k in range(2_000):
+        messages = [{"role": "user", "content": f"conversation {k}"}, {"role": "assistant", "content": "a"}]
+        assert memo.names(messages, chain_of(messages)) is False
+    assert len(prefixes) <= 1_000
 
 
 def test_lengths_must_agree() -> None:

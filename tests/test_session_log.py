@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
 from proxy.compaction.base import Compactor
 from proxy.conversation.canonical import digests_and_chain
+from proxy.conversation.prefix import STORED_SESSIONS_PER_PREFIX, PrefixStates
 from proxy.forward.context import ChatContext
 from proxy.forward.pipeline import ChatPipeline
 from proxy.forward.session_log import SessionLog, new_id, now
 from proxy.settings import Settings
 from proxy.telemetry.metrics import Metrics
 from proxy.tokens.counter import load_counter
-from storage.records import EventRecord
-from storage.refused import track_writes, untrack_writes
+from storage.records import EventRecord, RequestRecord
+from storage.refused import RequestWrites, track_writes, untrack_writes
 from storage.retention import RetentionPolicy, run_retention
 from storage.store import Store
 
@@ -73,3 +76,95 @@ async def test_a_session_retention_deleted_before_the_append_is_the_one_the_requ
         assert [e.id for e in await store.list_events(session.pk)] == ([] if refused else ["e"])
     finally:
         await store.close()
+
+
+def _record(session_pk: int) -> RequestRecord:
+    return RequestRecord(id=new_id("req"), session_pk=session_pk, model="m", status=200, latency_ms=1.0, stream=False,
+                         usage=None, added_messages=0, first_added_seq=None, tokens_client=None,
+                         tokens_forwarded=None, created_at=now())
+
+
+class _CountingStore:
+    """``store`` with its ``stored_prefix_len`` calls counted."""
+
+    def __init__(self, store: Store) -> None:
+        self.store, self.reads = store, 0
+        self.inner = store.stored_prefix_len
+
+        async def counted(session_pk: int, chain: list[str]) -> int:
+            self.reads += 1
+            return await self.inner(session_pk, chain)
+
+        store.stored_prefix_len = counted  # type: ignore[method-assign]
+
+
+async def test_the_next_turn_skips_the_stored_prefix_query_until_the_session_is_gone(database_url: str) -> None:
+    """The stored length lives in the conversation's prefix state (per session pk): the next turn
+    of a session asks the store nothing; another session with the same history does; after a
+    retention deletion the session is opened again and the query runs again."""
+    store = await Store.open(database_url, pool_size=2)
+    try:
+        counting = _CountingStore(store)
+        prefixes = PrefixStates()
+        log = SessionLog(store, prefixes)
+        session = await log.open_session("t", "s")
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "hello"}]
+        for turn in range(3):
+            _, chain = digests_and_chain(messages)
+            reply = {"role": "assistant", "content": f"answer {turn}"}
+            await log.finish(session, messages, chain, [], reply, _record(session.pk), with_request=True)
+            assert counting.reads == 1, turn  # the first turn's only
+            messages = [*messages, reply, {"role": "user", "content": f"question {turn}"}]
+        summary = await store.session_summary(session)
+        assert summary.message_count == len(messages) - 1
+        rows, _ = await store.list_requests(session.pk, 10, None)
+        assert sorted((r.added_messages, r.first_added_seq) for r in rows) == [(1, 0), (1, 2), (1, 4)]
+        other = await log.open_session("t", "other")  # same history, another session: not its knowledge
+        _, chain = digests_and_chain(messages)
+        logged = await log.append_request(other, messages, chain)
+        assert counting.reads == 2 and logged.added == len(messages)
+        await log.append_request(other, messages, chain)
+        assert counting.reads == 2  # now known for it too
+        report = await run_retention(database_url, RetentionPolicy(max_age_days=0), now=now() + timedelta(days=1))
+        assert report.sessions == 2
+        logged = await log.append_request(session, messages, chain)  # MissingRow: opened again, all written
+        assert logged.session is not None and logged.session.pk != session.pk
+        assert logged.added == len(messages) and counting.reads == 3
+    finally:
+        await store.close()
+
+
+async def test_a_refused_requests_cleanup_makes_the_next_request_read_again(database_url: str) -> None:
+    store = await Store.open(database_url, pool_size=2)
+    try:
+        counting = _CountingStore(store)
+        log = SessionLog(store)
+        session = await log.open_session("t", "s")
+        messages = [{"role": "user", "content": "hello"}]
+        _, chain = digests_and_chain(messages)
+        logged = await log.append_request(session, messages, chain)
+        assert counting.reads == 1
+        await log.finish_refused(session, dataclasses.replace(_record(session.pk), status=401), logged,
+                                 RequestWrites())
+        logged = await log.append_request(session, messages, chain)
+        assert counting.reads == 2 and logged.added == 1  # deleted with the refused request: written again
+    finally:
+        await store.close()
+
+
+def test_the_stored_lengths_stay_bounded_with_many_sessions_and_long_histories() -> None:
+    prefixes = PrefixStates(max_positions=5_000)
+    log = SessionLog(None, prefixes)  # type: ignore[arg-type]  (no store call)
+    long_chain = digests_and_chain([{"role": "user", "content": f"m{i}"} for i in range(20_000)])[1]
+    for pk in range(1_000):
+        log._remember(pk, long_chain)
+        assert log._known_prefix(pk, long_chain) == len(long_chain)
+    state = prefixes.take(long_chain)
+    assert len(state.stored) == STORED_SESSIONS_PER_PREFIX and len(prefixes) == 0
+    assert log._known_prefix(999, long_chain) is None  # taken: unknown, so read
+    prefixes.keep(long_chain, state)
+    assert log._known_prefix(0, long_chain) is None  # the oldest noted sessions left the state
+    assert log._known_prefix(999, long_chain) == len(long_chain)
+    for k in range(10_000):
+        log._remember(k, [f"hash {k}"])
+    assert len(prefixes) <= 5_000

@@ -34,6 +34,7 @@ from proxy.compaction.plan_loop import PlanLoop
 from proxy.compaction.references import StoredContent
 from proxy.compaction.summarizer import Summarizer, SummaryFailed, SummaryModel, UpstreamSummaryModel
 from proxy.conversation.chat_codec import CHAT
+from proxy.conversation.prefix import PrefixStates
 from proxy.defenses.config import DefenseConfig
 from proxy.defenses.offload import ArtifactToStore
 from proxy.errors import CannotFit
@@ -66,7 +67,7 @@ class ProjectingCompactor(Compactor):
     retries_overflows = True
 
     def __init__(self, settings: Settings, store: Store, upstream: Upstream, counter: TokenCounter, *,
-                 metrics: Metrics) -> None:
+                 metrics: Metrics, prefixes: PrefixStates | None = None) -> None:
         self.metrics = metrics
         self.settings = settings
         self.store = store
@@ -76,8 +77,9 @@ class ProjectingCompactor(Compactor):
         self.profiles = ModelProfiles(settings.models_file)
         self.limits = LearnedLimits(store, upstream.base_url, self.profiles, settings.learned_limit_ttl_s, self.metrics,
                                     self.counter.exact)
-        self.plans = PlanLoop(settings, self.counter, OwnToolOffer(settings, StoredContent()),
-                              Summarizer(settings, self.counter, CHAT), CHAT)
+        prefixes = prefixes if prefixes is not None else PrefixStates()
+        self.plans = PlanLoop(settings, self.counter, OwnToolOffer(settings, StoredContent(prefixes)),
+                              Summarizer(settings, self.counter, CHAT), CHAT, prefixes)
         self._retry_windows = BoundedCache(RETRY_WINDOWS)
         self._events = BoundedCache(EVENTS_CACHED, EVENTS_TTL_S)
         self._locks: dict[int, asyncio.Lock] = {}
@@ -179,7 +181,8 @@ class ProjectingCompactor(Compactor):
         p = ctx.prepared
         if p is None or not p.tokens_forwarded:
             return None
-        estimate = p.tokens_forwarded + sum(self.counter.count_message(m) for m in ctx.internal)  # the proxy's rounds
+        rounds = self.plans.priced  # the proxy's rounds: chat messages
+        estimate = p.tokens_forwarded + sum(rounds.count_message(m) for m in ctx.internal)
         return Sent(ctx.tenant, ctx.model, ctx.session.pk, estimate, reserved_output_tokens(ctx.body),
                     lambda: _text_only(ctx))
 

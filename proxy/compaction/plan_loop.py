@@ -29,13 +29,14 @@ from proxy.compaction.base import Prepared
 from proxy.compaction.offer import Offer, OwnToolOffer
 from proxy.compaction.summarizer import Summarizer, SummaryFailed, SummaryModel
 from proxy.conversation.codec import Codec
+from proxy.conversation.prefix import PrefixStates
 from proxy.defenses.config import DefenseConfig
 from proxy.defenses.offload import ArtifactToStore
 from proxy.defenses.plans import SummaryPlan
 from proxy.projection import Projection, ProjectionMemos, project
 from proxy.settings import Settings
 from proxy.tokens.counter import reserved_output_tokens
-from proxy.tokens.protocol import MessageCounter
+from proxy.tokens.protocol import Tokenizer
 from storage.records import EventRecord
 
 log = logging.getLogger("context_proxy.compaction")
@@ -133,16 +134,19 @@ class PlanLoop:
     lock themselves, for the worker thread of a big request).
     """
 
-    def __init__(self, settings: Settings, counter: MessageCounter, offer: OwnToolOffer,
-                 summarizer: Summarizer, codec: Codec) -> None:
+    def __init__(self, settings: Settings, counter: Tokenizer, offer: OwnToolOffer,
+                 summarizer: Summarizer, codec: Codec, prefixes: PrefixStates | None = None) -> None:
         self.settings = settings
         self.codec = codec
         """Whose pieces the requests' messages are (``project`` and ``apply`` go through it)."""
         self.counter = counter
+        self.priced = counter.bind(codec)
+        """``counter`` bound to ``codec``: counts the requests' pieces and tools."""
         self.offer = offer
         self.summarizer = summarizer
-        self.memos = ProjectionMemos()
-        """The projection's memos (bounds in ``ProjectionMemos``)."""
+        self.memos = ProjectionMemos(prefixes=prefixes)
+        """The projection's memos (bounds in ``ProjectionMemos``; ``prefixes``: the app's
+        per-conversation prefix states, shared with the session log and the offer's memo)."""
         self._configs: dict[tuple[int | None, bool], DefenseConfig] = {}
 
     def config(self, window: int | None, read_tool: bool) -> DefenseConfig:
@@ -279,8 +283,8 @@ class PlanLoop:
         names = frozenset(t["function"]["name"] for t in own)
         tokens_client, tokens_forwarded = proj.tokens_client, proj.tokens_forwarded
         if expected or own:
-            counted = self.counter.count_tools(count_tools)
-            tokens_client -= counted - self.counter.count_tools(client_tools)
-            tokens_forwarded += self.counter.count_tools([*(client_tools or []), *own] or None) - counted
+            counted = self.priced.count_tools(count_tools)
+            tokens_client -= counted - self.priced.count_tools(client_tools)
+            tokens_forwarded += self.priced.count_tools([*(client_tools or []), *own] or None) - counted
         return Prepared(body, tokens_client, tokens_forwarded, proj.applied, proj.event_ids, forwarded, names, window,
                         count_tools=count_tools)

@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.cache import Memo
+from proxy.conversation.prefix import PrefixStates
 from proxy.tools.read_tool import references_in
 
 ARCHIVE_URL = re.compile(rb"/sessions/[^/\s]+/archive")
@@ -24,14 +24,6 @@ SUBSTRING_FIRST_BYTES = 16 * 1024
 """Bodies up to this size are searched for a stored-content URL before ``ReferenceMemo`` is asked
 (the search is cheaper than the memo's lookups there: about a fifth of a small request's
 ``prepare``, cProfile); longer ones ask the memo first, which spares the search of most requests."""
-REFERENCE_MEMO_SIZE = 20_000
-"""Chain hashes ``ReferenceMemo`` remembers (about 200 bytes each: 10 MB at most; a session needs
-one, plus one per ``REFERENCE_CHECKPOINT`` messages of its history)."""
-REFERENCE_LOOKBACK = 64
-"""Newest positions of a request searched for a remembered chain hash (a client resends its
-history plus a few messages; an edit further back is found at a checkpoint)."""
-REFERENCE_CHECKPOINT = 256
-"""Every this many positions, a scan remembers its answer so far (branches from older places)."""
 
 
 class ReferenceMemo:
@@ -39,14 +31,15 @@ class ReferenceMemo:
 
     Whether some message up to position ``i`` names an artifact or archive is a function of
     ``chain[i]`` (a chain hash identifies a message together with everything before it), so the
-    answer for the longest remembered prefix is reused and only the messages after it are read.
+    answer is kept in the conversation's ``PrefixState`` (``refs_checked``/``refs_at``) and the
+    next request reads only the messages after the longest prefix found among its newest
+    ``PrefixStates.lookback`` positions (a branch further back reads its whole history once).
     A client resends its whole history each turn: a warm request reads the two or three messages
-    it adds. Bounded (LRU over ``size`` chain hashes, idle ones out after ``proxy.cache.MEMO_IDLE_S``);
-    not locked (one event loop).
+    it adds. Bounded by the ``PrefixStates`` it is given (``proxy.conversation.prefix.MAX_POSITIONS``).
     """
 
-    def __init__(self, size: int = REFERENCE_MEMO_SIZE) -> None:
-        self._seen = Memo(size)
+    def __init__(self, prefixes: PrefixStates | None = None) -> None:
+        self.prefixes = prefixes if prefixes is not None else PrefixStates()
 
     def names(self, messages: Sequence[dict[str, Any]], chain: Sequence[str]) -> bool:
         """True iff the text of some message in ``messages`` names stored content.
@@ -57,29 +50,19 @@ class ReferenceMemo:
         n = len(messages)
         if len(chain) != n:
             raise ValueError(f"{n} messages but {len(chain)} chain hashes")
-        start, found = 0, False
-        for i in self._probes(n):
-            hit = self._seen.get(chain[i])
-            if hit is not None:
-                start, found = i + 1, hit
-                break
-        for i in range(start, n):
-            if found:
-                break
-            found = any(references_in(messages[i:i + 1]))
-            if (i + 1) % REFERENCE_CHECKPOINT == 0:
-                self._seen.put(chain[i], found)
-        if n:
-            self._seen.put(chain[-1], found)
-        return found
-
-    @staticmethod
-    def _probes(n: int) -> list[int]:
-        """Positions to look up, deepest first: the newest ``REFERENCE_LOOKBACK``, then checkpoints."""
-        newest = range(n - 1, max(-1, n - 1 - REFERENCE_LOOKBACK), -1)
-        checkpoints = range((n - REFERENCE_LOOKBACK) // REFERENCE_CHECKPOINT * REFERENCE_CHECKPOINT - 1, -1,
-                            -REFERENCE_CHECKPOINT)
-        return [*newest, *checkpoints]
+        if not n:
+            return False
+        state = self.prefixes.take(chain)
+        at, checked = state.refs_at, min(state.refs_checked, state.length)
+        if not 0 <= at < checked:
+            at = -1
+            for i in range(checked, n):
+                if any(references_in(messages[i:i + 1])):
+                    at = i
+                    break
+            state.refs_at, state.refs_checked = at, (at + 1 if at >= 0 else n)
+        self.prefixes.keep(chain, state)
+        return at >= 0
 
 
 def url_in_body(raw: bytes, expanded: bool) -> bool:
@@ -93,12 +76,12 @@ def url_in_body(raw: bytes, expanded: bool) -> bool:
 class StoredContent:
     """Answers "does this request name stored content?" for the read tool's offer.
 
-    Owns one ``ReferenceMemo`` (bounded by ``memo_size`` chain hashes); one per compactor (or
-    replay). Not locked: one event loop.
+    Owns one ``ReferenceMemo`` over ``prefixes`` (the app's per-conversation prefix states, or
+    its own); one per compactor (or replay).
     """
 
-    def __init__(self, memo_size: int = REFERENCE_MEMO_SIZE) -> None:
-        self.memo = ReferenceMemo(memo_size)
+    def __init__(self, prefixes: PrefixStates | None = None) -> None:
+        self.memo = ReferenceMemo(prefixes)
 
     def may_be_named(self, raw: bytes, messages: Sequence[dict[str, Any]], chain: Sequence[str],
                      expanded: bool) -> bool:

@@ -6,7 +6,9 @@ function of the prefix alone, and a chain hash names a whole prefix (``canonical
 so the state of ``chain[:i + 1]`` is kept under ``chain[i]`` and the next request of the
 conversation finds it among its last ``LOOKBACK`` chain hashes, then extends it by the few
 positions it adds. One object instead of one lookback cache per consumer (the projection's chain
-index and the token counter's counts used to look back on their own).
+index, the token counter's counts, ``proxy.compaction.references.ReferenceMemo``'s "does this
+prefix name stored content" and ``proxy.forward.session_log.SessionLog``'s "how much of this
+prefix is stored in session pk" used to look back on their own).
 
 Ownership: a ``PrefixState`` taken with ``PrefixStates.take`` belongs to the caller until it is
 given back with ``keep`` (two requests of one conversation at once: the second builds its own);
@@ -25,6 +27,9 @@ from proxy.conversation.model import Item
 LOOKBACK = 64
 """Trailing positions ``take`` looks back for a shorter prefix seen before (a turn adds a reply and
 a user message; an agent step a few tool rounds)."""
+STORED_SESSIONS_PER_PREFIX = 8
+"""Sessions whose stored length one ``PrefixState`` remembers (``stored``; the newest noted kept):
+conversations that start the same way in many sessions do not grow a state."""
 MAX_POSITIONS = 200_000
 """Bound of ``PrefixStates``: positions summed over the kept states' fields (chain index entries
 about 100 bytes each, counts about 40, items shared objects: 15 MB at most); least recently used
@@ -38,9 +43,13 @@ class PrefixState:
 
     ``index``: ``{chain hash: position}``; ``counts``: per counter key (``TokenCounter.memo_key``),
     the token count of each piece; ``items``: the model's ``Item`` of each piece (by the codec
-    named ``items_codec``)."""
+    named ``items_codec``); ``refs_checked``/``refs_at``: the first ``refs_checked`` pieces were
+    searched for a name of stored content (``proxy.tools.read_tool.references_in``), the first
+    found at ``refs_at`` (-1: none); ``stored``: ``(session pk, length, stamp)`` per session, the
+    first ``length`` pieces known stored in that session's log, noted at ``stamp`` (the session
+    log's clock: it decides which stamps it still trusts); at most ``STORED_SESSIONS_PER_PREFIX``."""
 
-    __slots__ = ("counts", "index", "items", "items_codec", "length")
+    __slots__ = ("counts", "index", "items", "items_codec", "length", "refs_at", "refs_checked", "stored")
 
     def __init__(self) -> None:
         self.length = 0
@@ -49,10 +58,36 @@ class PrefixState:
         self.items: list[Item] = []
         self.items_codec = ""
         """The ``Codec.name`` of the codec that gave ``items``."""
+        self.refs_checked = 0
+        self.refs_at = -1
+        self.stored: tuple[tuple[int, int, int], ...] = ()
 
     def weight(self) -> int:
-        """Positions held (the unit of ``MAX_POSITIONS``)."""
-        return len(self.index) + len(self.items) + sum(len(c) for c in self.counts.values())
+        """Positions held (the unit of ``MAX_POSITIONS``; a stored length counts one)."""
+        return (len(self.index) + len(self.items) + sum(len(c) for c in self.counts.values()) + len(self.stored)
+                + 1)
+
+    def stored_in(self, session_pk: int, since: int) -> int | None:
+        """The length known stored in ``session_pk``'s log, noted after stamp ``since``; ``None``."""
+        for pk, length, stamp in self.stored:
+            if pk == session_pk and stamp > since:
+                return length
+        return None
+
+    def note_stored(self, session_pk: int, length: int, stamp: int) -> None:
+        """Remember that the first ``length`` pieces are stored in ``session_pk``'s log (a new tuple:
+        a state handed out is never mutated in place)."""
+        others = [e for e in self.stored if e[0] != session_pk]
+        self.stored = ((session_pk, length, stamp), *others[:STORED_SESSIONS_PER_PREFIX - 1])
+
+    def _merge(self, other: PrefixState) -> None:
+        """Take what ``other`` (a state of the same prefix) knows and this one does not: stored
+        lengths, and the reference search when it went further."""
+        for pk, length, stamp in reversed(other.stored):
+            if all(e[0] != pk for e in self.stored):
+                self.stored = (*self.stored, (pk, length, stamp))[:STORED_SESSIONS_PER_PREFIX]
+        if other.refs_checked > self.refs_checked:
+            self.refs_checked, self.refs_at = other.refs_checked, other.refs_at
 
     def chain_index(self, chain: Sequence[str]) -> dict[str, int]:
         """``{chain_hash: position}`` of ``chain`` (this state's conversation), extended from what is
@@ -95,11 +130,43 @@ class PrefixStates:
         return state
 
     def keep(self, chain: Sequence[str], state: PrefixState) -> None:
-        """Give ``state`` back as the state of ``chain`` (every field at most ``len(chain)`` long)."""
+        """Give ``state`` back as the state of ``chain`` (every field at most ``len(chain)`` long).
+        A state kept meanwhile under the same prefix (another consumer's) gives ``state`` what it
+        knew that ``state`` does not (``stored``, the reference search)."""
         if not chain:
             return
         state.length = len(chain)
         with self._lock:
+            other = self._states.pop(chain[-1])
+            if isinstance(other, PrefixState) and other is not state:
+                state._merge(other)
+            self._states.put(chain[-1], state)
+
+    def stored_len(self, chain: Sequence[str], session_pk: int, since: int) -> int | None:
+        """How many of ``chain``'s first pieces are known stored in ``session_pk``'s log (noted
+        after stamp ``since``): the deepest such state among the newest ``lookback`` positions;
+        ``None`` when none knows. Nothing is taken."""
+        with self._lock:
+            for i in range(len(chain) - 1, max(-1, len(chain) - 1 - self.lookback), -1):
+                state = self._states.get(chain[i])
+                if isinstance(state, PrefixState):
+                    length = state.stored_in(session_pk, since)
+                    if length is not None:
+                        return min(length, i + 1)
+        return None
+
+    def note_stored(self, chain: Sequence[str], session_pk: int, stamp: int) -> None:
+        """Remember that all of ``chain`` is stored in ``session_pk``'s log (at ``stamp``): the
+        longest state kept among ``chain``'s newest ``lookback`` positions moves to ``chain``'s end
+        with it (a new empty one when none is kept)."""
+        if not chain:
+            return
+        with self._lock:
+            state, _ = self._states.pop_longest(chain, self.lookback)
+            if not isinstance(state, PrefixState):
+                state = PrefixState()
+            state.note_stored(session_pk, len(chain), stamp)
+            state.length = len(chain)
             self._states.put(chain[-1], state)
 
     def clear(self) -> None:

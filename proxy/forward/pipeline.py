@@ -41,7 +41,7 @@ from proxy.forward.tool_rounds import ToolRounds
 from proxy.settings import Settings
 from proxy.telemetry.logs import bind
 from proxy.telemetry.metrics import Metrics
-from proxy.tokens.protocol import MessageCounter
+from proxy.tokens.protocol import Tokenizer
 from proxy.upstream.client import Upstream
 from proxy.upstream.headers import forward_request_headers, response_headers
 from proxy.upstream.urls import UPSTREAM_CHAT_PATH
@@ -60,7 +60,7 @@ class ChatPipeline:
     writes and their backpressure), ``health`` (whether the database is usable), ``digest_memo``."""
 
     def __init__(self, settings: Settings, session_log: SessionLog, upstream: Upstream, compactor: Compactor,
-                 counter: MessageCounter, *, metrics: Metrics) -> None:
+                 counter: Tokenizer, *, metrics: Metrics) -> None:
         self.metrics = metrics
         self.settings = settings
         self.log = session_log

@@ -5,8 +5,10 @@ of the conversation's first user message (which covers the system prompt before 
 request of one conversation lands in one session without any client change. Conversations that
 start the same way share a session and become branches of its message tree.
 
-Hot-path caches (per process, bounded, short-lived): the session record, the chain hashes this
-process knows are stored, and the session's internal rounds. A steady-state turn then costs one
+Hot-path caches (per process, bounded, short-lived): the session record, how much of a
+conversation this process knows is stored in a session (kept in the conversation's
+``proxy.conversation.prefix.PrefixState``, per session pk, trusted ``CACHE_TTL_S``), and the
+session's internal rounds. A steady-state turn then costs one
 write transaction for the new messages and one at the end (reply + request record), instead of
 five round trips (measured by ``tests/benchmarks``: ~1.3 ms of CPU each on SQLite). The cache only
 skips work that is known to be done: every insert is still idempotent (``ON CONFLICT DO NOTHING``).
@@ -30,6 +32,7 @@ from typing import Any
 
 from proxy.cache import BoundedCache
 from proxy.conversation.canonical import chain_hash, message_digest
+from proxy.conversation.prefix import PrefixStates
 from storage.errors import MissingRow
 from storage.records import MessageRecord, NewMessage, RequestRecord, SessionRecord
 from storage.refused import RequestWrites
@@ -39,8 +42,6 @@ MAX_SESSION_ID_CHARS = 200
 CACHE_TTL_S = 30.0
 """How long a cached session row or internal-round list is trusted (other replicas may add rounds)."""
 CACHED_SESSIONS = 10_000
-KNOWN_HASHES_PER_SESSION = 64
-"""The newest chain hashes remembered per session: enough for the tail a client resends."""
 
 
 def _new_rows(
@@ -108,10 +109,18 @@ class LoggedRequest:
 class SessionLog:
     """Appends to the append-only log through ``Store``; every call is one short transaction."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, prefixes: PrefixStates | None = None) -> None:
         self.store = store
+        self.prefixes = prefixes if prefixes is not None else PrefixStates()
+        """Where the stored length of a conversation in a session is kept (per session pk; the
+        app's per-conversation prefix states, bounded there)."""
         self._sessions = BoundedCache(CACHED_SESSIONS, CACHE_TTL_S)
-        self._known = BoundedCache(CACHED_SESSIONS, CACHE_TTL_S)
+        self._stamp = 0
+        """The last stamp given (``time.monotonic_ns``, strictly increasing)."""
+        self._trusted = BoundedCache(CACHED_SESSIONS, CACHE_TTL_S)
+        """Session pk -> the stamp from which its stored lengths in ``prefixes`` are trusted (the
+        first noted since it was last forgotten; gone after ``CACHE_TTL_S``, then they are read
+        again)."""
         self._internal = BoundedCache(CACHED_SESSIONS, CACHE_TTL_S)
         self._derived: dict[tuple[str, str], str] = {}
         """``derive_session_id``'s memo: at most ``DERIVED_IDS_KEPT`` ids."""
@@ -150,26 +159,31 @@ class SessionLog:
     async def _reopen(self, session: SessionRecord) -> SessionRecord:
         """``session`` was found gone (``MissingRow``): forget what is cached of it and open it again."""
         self._sessions.pop((session.tenant, session.session_id), None)
-        self._known.pop(session.pk, None)
+        self._forget(session.pk)
         self._internal.pop(session.pk, None)
         return await self.open_session(session.tenant, session.session_id)
 
-    def _remember(self, session_pk: int, hashes: list[str]) -> None:
-        known = self._known.fresh(session_pk)
-        if known is None:
-            known = BoundedCache(KNOWN_HASHES_PER_SESSION)
-            self._known.put(session_pk, known)
-        for h in hashes[-KNOWN_HASHES_PER_SESSION:]:
-            known.put(h, None)
+    def _next_stamp(self) -> int:
+        self._stamp = max(self._stamp + 1, time.monotonic_ns())
+        return self._stamp
+
+    def _forget(self, session_pk: int) -> None:
+        """Trust no stored length of ``session_pk`` noted before now."""
+        self._trusted.pop(session_pk, None)
+
+    def _remember(self, session_pk: int, chain: list[str]) -> None:
+        """All of ``chain`` is stored in ``session_pk``'s log."""
+        if self._trusted.fresh(session_pk) is None:
+            self._trusted.put(session_pk, self._next_stamp())
+        self.prefixes.note_stored(chain, session_pk, self._next_stamp())
 
     def _known_prefix(self, session_pk: int, chain: list[str]) -> int | None:
-        known = self._known.fresh(session_pk)
-        if not known:
+        """How many of ``chain``'s first messages this process knows are stored in the session (the
+        log is prefix-closed: everything up to a stored message is stored); ``None``: unknown."""
+        since = self._trusted.fresh(session_pk)
+        if since is None:
             return None
-        for i in range(len(chain) - 1, max(-1, len(chain) - 1 - KNOWN_HASHES_PER_SESSION), -1):
-            if chain[i] in known:
-                return i + 1  # the log is prefix-closed: everything up to a stored message is stored
-        return None
+        return self.prefixes.stored_len(chain, session_pk, since)
 
     async def append_request(
         self, session: SessionRecord, messages: list[dict[str, Any]], chain: list[str]
@@ -275,7 +289,7 @@ class SessionLog:
             elif error is not None:
                 done.set_exception(error)
             else:
-                self._remember(session.pk, [m.chain_hash for m in new])
+                self._remember(session.pk, [*chain, *(m.chain_hash for m in new if m.seq >= len(chain))])
                 if internal:
                     self._internal.pop(session.pk, None)
                 done.set_result(None)
@@ -305,7 +319,7 @@ class SessionLog:
             gone = await self.store.record_refused(dataclasses.replace(record, session_pk=reopened.pk), now(),
                                                    session.tenant, (), (), ())
         if ids:
-            self._known.pop(session.pk, None)
+            self._forget(session.pk)
         return gone
 
     async def _internal_messages(self, session_pk: int) -> list[MessageRecord]:

@@ -53,9 +53,40 @@ def test_one_state_holds_the_counts_items_and_index_of_a_projection() -> None:
             session_id="s", memos=memos, codec=CHAT)
     state = memos.prefixes.take(chain)
     assert isinstance(state, PrefixState) and state.length == 30
-    assert state.counts[counter.memo_key] == [counter.count_message(m) for m in messages]
+    assert state.counts[counter.bind(CHAT).memo_key] == [counter.bind(CHAT).count_message(m) for m in messages]
     assert state.items == [] and state.index == {}  # the shortcut needs neither: nothing built
     state.items = CHAT.items(messages)
     state.items_codec = CHAT.name
     memos.prefixes.keep(chain, state)
-    assert state.weight() == 60
+    assert state.weight() == 61  # 30 counts, 30 items, the state itself
+
+
+def test_stored_lengths_are_per_session_and_stamp_and_survive_a_concurrent_take() -> None:
+    states = PrefixStates()
+    _, chain = digests_and_chain(_history(10))
+    states.note_stored(chain[:4], session_pk=1, stamp=5)
+    assert states.stored_len(chain, 1, since=4) == 4
+    assert states.stored_len(chain, 1, since=5) is None  # noted before the session was last trusted
+    assert states.stored_len(chain, 2, since=0) is None  # another session's knowledge never answers
+    projection = states.take(chain)  # the projection holds the state: the note makes a new one
+    assert projection.stored_in(1, 4) == 4
+    projection.chain_index(chain)
+    states.note_stored(chain, session_pk=2, stamp=6)
+    states.keep(chain, projection)  # what the note knew is merged into the state kept
+    assert states.stored_len(chain, 2, since=0) == 10 and states.stored_len(chain, 1, since=0) == 4
+    kept = states.take(chain)
+    assert kept is projection and len(kept.index) == 10
+
+
+def test_a_note_moves_the_longest_state_to_the_stored_end() -> None:
+    states = PrefixStates()
+    history = _history(10)
+    _, chain = digests_and_chain(history)
+    state = states.take(chain)
+    state.chain_index(chain)
+    states.keep(chain, state)
+    _, longer = digests_and_chain([*history, {"role": "assistant", "content": "reply"}])
+    states.note_stored(longer, session_pk=1, stamp=1)
+    assert len(states) == 1
+    again = states.take([*longer, "next"])
+    assert again is state and again.length == 11 and len(again.index) == 10
