@@ -27,12 +27,9 @@ ProxyBusy                  503     service_unavailable / proxy_busy (+ ``retry-a
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import orjson
-
-log = logging.getLogger("context_proxy.app")
 
 
 class ProxyError(Exception):

@@ -45,9 +45,12 @@ class PrefixState:
     the token count of each piece; ``items``: the model's ``Item`` of each piece (by the codec
     named ``items_codec``); ``refs_checked``/``refs_at``: the first ``refs_checked`` pieces were
     searched for a name of stored content (``proxy.tools.read_tool.references_in``), the first
-    found at ``refs_at`` (-1: none); ``stored``: ``(session pk, length, stamp)`` per session, the
-    first ``length`` pieces known stored in that session's log, noted at ``stamp`` (the session
-    log's clock: it decides which stamps it still trusts); at most ``STORED_SESSIONS_PER_PREFIX``."""
+    found at ``refs_at`` (-1: none); ``stored``: ``(session pk, length, stamp, end hash)`` per
+    session, the first ``length`` pieces of the chain ending in ``end hash`` known stored in that
+    session's log, noted at ``stamp`` (the session log's clock: it decides which stamps it still
+    trusts); at most ``STORED_SESSIONS_PER_PREFIX``. The end hash names the whole stored prefix, so
+    the length may reach past this state's own prefix (the reply and the proxy's own rounds after it)
+    and still answers only for a chain that has that prefix."""
 
     __slots__ = ("counts", "index", "items", "items_codec", "length", "refs_at", "refs_checked", "stored")
 
@@ -60,32 +63,36 @@ class PrefixState:
         """The ``Codec.name`` of the codec that gave ``items``."""
         self.refs_checked = 0
         self.refs_at = -1
-        self.stored: tuple[tuple[int, int, int], ...] = ()
+        self.stored: tuple[tuple[int, int, int, str], ...] = ()
 
     def weight(self) -> int:
         """Positions held (the unit of ``MAX_POSITIONS``; a stored length counts one)."""
         return (len(self.index) + len(self.items) + sum(len(c) for c in self.counts.values()) + len(self.stored)
                 + 1)
 
-    def stored_in(self, session_pk: int, since: int) -> int | None:
-        """The length known stored in ``session_pk``'s log, noted after stamp ``since``; ``None``."""
-        for pk, length, stamp in self.stored:
-            if pk == session_pk and stamp > since:
+    def stored_in(self, session_pk: int, since: int, chain: Sequence[str]) -> int | None:
+        """How many of ``chain``'s first pieces are known stored in ``session_pk``'s log, noted after
+        stamp ``since``; ``None`` when this state knows none (or only of another chain)."""
+        for pk, length, stamp, end in self.stored:
+            if pk == session_pk and stamp > since and 0 < length <= len(chain) and chain[length - 1] == end:
                 return length
         return None
 
-    def note_stored(self, session_pk: int, length: int, stamp: int) -> None:
-        """Remember that the first ``length`` pieces are stored in ``session_pk``'s log (a new tuple:
-        a state handed out is never mutated in place)."""
+    def note_stored(self, session_pk: int, chain: Sequence[str], stamp: int) -> None:
+        """Remember that all of ``chain`` is stored in ``session_pk``'s log (a new tuple: a state
+        handed out is never mutated in place)."""
         others = [e for e in self.stored if e[0] != session_pk]
-        self.stored = ((session_pk, length, stamp), *others[:STORED_SESSIONS_PER_PREFIX - 1])
+        self.stored = ((session_pk, len(chain), stamp, chain[-1]), *others[:STORED_SESSIONS_PER_PREFIX - 1])
 
     def _merge(self, other: PrefixState) -> None:
         """Take what ``other`` (a state of the same prefix) knows and this one does not: stored
-        lengths, and the reference search when it went further."""
-        for pk, length, stamp in reversed(other.stored):
-            if all(e[0] != pk for e in self.stored):
-                self.stored = (*self.stored, (pk, length, stamp))[:STORED_SESSIONS_PER_PREFIX]
+        lengths (per session the newest noted), and the reference search when it went further."""
+        for entry in reversed(other.stored):
+            mine = [e for e in self.stored if e[0] == entry[0]]
+            if not mine:
+                self.stored = (*self.stored, entry)[:STORED_SESSIONS_PER_PREFIX]
+            elif mine[0][2] < entry[2]:
+                self.stored = tuple(entry if e[0] == entry[0] else e for e in self.stored)
         if other.refs_checked > self.refs_checked:
             self.refs_checked, self.refs_at = other.refs_checked, other.refs_at
 
@@ -150,24 +157,25 @@ class PrefixStates:
             for i in range(len(chain) - 1, max(-1, len(chain) - 1 - self.lookback), -1):
                 state = self._states.get(chain[i])
                 if isinstance(state, PrefixState):
-                    length = state.stored_in(session_pk, since)
+                    length = state.stored_in(session_pk, since, chain)
                     if length is not None:
-                        return min(length, i + 1)
+                        return length
         return None
 
     def note_stored(self, chain: Sequence[str], session_pk: int, stamp: int) -> None:
-        """Remember that all of ``chain`` is stored in ``session_pk``'s log (at ``stamp``): the
-        longest state kept among ``chain``'s newest ``lookback`` positions moves to ``chain``'s end
-        with it (a new empty one when none is kept)."""
+        """Remember that all of ``chain`` is stored in ``session_pk``'s log (at ``stamp``), on the
+        longest state kept among ``chain``'s newest ``lookback`` positions, which stays where it is
+        (a regenerated or retried request, or a client whose echo of the reply differs, still finds
+        it); a new state at ``chain``'s end when none is kept."""
         if not chain:
             return
         with self._lock:
-            state, _ = self._states.pop_longest(chain, self.lookback)
-            if not isinstance(state, PrefixState):
-                state = PrefixState()
-            state.note_stored(session_pk, len(chain), stamp)
-            state.length = len(chain)
-            self._states.put(chain[-1], state)
+            state, start = self._states.pop_longest(chain, self.lookback)
+            if not isinstance(state, PrefixState) or start <= 0:
+                state, start = PrefixState(), len(chain)
+                state.length = start
+            state.note_stored(session_pk, chain, stamp)
+            self._states.put(chain[start - 1], state)
 
     def clear(self) -> None:
         """Forget everything (tests)."""

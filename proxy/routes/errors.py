@@ -11,7 +11,7 @@ from typing import Protocol
 from proxy.errors import ProxyError, StorageUnavailableError
 from storage.errors import StorageError
 
-log = logging.getLogger("context_proxy.errors")
+log = logging.getLogger("context_proxy.app")  # the logger these lines had before the module split
 
 
 class DatabaseErrors(Protocol):

@@ -69,7 +69,7 @@ def test_stored_lengths_are_per_session_and_stamp_and_survive_a_concurrent_take(
     assert states.stored_len(chain, 1, since=5) is None  # noted before the session was last trusted
     assert states.stored_len(chain, 2, since=0) is None  # another session's knowledge never answers
     projection = states.take(chain)  # the projection holds the state: the note makes a new one
-    assert projection.stored_in(1, 4) == 4
+    assert projection.stored_in(1, 4, chain) == 4
     projection.chain_index(chain)
     states.note_stored(chain, session_pk=2, stamp=6)
     states.keep(chain, projection)  # what the note knew is merged into the state kept
@@ -78,7 +78,10 @@ def test_stored_lengths_are_per_session_and_stamp_and_survive_a_concurrent_take(
     assert kept is projection and len(kept.index) == 10
 
 
-def test_a_note_moves_the_longest_state_to_the_stored_end() -> None:
+def test_a_note_stays_on_the_longest_state_and_answers_past_it() -> None:
+    """The stored length noted after a reply sits on the projection's state (kept at the client's
+    chain end): the next turn finds both; a regenerated request (the same history again) still finds
+    the state; a chain that differs inside the stored prefix gets no stored length."""
     states = PrefixStates()
     history = _history(10)
     _, chain = digests_and_chain(history)
@@ -88,5 +91,11 @@ def test_a_note_moves_the_longest_state_to_the_stored_end() -> None:
     _, longer = digests_and_chain([*history, {"role": "assistant", "content": "reply"}])
     states.note_stored(longer, session_pk=1, stamp=1)
     assert len(states) == 1
+    assert states.stored_len([*longer, "next"], 1, since=0) == 11
+    assert states.stored_len(chain, 1, since=0) is None  # only a chain with the stored prefix
+    _, other = digests_and_chain([*history, {"role": "assistant", "content": "another reply"}])
+    assert states.stored_len([*other, "next"], 1, since=0) is None
     again = states.take([*longer, "next"])
-    assert again is state and again.length == 11 and len(again.index) == 10
+    assert again is state and again.length == 10 and len(again.index) == 10
+    states.keep(chain, again)
+    assert states.take(chain) is state  # the same history again (regenerate) finds it too
