@@ -48,8 +48,10 @@ class PrefixState:
     found at ``refs_at`` (-1: none); ``stored``: ``(session pk, length, stamp, end hash)`` per
     session, the first ``length`` pieces of the chain ending in ``end hash`` known stored in that
     session's log, noted at ``stamp`` (the session log's clock: it decides which stamps it still
-    trusts); at most ``STORED_SESSIONS_PER_PREFIX``. The end hash names the whole stored prefix, so
-    the length may reach past this state's own prefix (the reply and the proxy's own rounds after it)
+    trusts), and the length and hash of the prefix this state was found under when noted (so the same
+    history sent again is known stored too); at most ``STORED_SESSIONS_PER_PREFIX``. The end hash
+    names the whole stored prefix, so the length may reach past this state's own prefix (the reply
+    and the proxy's own rounds after it)
     and still answers only for a chain that has that prefix."""
 
     __slots__ = ("counts", "index", "items", "items_codec", "length", "refs_at", "refs_checked", "stored")
@@ -63,7 +65,7 @@ class PrefixState:
         """The ``Codec.name`` of the codec that gave ``items``."""
         self.refs_checked = 0
         self.refs_at = -1
-        self.stored: tuple[tuple[int, int, int, str], ...] = ()
+        self.stored: tuple[tuple[int, int, int, str, int, str], ...] = ()
 
     def weight(self) -> int:
         """Positions held (the unit of ``MAX_POSITIONS``; a stored length counts one)."""
@@ -73,16 +75,22 @@ class PrefixState:
     def stored_in(self, session_pk: int, since: int, chain: Sequence[str]) -> int | None:
         """How many of ``chain``'s first pieces are known stored in ``session_pk``'s log, noted after
         stamp ``since``; ``None`` when this state knows none (or only of another chain)."""
-        for pk, length, stamp, end in self.stored:
-            if pk == session_pk and stamp > since and 0 < length <= len(chain) and chain[length - 1] == end:
+        for pk, length, stamp, end, base, base_hash in self.stored:
+            if pk != session_pk or stamp <= since:
+                continue
+            if 0 < length <= len(chain) and chain[length - 1] == end:
                 return length
+            if 0 < base <= len(chain) and chain[base - 1] == base_hash:
+                return base  # the same history again (a retry, a regenerate): its own prefix is stored
         return None
 
-    def note_stored(self, session_pk: int, chain: Sequence[str], stamp: int) -> None:
-        """Remember that all of ``chain`` is stored in ``session_pk``'s log (a new tuple: a state
-        handed out is never mutated in place)."""
+    def note_stored(self, session_pk: int, chain: Sequence[str], stamp: int, base: int) -> None:
+        """Remember that all of ``chain`` is stored in ``session_pk``'s log, and so its first
+        ``base`` pieces (this state's own prefix: ``chain[base - 1]`` is its key), a new tuple: a
+        state handed out is never mutated in place."""
         others = [e for e in self.stored if e[0] != session_pk]
-        self.stored = ((session_pk, len(chain), stamp, chain[-1]), *others[:STORED_SESSIONS_PER_PREFIX - 1])
+        entry = (session_pk, len(chain), stamp, chain[-1], base, chain[base - 1])
+        self.stored = (entry, *others[:STORED_SESSIONS_PER_PREFIX - 1])
 
     def _merge(self, other: PrefixState) -> None:
         """Take what ``other`` (a state of the same prefix) knows and this one does not: stored
@@ -174,7 +182,7 @@ class PrefixStates:
             if not isinstance(state, PrefixState) or start <= 0:
                 state, start = PrefixState(), len(chain)
                 state.length = start
-            state.note_stored(session_pk, chain, stamp)
+            state.note_stored(session_pk, chain, stamp, start)
             self._states.put(chain[start - 1], state)
 
     def clear(self) -> None:

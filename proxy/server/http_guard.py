@@ -153,8 +153,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _evict_one(self) -> bool:
         """Close one connection to make room for ``self``: a lingering one, else one waiting (no
         request) for ``EVICT_GRACE_S`` or more, else the slowest body begun ``EVICT_GRACE_S`` or
-        more ago, else the longest waiting, else the slowest body just begun (an idle connection
-        loses nothing; a body in progress would get a 503). False if none qualifies."""
+        more ago, else of the longest waiting and the slowest body just begun the one there first
+        (an idle connection loses nothing; a body in progress would get a 503; a client that has
+        just connected is not closed for a body that began before it). False if none qualifies."""
         for closing in self._closing:
             self._closing.pop(closing)
             self._drop(closing)
@@ -164,10 +165,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._close_waiting(oldest)
             return True
         victim = self._slowest_body(young=False)
-        if victim is None and oldest is not None:  # an idle connection loses nothing: before a body just begun
-            self._close_waiting(oldest)
-            return True
-        victim = victim or self._slowest_body(young=True)
+        if victim is None:
+            young = self._slowest_body(young=True)
+            # of an idle connection and a body just begun, the one there first goes: an idle flood
+            # older than a body loses nothing, and a client that connected a moment ago (its request
+            # not read yet) is not closed for a silent body that began before it
+            if oldest is not None and (young is None or oldest._waiting_since <= young._body_since):
+                self._close_waiting(oldest)
+                return True
+            victim = young
         if victim is not None:
             log.warning("connection cap reached: closing a connection whose body arrives at %.0f bytes/s",
                         victim._body_bytes / max(self.loop.time() - victim._body_since, EVICT_GRACE_S))

@@ -92,9 +92,9 @@ def test_a_note_stays_on_the_longest_state_and_answers_past_it() -> None:
     states.note_stored(longer, session_pk=1, stamp=1)
     assert len(states) == 1
     assert states.stored_len([*longer, "next"], 1, since=0) == 11
-    assert states.stored_len(chain, 1, since=0) is None  # only a chain with the stored prefix
+    assert states.stored_len(chain, 1, since=0) == 10  # the same history again: its own prefix is stored
     _, other = digests_and_chain([*history, {"role": "assistant", "content": "another reply"}])
-    assert states.stored_len([*other, "next"], 1, since=0) is None
+    assert states.stored_len([*other, "next"], 1, since=0) == 10  # the history, not the other reply
     again = states.take([*longer, "next"])
     assert again is state and again.length == 10 and len(again.index) == 10
     states.keep(chain, again)
