@@ -65,7 +65,7 @@ class Memo:
     __slots__ = ("_entries", "idle_s", "max_weight", "total", "weight")
 
     def __init__(self, max_weight: int, idle_s: float = MEMO_IDLE_S, weight: Any = None) -> None:
-        self._entries: OrderedDict[Any, list[Any]] = OrderedDict()  # key -> [value, last used]
+        self._entries: OrderedDict[Any, list[Any]] = OrderedDict()  # key -> [value, last used, weight]
         self.max_weight = max_weight
         self.idle_s = idle_s
         self.weight = weight
@@ -96,7 +96,7 @@ class Memo:
         entry = self._entries.pop(key, None)
         if entry is None:
             return None
-        self.total -= self.weight(entry[0]) if self.weight else 1
+        self.total -= entry[2]
         return entry[0]
 
     def pop_longest(self, keys: Sequence[Any], lookback: int) -> tuple[Any, int]:
@@ -112,16 +112,18 @@ class Memo:
 
     def put(self, key: Any, value: Any) -> None:
         """Store ``value`` under ``key`` (most recently used), then drop idle and excess entries.
-        ``value`` must not change weight while stored."""
+        Its weight is taken now and counted until it leaves (``value`` must not change weight
+        while stored)."""
         now = time.monotonic()
         self.pop(key)
         entries = self._entries
-        entries[key] = [value, now]
-        self.total += self.weight(value) if self.weight else 1
+        weight = self.weight(value) if self.weight else 1
+        entries[key] = [value, now, weight]
+        self.total += weight
         cutoff = now - self.idle_s
         while len(entries) > 1:
             first = next(iter(entries.values()))
             if self.total <= self.max_weight and first[1] >= cutoff:
                 break
-            self.total -= self.weight(first[0]) if self.weight else 1
+            self.total -= first[2]
             entries.popitem(last=False)

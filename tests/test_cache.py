@@ -50,6 +50,26 @@ def test_memo_weight_bound_drops_least_recently_used_first() -> None:
     assert list(memo._entries) == ["huge"] and memo.total == 50
 
 
+def test_memo_weighs_an_entry_once_when_put() -> None:
+    """A stored entry's weight is the one counted at ``put``: leaving (popped or evicted) takes off
+    that, without weighing the value again (a ``PrefixState`` was weighed at every put and pop)."""
+    calls: list[int] = []
+
+    def weight(value: list[int]) -> int:
+        calls.append(len(value))
+        return len(value)
+
+    memo = Memo(10, weight=weight)
+    grown = [1] * 3
+    memo.put("a", grown)
+    memo.put("b", [1] * 3)
+    grown.extend([1] * 5)  # a caller broke the rule; the bound's arithmetic stays right all the same
+    assert memo.pop("a") is grown and memo.total == 3
+    memo.put("c", [1] * 9)  # 12 > 10: "b" is evicted, its 3 taken off
+    assert list(memo._entries) == ["c"] and memo.total == 9
+    assert calls == [3, 3, 9]
+
+
 def test_memo_drops_entries_idle_longer_than_idle_s_but_keeps_used_ones(monkeypatch) -> None:
     """Memory follows the sessions active lately, not every session since start."""
     import proxy.cache
