@@ -28,10 +28,11 @@ from proxy.conversation.prefix import PrefixStates
 from proxy.errors import BadRequest, NotFound, ProxyError
 from proxy.forward.pipeline import ChatPipeline
 from proxy.forward.session_log import SessionLog
-from proxy.routes import health, limits, passthrough, read
+from proxy.routes import health, limits, messages, passthrough, read
 from proxy.routes.auth import Authenticator
 from proxy.routes.chat import CHAT_ROUTE, ERROR_SCHEMA, OPENAPI_PATH_ITEM, ChatEndpoint, chat_route
 from proxy.routes.errors import client_error
+from proxy.routes.messages import speaks_anthropic
 from proxy.settings import Settings
 from proxy.telemetry.metrics import Metrics, MetricsMiddleware
 from proxy.tokens.counter import TokenCounter, load_counter
@@ -58,6 +59,9 @@ class ProxyState:
     store: Store
     upstream: Upstream
     pipeline: ChatPipeline
+    anthropic_upstream: Upstream
+    """The Anthropic Messages provider (``anthropic_upstream_url``); it shares ``upstream``'s transport
+    (one connection pool) and has its own pool slots."""
     migrated: bool = False
     """The schema is at the newest migration (``/readyz`` is not ready until it is)."""
 
@@ -110,6 +114,13 @@ def _transport(settings: Settings, given: object) -> UpstreamTransport | None:
                           read_timeout_s=settings.upstream_read_timeout_s, keepalive_s=settings.upstream_keepalive_s)
 
 
+def _upstream(settings: Settings, url: str, transport: UpstreamTransport | None) -> Upstream:
+    """An ``Upstream`` to ``url`` sized by the ``upstream_*`` settings (``transport``: ``None`` for aiohttp)."""
+    return Upstream(url, pool_size=settings.upstream_pool_size, connect_timeout_s=settings.upstream_connect_timeout_s,
+                    read_timeout_s=settings.upstream_read_timeout_s, keepalive_s=settings.upstream_keepalive_s,
+                    tenant_pool_share=settings.upstream_tenant_pool_share, transport=transport)
+
+
 def create_app(settings: Settings, *, upstream_transport: object = None) -> FastAPI:
     """The proxy as an ASGI app. ``upstream_transport`` replaces the aiohttp transport: any
     ``proxy.upstream.transport.UpstreamTransport``, or an ``httpx.AsyncBaseTransport`` (tests,
@@ -121,20 +132,15 @@ def create_app(settings: Settings, *, upstream_transport: object = None) -> Fast
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         migrated = await _try_upgrade(settings.database_url)
         store = await Store.open(settings.database_url, pool_size=settings.database_pool_size)
-        upstream = Upstream(
-            settings.upstream_url,
-            pool_size=settings.upstream_pool_size,
-            connect_timeout_s=settings.upstream_connect_timeout_s,
-            read_timeout_s=settings.upstream_read_timeout_s,
-            keepalive_s=settings.upstream_keepalive_s,
-            tenant_pool_share=settings.upstream_tenant_pool_share,
-            transport=_transport(settings, upstream_transport),
-        )
+        upstream = _upstream(settings, settings.upstream_url, _transport(settings, upstream_transport))
+        # one pool of connections (closed once, with ``upstream``), pool slots of its own
+        anthropic_upstream = _upstream(settings, settings.anthropic_upstream_url, upstream.transport)
         counter = load_counter(settings.tiktoken_cache_dir)  # the defenses' and the tool rounds'
         prefixes = PrefixStates()  # the projection's, the offer's and the session log's, per conversation
         compactor = build_compactor(settings, store, upstream, counter, metrics, prefixes)
         pipeline = ChatPipeline(settings, SessionLog(store, prefixes), upstream, compactor, counter, metrics=metrics)
-        state = ProxyState(settings, Authenticator(settings), store, upstream, pipeline, migrated=migrated)
+        state = ProxyState(settings, Authenticator(settings), store, upstream, pipeline, anthropic_upstream,
+                           migrated=migrated)
         app.state.proxy = state
         retry = None if migrated else asyncio.create_task(_migrate_until_done(state))
         try:
@@ -155,6 +161,7 @@ def create_app(settings: Settings, *, upstream_transport: object = None) -> Fast
     for router in (health.router, read.router, limits.router):
         app.include_router(router)
     app.router.routes.append(chat_route(app.chat))  # before the pass-through's /v1/{path}
+    app.include_router(messages.router)  # likewise
     app.include_router(passthrough.router)
     app.state.metrics = metrics
     app.state.body_budget = BodyBudget(settings.max_held_body_bytes, settings.max_body_bytes)
@@ -221,9 +228,12 @@ class ProxyApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
-def _render(exc: ProxyError) -> Response:
-    return Response(exc.body(), status_code=exc.status, media_type="application/json",
-                    headers=dict(exc.headers) or None)
+def _render(exc: ProxyError, request: Request) -> Response:
+    """``exc`` in OpenAI's envelope, or in Anthropic's for an Anthropic request
+    (``proxy.routes.messages.speaks_anthropic``)."""
+    anthropic = speaks_anthropic(request.url.path, request.headers)
+    return Response(exc.anthropic_body() if anthropic else exc.body(), status_code=exc.status,
+                    media_type="application/json", headers=dict(exc.headers) or None)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -232,29 +242,30 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ProxyError)
     async def proxy_error(request: Request, exc: ProxyError) -> Response:
-        return _render(exc)
+        return _render(exc, request)
 
     @app.exception_handler(StorageError)
     async def storage_error(request: Request, exc: StorageError) -> Response:
-        return _render(client_error(exc, request.app.state.metrics))
+        return _render(client_error(exc, request.app.state.metrics), request)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:
         first = exc.errors()[0] if exc.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ()))
-        return _render(BadRequest(f"Invalid parameter {where}: {first.get('msg', 'invalid')}", param=where or None))
+        return _render(BadRequest(f"Invalid parameter {where}: {first.get('msg', 'invalid')}", param=where or None),
+                       request)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 404:
-            return _render(NotFound(f"No route {request.url.path}."))
+            return _render(NotFound(f"No route {request.url.path}."), request)
         err = ProxyError(str(exc.detail))
         err.status = exc.status_code
         err.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return _render(err)
+        return _render(err, request)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:
         if isinstance(exc, asyncio.CancelledError):
             raise exc
-        return _render(client_error(exc, request.app.state.metrics))
+        return _render(client_error(exc, request.app.state.metrics), request)

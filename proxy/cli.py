@@ -1,6 +1,7 @@
 """The ``context-proxy`` command (typer): serve, database upgrade, and operator commands.
 
-    context-proxy serve [--host H --port P --upstream-url URL --database-url URL --log-format json|text]
+    context-proxy serve [--host H --port P --upstream-url URL --anthropic-upstream-url URL --database-url URL
+                         --log-format json|text]
     context-proxy db upgrade
     context-proxy sessions list [--limit N] [--tenant T] [--json]
     context-proxy sessions show SESSION_ID [--tenant T]
@@ -67,6 +68,8 @@ def serve(
     host: str | None = typer.Option(None, help="Address to bind [env CONTEXT_PROXY_HOST, default 127.0.0.1]."),
     port: int | None = typer.Option(None, help="Port [env CONTEXT_PROXY_PORT, default 8000]."),
     upstream_url: str | None = typer.Option(None, help="Provider base URL [env CONTEXT_PROXY_UPSTREAM_URL]."),
+    anthropic_upstream_url: str | None = typer.Option(
+        None, help="Anthropic Messages provider base URL, no /v1 [env CONTEXT_PROXY_ANTHROPIC_UPSTREAM_URL]."),
     database_url: str | None = typer.Option(None, help=DATABASE_HELP),
     log_format: str | None = typer.Option(None, help="json or text [env CONTEXT_PROXY_LOG_FORMAT, default json]."),
     shutdown_grace_s: float | None = typer.Option(
@@ -84,7 +87,8 @@ def serve(
     from proxy.server.process import run
     from proxy.telemetry.logs import configure_logging
 
-    settings = load_settings(host=host, port=port, upstream_url=upstream_url, database_url=database_url,
+    settings = load_settings(host=host, port=port, upstream_url=upstream_url,
+                             anthropic_upstream_url=anthropic_upstream_url, database_url=database_url,
                              log_format=log_format, shutdown_grace_s=shutdown_grace_s)
     configure_logging(settings.log_level, settings.log_format, log_message_content=settings.log_message_content)
     # uvicorn handles SIGTERM while serving, then re-raises it once shut down: this handler makes

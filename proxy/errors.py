@@ -1,4 +1,4 @@
-"""The proxy's exception tree and its rendering as OpenAI's error envelope.
+"""The proxy's exception tree and its rendering as OpenAI's error envelope (Anthropic's on the Messages routes).
 
 Every error that reaches a client is ``{"error": {"message", "type", "code", "param"}}`` with the
 status below, never a stack trace. Foreign exceptions are translated where they occur
@@ -31,6 +31,18 @@ from typing import Any
 
 import orjson
 
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+"""The ``error.type`` Anthropic's API gives for each status (its errors page); the proxy's own 502,
+503 and 504 are ``api_error``, a type the SDKs read as a retryable server error."""
+
 
 class ProxyError(Exception):
     """Base of every error the proxy answers itself. ``status`` is the HTTP status to send."""
@@ -55,6 +67,13 @@ class ProxyError(Exception):
     def body(self) -> bytes:
         """The envelope as JSON bytes."""
         return orjson.dumps(self.envelope())
+
+    def anthropic_body(self) -> bytes:
+        """Anthropic's error envelope for this error, as JSON bytes (the routes of the Messages API
+        answer in it): ``{"type": "error", "error": {"type", "message"}}``, the type by status
+        (``ANTHROPIC_ERROR_TYPES``; another 4xx ``invalid_request_error``, another 5xx ``api_error``)."""
+        kind = ANTHROPIC_ERROR_TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "api_error")
+        return orjson.dumps({"type": "error", "error": {"type": kind, "message": self.message}})
 
     def asgi_headers(self, body: bytes) -> list[tuple[bytes, bytes]]:
         """The response headers for ``body`` (this error's ``body()``) as ASGI sends them:

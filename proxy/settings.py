@@ -33,6 +33,20 @@ class Settings(BaseSettings):
 
         return str(upstream_base(value))
 
+    anthropic_upstream_url: str = Field(
+        "https://api.anthropic.com",
+        description="Base URL of the Anthropic Messages provider (no /v1: POST /v1/messages goes to this URL + "
+        "/v1/messages, as the anthropic SDK and Claude Code build it).",
+    )
+
+    @field_validator("anthropic_upstream_url")
+    @classmethod
+    def _anthropic_upstream_url_valid(cls, value: str) -> str:
+        """Normalised and checked as ``upstream_url`` is (``proxy.upstream.urls.upstream_base``)."""
+        from proxy.upstream.urls import upstream_base
+
+        return str(upstream_base(value))
+
     database_url: str = Field(
         "sqlite:///./context-proxy.db",
         description="sqlite:///PATH or postgresql://USER:PASS@HOST/DB; the async driver is picked for you.",
@@ -102,7 +116,14 @@ class Settings(BaseSettings):
     upstream_api_key: str | None = Field(
         None, description="If set, the proxy sends this key upstream and accepts only client_api_keys."
     )
-    client_api_keys: str = Field("", description="Comma-separated client keys accepted when upstream_api_key is set.")
+    anthropic_upstream_api_key: str | None = Field(
+        None, description="If set, the proxy sends this key to the Anthropic upstream (as x-api-key) and accepts only "
+        "client_api_keys, as upstream_api_key does for the OpenAI upstream.",
+    )
+    client_api_keys: str = Field(
+        "", description="Comma-separated client keys accepted when upstream_api_key or anthropic_upstream_api_key "
+        "is set."
+    )
     admin_api_keys: str = Field("", description="Comma-separated keys that may read every tenant's sessions.")
     tenant_salt: str = Field(
         "context-proxy", description="Salt for the hash that identifies a tenant by its API key."

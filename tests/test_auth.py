@@ -5,7 +5,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from proxy.routes.auth import ANONYMOUS, keyed, tenant_of
+import pytest
+
+from proxy.errors import Forbidden, Unauthorized
+from proxy.routes.auth import ANONYMOUS, Authenticator, keyed, tenant_of
+from proxy.settings import Settings
+from proxy.upstream.headers import forward_request_headers, response_headers
 
 
 def test_a_keyed_salt_gives_the_tenant_ids_of_the_salt_itself() -> None:
@@ -18,3 +23,37 @@ def test_a_keyed_salt_gives_the_tenant_ids_of_the_salt_itself() -> None:
         assert tenant_of(key, mac) == tenant_of(key, salt) == expected
     assert tenant_of("sk-bench-client-0123456789", mac) == tenant_of("sk-bench-client-0123456789", salt)
     assert tenant_of(None, mac) == tenant_of("", mac) == ANONYMOUS
+
+
+def _auth(**settings: object) -> Authenticator:
+    return Authenticator(Settings(**settings))  # type: ignore[arg-type]
+
+
+def test_each_upstream_key_admits_client_keys_and_refuses_the_other_providers_requests() -> None:
+    """A proxy-held key for one provider: clients present a client key on both APIs, and the API whose
+    key the proxy does not hold is refused (403), never sent the client's key of this proxy."""
+    client = {"authorization": "Bearer sk-proxy-client"}
+    anthropic_only = _auth(anthropic_upstream_api_key="sk-ant-op", client_api_keys="sk-proxy-client")
+    assert anthropic_only.messages_tenant({"x-api-key": "sk-proxy-client"}) == anthropic_only.messages_tenant(client)
+    with pytest.raises(Forbidden, match="CONTEXT_PROXY_UPSTREAM_API_KEY"):
+        anthropic_only.chat_tenant(client)
+    with pytest.raises(Unauthorized):
+        anthropic_only.messages_tenant({"x-api-key": "sk-stranger"})
+    openai_only = _auth(upstream_api_key="sk-oai-op", client_api_keys="sk-proxy-client")
+    assert openai_only.chat_tenant(client).startswith("t_")
+    with pytest.raises(Forbidden, match="CONTEXT_PROXY_ANTHROPIC_UPSTREAM_API_KEY"):
+        openai_only.messages_tenant(client)
+    both = _auth(upstream_api_key="sk-oai-op", anthropic_upstream_api_key="sk-ant-op", client_api_keys="sk-proxy-client")
+    assert both.chat_tenant(client) == both.messages_tenant(client)
+    open_proxy = _auth()
+    assert open_proxy.messages_tenant({"x-api-key": "sk-ant-user"}) == open_proxy.chat_tenant({"x-api-key": "sk-ant-user"})
+
+
+def test_a_held_anthropic_key_goes_as_x_api_key_and_the_clients_credentials_stay_behind() -> None:
+    sent = forward_request_headers([("x-api-key", "sk-client"), ("Authorization", "Bearer sk-client"),
+                                    ("anthropic-version", "2023-06-01"), ("anthropic-beta", "a,b")],
+                                   upstream_api_key="sk-ant-op", identity=False, key_header="x-api-key")
+    assert sent == [("anthropic-version", "2023-06-01"), ("anthropic-beta", "a,b"), ("x-api-key", "sk-ant-op")]
+    shared = response_headers({"request-id": "req_1", "anthropic-ratelimit-tokens-limit": "9", "retry-after": "3",
+                               "anthropic-organization-id": "org"}, keep_encoding=True, shared_key=True)
+    assert shared == {"request-id": "req_1", "retry-after": "3"}

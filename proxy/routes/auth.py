@@ -1,7 +1,12 @@
 """Credentials and tenancy. Keys are never stored or logged: a tenant is a salted hash of its key.
 
 Clients send their key as ``Authorization: Bearer KEY`` (OpenAI), ``api-key: KEY`` (Azure) or
-``x-api-key: KEY`` (Anthropic-style gateways).
+``x-api-key: KEY`` (Anthropic's Messages API, and Anthropic-style gateways).
+
+With a proxy-held upstream key (``upstream_api_key`` for the OpenAI upstream,
+``anthropic_upstream_api_key`` for the Anthropic one) clients present one of ``client_api_keys``;
+a request for an upstream whose key the proxy does not hold, while it holds the other's, is refused
+(403): forwarding the client's key there would hand a key of this proxy to that provider.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ import hashlib
 import hmac
 from collections.abc import Mapping
 
-from proxy.errors import Unauthorized
+from proxy.errors import Forbidden, Unauthorized
 from proxy.settings import Settings
 
 ANONYMOUS = "anonymous"
@@ -53,7 +58,9 @@ class Authenticator:
 
     def __init__(self, settings: Settings) -> None:
         self._salt = keyed(settings.tenant_salt)
-        self._holds_upstream_key = settings.upstream_api_key is not None
+        self._holds_openai_key = settings.upstream_api_key is not None
+        self._holds_anthropic_key = settings.anthropic_upstream_api_key is not None
+        self._holds_upstream_key = self._holds_openai_key or self._holds_anthropic_key
         self._clients = {tenant_of(k, self._salt) for k in _split(settings.client_api_keys)}
         self._admins = {tenant_of(k, self._salt) for k in _split(settings.admin_api_keys)}
 
@@ -63,9 +70,22 @@ class Authenticator:
         Raises ``Unauthorized`` when the proxy holds the upstream key and the client's key is not
         one of ``client_api_keys`` (or an admin key).
         """
+        return self._client_tenant(headers, self._holds_openai_key, "an OpenAI", "CONTEXT_PROXY_UPSTREAM_API_KEY")
+
+    def messages_tenant(self, headers: Mapping[str, str]) -> str:
+        """Tenant of an Anthropic Messages request (``x-api-key`` or ``Authorization: Bearer``).
+
+        Raises ``Unauthorized`` as ``chat_tenant`` does, and ``Forbidden`` when the proxy holds
+        only the OpenAI upstream key (see the module docstring)."""
+        return self._client_tenant(headers, self._holds_anthropic_key, "an Anthropic",
+                                   "CONTEXT_PROXY_ANTHROPIC_UPSTREAM_API_KEY")
+
+    def _client_tenant(self, headers: Mapping[str, str], holds_this_key: bool, which: str, setting: str) -> str:
         tenant = tenant_of(client_key(headers), self._salt)
         if self._holds_upstream_key and tenant not in self._clients and tenant not in self._admins:
             raise Unauthorized("Invalid or missing API key for this proxy.")
+        if self._holds_upstream_key and not holds_this_key:
+            raise Forbidden(f"This proxy holds no {which} upstream key ({setting}), so it cannot forward this request.")
         return tenant
 
     def reader(self, headers: Mapping[str, str]) -> str | None:

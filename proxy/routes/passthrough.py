@@ -1,4 +1,6 @@
-"""Every other path under ``/v1/``: relayed untouched (method, query, headers, body, status, stream).
+"""Every other path under ``/v1/``: relayed untouched (method, query, headers, body, status, stream),
+to the OpenAI upstream, or to the Anthropic one for a request with an ``anthropic-version`` header
+(``proxy.routes.messages``).
 
 Nothing here is parsed or logged as chat. The body (size-limited like chat bodies) is sent as
 received and the response streamed back, content encoding included, so what the client gets is
@@ -12,15 +14,14 @@ completions spelt another way (it would skip the log) are refused with a 400
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
 from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from starlette.responses import StreamingResponse
 
 from proxy.errors import Forbidden
-from proxy.routes.body import read_body
-from proxy.upstream.headers import forward_request_headers, response_headers
+from proxy.routes.messages import relay_anthropic, speaks_anthropic
+from proxy.routes.relay import relay
 from proxy.upstream.urls import passthrough_target
 
 router = APIRouter()
@@ -40,6 +41,10 @@ refused unless the caller is an admin (or the client sends its own key to the up
 
 
 async def passthrough(path: str, request: Request) -> StreamingResponse:
+    """Relay ``/v1/{path}`` to the OpenAI upstream, or to the Anthropic one for a request sent with an
+    ``anthropic-version`` header (``proxy.routes.messages.speaks_anthropic``)."""
+    if speaks_anthropic(request.url.path, request.headers):
+        return await relay_anthropic(request)
     state = request.app.state.proxy
     tenant = state.auth.chat_tenant(request.headers)
     # The path exactly as the client wrote it (percent-encoding kept: the decoded ``path`` loses
@@ -47,27 +52,14 @@ async def passthrough(path: str, request: Request) -> StreamingResponse:
     # that it reaches the configured upstream only (``passthrough_target``, ``Upstream.url``).
     raw_path = request.scope.get("raw_path") or quote("/v1/" + path).encode()  # a server without raw_path
     target = passthrough_target(raw_path.decode("latin-1"), request.url.query, request.method)
-    shared_key = state.settings.upstream_api_key is not None
-    if shared_key and state.auth.reader(request.headers) is not None and not any(
+    key = state.settings.upstream_api_key
+    if key is not None and state.auth.reader(request.headers) is not None and not any(
             request.method == m and rx.fullmatch("/" + path) for m, rx in SHARED_KEY_ALLOWED):
         raise Forbidden(
             f"{request.method} /v1/{path} is not available through this proxy's shared upstream key "
             "(it would reach account-wide state); ask an admin."
         )
-    body = await read_body(request, state.settings.max_body_bytes)
-    headers = forward_request_headers(request.headers.items(), upstream_api_key=state.settings.upstream_api_key,
-                                      identity=False)
-    resp = await state.upstream.send(request.method, target, headers=headers, content=body or None, tenant=tenant)
-
-    async def relay() -> AsyncIterator[bytes]:
-        try:
-            async for chunk in resp.aiter_raw():  # raises ``UpstreamError`` only (the transport maps)
-                yield chunk
-        finally:
-            await resp.aclose()
-
-    return StreamingResponse(relay(), status_code=resp.status_code, headers=response_headers(
-        resp.headers, keep_encoding=True, shared_key=state.settings.upstream_api_key is not None))
+    return await relay(request, state.upstream, target, tenant=tenant, upstream_api_key=key)
 
 
 for _method in METHODS:  # one route per method: one shared route gives duplicate OpenAPI operation ids (a warning)

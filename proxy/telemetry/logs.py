@@ -36,7 +36,8 @@ import orjson
 
 CONTEXT_FIELDS = ("request_id", "session_id")
 """Request context fields written on every line when present (in this order)."""
-SECRET_FIELDS = frozenset({"authorization", "api_key", "key", "token", "password", "secret", "upstream_api_key"})
+SECRET_FIELDS = frozenset({"authorization", "api_key", "key", "token", "password", "secret", "upstream_api_key",
+                           "anthropic_upstream_api_key", "x-api-key", "x_api_key"})
 """Extra field names that are never written."""
 CONTENT_FIELDS = frozenset({"content", "messages", "message", "body", "prompt", "reply", "arguments", "text"})
 """Extra field names written only when ``log_message_content`` is on (else their length in chars)."""

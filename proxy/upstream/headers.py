@@ -32,8 +32,9 @@ client chooses neither the credentials nor the billed project)."""
 OWN_RESPONSE_HEADERS = frozenset({"date", "server"})
 """Set by the proxy's own server; the upstream's copies would be duplicates."""
 
-OPERATOR_RESPONSE_HEADERS = frozenset({"openai-organization", "openai-project", "set-cookie"})
-OPERATOR_RESPONSE_PREFIXES = ("x-ratelimit-",)
+OPERATOR_RESPONSE_HEADERS = frozenset({"openai-organization", "openai-project", "anthropic-organization-id",
+                                       "set-cookie"})
+OPERATOR_RESPONSE_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
 """Response headers about the operator's account (its organization, project, rate limits, cookies):
 with a shared upstream key (``upstream_api_key``) they are the operator's, never passed to tenants."""
 
@@ -50,13 +51,16 @@ def connection_tokens(pairs: Iterable[tuple[str, str]]) -> frozenset[str]:
 
 
 def forward_request_headers(
-    headers: Iterable[tuple[str, str]], *, upstream_api_key: str | None, identity: bool
+    headers: Iterable[tuple[str, str]], *, upstream_api_key: str | None, identity: bool,
+    key_header: str = "authorization",
 ) -> list[tuple[str, str]]:
     """Client headers to send upstream: hop-by-hop (those the ``Connection`` header names too) and
     proxy headers dropped.
 
-    With ``upstream_api_key`` the client's ``Authorization`` is replaced by the proxy's key. With
-    ``identity`` the upstream is asked not to compress (the proxy reads chat replies to log them).
+    With ``upstream_api_key`` the client's credentials (``CREDENTIAL_HEADERS``) are replaced by the
+    proxy's key, sent as ``key_header``: ``authorization`` (``Bearer KEY``, OpenAI) or ``x-api-key``
+    (Anthropic). With ``identity`` the upstream is asked not to compress (the proxy reads chat
+    replies to log them).
     """
     headers = headers if isinstance(headers, (list, tuple)) else list(headers)
     named = connection_tokens(headers)
@@ -71,7 +75,7 @@ def forward_request_headers(
             continue
         out.append((name, value))
     if upstream_api_key is not None:
-        out.append(("authorization", f"Bearer {upstream_api_key}"))
+        out.append((key_header, upstream_api_key if key_header == "x-api-key" else f"Bearer {upstream_api_key}"))
     if identity:
         out.append(("accept-encoding", "identity"))
     return out

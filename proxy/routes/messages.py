@@ -1,0 +1,85 @@
+"""Anthropic's Messages API: ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``, and every
+other Anthropic call, relayed to the Anthropic upstream (``anthropic_upstream_url``).
+
+A client reaches it with ``ANTHROPIC_BASE_URL`` set to the proxy (no ``/v1``: the ``anthropic`` SDK
+and Claude Code append ``/v1/messages``). The request goes as the client sent it: body, query
+(``?beta=true``), ``anthropic-version`` and ``anthropic-beta`` unchanged, the client's
+``x-api-key`` or ``Authorization: Bearer``, or with a proxy-held ``anthropic_upstream_api_key`` that
+key as ``x-api-key`` (the client's credentials dropped). The answer comes back byte for byte,
+streams as they arrive, with the headers a client reads (``request-id``, ``retry-after``,
+``anthropic-ratelimit-*``: the last not under a proxy-held key, where they are the operator's).
+The tenant is the salted hash of whichever key the client sent (``Authenticator.messages_tenant``).
+Errors the proxy answers itself are in Anthropic's envelope (``ProxyError.anthropic_body``).
+
+Which requests are Anthropic's (``speaks_anthropic``): the Messages paths, and any other ``/v1/``
+path sent with an ``anthropic-version`` header (every Anthropic SDK sends one; OpenAI's do not):
+``GET /v1/models`` from an Anthropic client lists Anthropic's models, not OpenAI's.
+
+Not yet (issue 19): the session log and the four defenses on Messages; these routes forward
+without reading the conversation.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from fastapi import APIRouter, Request
+from starlette.responses import StreamingResponse
+
+from proxy.errors import Forbidden
+from proxy.routes.relay import relay
+from proxy.upstream.urls import passthrough_target
+
+router = APIRouter()
+
+MESSAGES_ROUTE = "/v1/messages"
+COUNT_TOKENS_ROUTE = "/v1/messages/count_tokens"
+ANTHROPIC_VERSION_HEADER = "anthropic-version"
+
+SHARED_KEY_ALLOWED = (
+    ("GET", re.compile(r"/v1/models(/[^/]+)?")),
+    ("POST", re.compile(r"/v1/messages(/count_tokens)?")),
+)
+"""What a tenant may reach through the proxy's Anthropic key: stateless calls only. Batches, files,
+skills and the admin API read or change the operator's account and are refused (403) unless the
+caller is an admin."""
+
+
+def speaks_anthropic(path: str, headers: Mapping[str, str]) -> bool:
+    """Whether a request is for the Anthropic upstream: a Messages path (``/v1/messages`` and
+    below), or any path sent with an ``anthropic-version`` header."""
+    return path == MESSAGES_ROUTE or path.startswith(MESSAGES_ROUTE + "/") or ANTHROPIC_VERSION_HEADER in headers
+
+
+async def relay_anthropic(request: Request) -> StreamingResponse:
+    """Relay ``request`` (any ``/v1/`` path) to the Anthropic upstream, as the module docstring says.
+    Raises ``Unauthorized``/``Forbidden`` (``Authenticator.messages_tenant``), ``Forbidden`` for an
+    account-wide path under the proxy's key, ``BadRequest`` for a path that could leave the upstream
+    (``passthrough_target``), ``PayloadTooLarge`` past ``max_body_bytes``, ``UpstreamError``."""
+    state = request.app.state.proxy
+    tenant = state.auth.messages_tenant(request.headers)
+    raw_path = (request.scope.get("raw_path") or request.url.path.encode()).decode("latin-1")
+    target = "/v1" + passthrough_target(raw_path, request.url.query, request.method)
+    key = state.settings.anthropic_upstream_api_key
+    if key is not None and state.auth.reader(request.headers) is not None and not any(
+            request.method == m and rx.fullmatch(request.url.path) for m, rx in SHARED_KEY_ALLOWED):
+        raise Forbidden(f"{request.method} {request.url.path} is not available through this proxy's shared Anthropic "
+                        "key (it would reach account-wide state); ask an admin.")
+    return await relay(request, state.anthropic_upstream, target, tenant=tenant, upstream_api_key=key,
+                       key_header="x-api-key")
+
+
+async def messages(request: Request) -> StreamingResponse:
+    return await relay_anthropic(request)
+
+
+async def count_tokens(request: Request) -> StreamingResponse:
+    return await relay_anthropic(request)
+
+
+router.add_api_route(MESSAGES_ROUTE, messages, methods=["POST"], tags=["anthropic"],
+                     summary="Create a Message (Anthropic Messages API; streamed with \"stream\": true)",
+                     operation_id="anthropic_messages")
+router.add_api_route(COUNT_TOKENS_ROUTE, count_tokens, methods=["POST"], tags=["anthropic"],
+                     summary="Count the tokens of a Messages request", operation_id="anthropic_count_tokens")
