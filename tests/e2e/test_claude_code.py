@@ -1,0 +1,55 @@
+"""Claude Code itself through the proxy (issue 19, item 8): the native binary of
+``@anthropic-ai/claude-code`` runs ``claude -p`` on a scripted two-step task (its own ``Write`` and
+``Bash`` tools) in a temporary git repository, offline, in a network namespace with only loopback,
+against the strict fake Anthropic provider behind the proxy (``tests/e2e/claude_code_session.py``).
+
+The binary: ``CONTEXT_PROXY_TEST_CLAUDE_CODE``, else where ``.ci/run`` installs it
+(``.ci/node/node_modules/@anthropic-ai/claude-code-linux-x64/claude``). The test skips, saying so,
+only when neither is there (a machine that did not run ``.ci/run``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.claude_code_session import FILE_TEXT, FINAL_TEXT
+
+ROOT = Path(__file__).resolve().parents[2]
+INSTALLED = ROOT / ".ci/node/node_modules/@anthropic-ai/claude-code-linux-x64/claude"
+
+
+def claude_binary() -> Path | None:
+    given = os.environ.get("CONTEXT_PROXY_TEST_CLAUDE_CODE")
+    path = Path(given) if given else INSTALLED
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def test_claude_code_finishes_a_tool_task_through_the_proxy(tmp_path: Path) -> None:
+    binary = claude_binary()
+    if binary is None:
+        pytest.skip(f"Claude Code's native binary is not installed ({INSTALLED}; .ci/run installs it from npm, or "
+                    "set CONTEXT_PROXY_TEST_CLAUDE_CODE)")
+    if shutil.which("unshare") is None:
+        pytest.fail("unshare (util-linux) is needed to keep Claude Code off the network")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    result_path = tmp_path / "result.json"
+    run = subprocess.run(["unshare", "-n", sys.executable, "-m", "tests.e2e.claude_code_session", str(binary),
+                          str(repo), str(result_path)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(result_path.read_text())
+    assert result["returncode"] == 0, result
+    assert FINAL_TEXT in result["stdout"], result
+    assert (repo / "hello.txt").read_text() == FILE_TEXT  # Claude Code's own Write tool ran
+    main = [r for r in result["requests"] if {"Write", "Bash"} <= set(r["tools"])]
+    assert len(main) == 3, result["requests"]  # the task, the Write's result, the Bash's result
+    assert [r["last_user_blocks"][:1] for r in main[1:]] == [["tool_result"], ["tool_result"]]
+    assert all(r["outcome"] == "ok" and r["path"] == "/v1/messages" for r in result["requests"]), result["requests"]
