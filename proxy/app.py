@@ -26,6 +26,7 @@ from proxy.admission import BodyBudget
 from proxy.compaction.base import Compactor
 from proxy.conversation.prefix import PrefixStates
 from proxy.errors import BadRequest, NotFound, ProxyError
+from proxy.forward.messages import MessagesPipeline
 from proxy.forward.pipeline import ChatPipeline
 from proxy.forward.session_log import SessionLog
 from proxy.routes import health, limits, messages, passthrough, read
@@ -62,6 +63,8 @@ class ProxyState:
     anthropic_upstream: Upstream
     """The Anthropic Messages provider (``anthropic_upstream_url``); it shares ``upstream``'s transport
     (one connection pool) and has its own pool slots."""
+    messages: MessagesPipeline
+    """``POST /v1/messages``'s use case (its log writer, session log and health are ``pipeline``'s)."""
     migrated: bool = False
     """The schema is at the newest migration (``/readyz`` is not ready until it is)."""
 
@@ -139,8 +142,10 @@ def create_app(settings: Settings, *, upstream_transport: object = None) -> Fast
         prefixes = PrefixStates()  # the projection's, the offer's and the session log's, per conversation
         compactor = build_compactor(settings, store, upstream, counter, metrics, prefixes)
         pipeline = ChatPipeline(settings, SessionLog(store, prefixes), upstream, compactor, counter, metrics=metrics)
+        messages_pipeline = MessagesPipeline(settings, pipeline.log, anthropic_upstream, pipeline.writer,
+                                             pipeline.health, metrics)
         state = ProxyState(settings, Authenticator(settings), store, upstream, pipeline, anthropic_upstream,
-                           migrated=migrated)
+                           messages_pipeline, migrated=migrated)
         app.state.proxy = state
         retry = None if migrated else asyncio.create_task(_migrate_until_done(state))
         try:

@@ -32,7 +32,7 @@ __all__ = ["DATABASES", "REPO_DIR", "SHARED_DIR"]
 if (SHARED_DIR / "tiktoken").is_dir():
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED_DIR / "tiktoken"))
 
-pytest_plugins = ("tests.support.inprocess", "tests.support.real_server")
+pytest_plugins = ("tests.support.inprocess", "tests.support.real_server", "tests.support.anthropic_server")
 """The two tiers' fixtures for every test directory: in-process (``fake_provider``,
 ``inprocess_factory``, ``inprocess_proxy``) and real servers (``upstream``, ``proxy_factory``,
 ``proxy``, ``plain_proxy``, ``any_proxy``)."""

@@ -97,6 +97,34 @@ def messages_item(piece: Piece) -> Item:
     return Item(OPAQUE, role if isinstance(role, str) else None, binds=BINDS_PREVIOUS)
 
 
+HASH_DROPPED = frozenset({"cache_control"})
+"""Block keys the Messages hash view leaves out: a client moves its cache breakpoints from turn to
+turn (Claude Code marks the newest turn), and the turn is the same turn with or without one."""
+
+
+def _hash_block(block: Any) -> Any:
+    if not isinstance(block, dict) or not any(k in HASH_DROPPED or v is None for k, v in block.items()):
+        return block
+    return {k: v for k, v in block.items() if k not in HASH_DROPPED and v is not None}
+
+
+def hash_view(piece: Piece) -> Piece:
+    """What a Messages piece's digest is taken of (``canonical.message_digest`` then applies chat's
+    rules on top): its content blocks without ``cache_control`` and without ``None`` values (what an
+    SDK's echo of a reply adds, ``"citations": null``), a string content as the one text block it
+    means (the API reads them alike; a client that puts a breakpoint on it sends the block); the
+    piece itself when nothing is left out. Only for hashing: the log keeps the piece as sent."""
+    content = piece.get("content")
+    if isinstance(content, str):  # the same turn as one text block (a client that marks it sends blocks)
+        return {**piece, "content": [{"type": "text", "text": content}]}
+    if not isinstance(content, list):
+        return piece
+    blocks = [_hash_block(b) for b in content]
+    if all(b is c for b, c in zip(blocks, content, strict=True)):
+        return piece
+    return {**piece, "content": blocks}
+
+
 class MessagesCodec:
     """The Messages codec (see the module docstring). Stateless."""
 

@@ -26,6 +26,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from proxy.compaction.base import Compactor
+from proxy.errors import ProxyError
 from proxy.forward.context import ChatContext
 from proxy.forward.db_health import DatabaseHealth
 from proxy.forward.session_log import LoggedRequest, SessionLog
@@ -120,6 +121,13 @@ class LogWriter:
         self._track(ended)
         write.add_done_callback(functools.partial(self._ended, ctx, usage, ended))
         return ended
+
+    def finish_failed(self, ctx: ChatContext, exc: BaseException) -> None:
+        """``finish`` for a request that ended in ``exc`` (unless already finished): the record with
+        ``exc``'s status (500 for one not the proxy's) and its text (500 characters at most)."""
+        if not ctx.finished:
+            status = exc.status if isinstance(exc, ProxyError) else 500
+            self.finish(ctx, status, None, None, error=str(exc)[:500] or type(exc).__name__)
 
     async def _after_append(self, ctx: ChatContext, latency_ms: float, status: int, reply: dict[str, Any] | None,
                             usage: dict[str, Any] | None, error: str | None, partial: bool,

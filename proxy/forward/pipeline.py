@@ -27,7 +27,6 @@ from proxy.compaction.base import Compactor
 from proxy.conversation.canonical import digests_off_loop
 from proxy.conversation.chat_request import is_too_deep, parse_chat_request, too_deep
 from proxy.conversation.digest_memo import DigestMemo
-from proxy.errors import ProxyError
 from proxy.forward.answers import DISCONNECTED, Buffered, Reply, Streamed, Turn
 from proxy.forward.context import ChatContext
 from proxy.forward.db_health import DatabaseHealth
@@ -127,9 +126,7 @@ class ChatPipeline:
         try:
             return await self._run(ctx)
         except BaseException as exc:  # every path logs the client's messages, errors included
-            if not ctx.finished:
-                status = exc.status if isinstance(exc, ProxyError) else 500
-                self.writer.finish(ctx, status, None, None, error=str(exc)[:500] or type(exc).__name__)
+            self.writer.finish_failed(ctx, exc)
             raise
         finally:
             untrack_writes(tracking)

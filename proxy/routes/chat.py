@@ -17,15 +17,15 @@ relay is cancelled (so the upstream request is too) and the partial reply logged
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from proxy.forward.answers import Buffered, Streamed
+from proxy.forward.answers import Buffered
 from proxy.forward.session_ids import header_text
+from proxy.routes.answer import encode_headers, send_stream, send_whole
 from proxy.routes.body import read_asgi_body
 from proxy.routes.errors import client_error
 from proxy.telemetry.logs import close_request_context, open_request_context
@@ -104,9 +104,9 @@ class ChatEndpoint:
             return
         scope[STATUS_KEY] = outcome.status
         if isinstance(outcome, Buffered):
-            await _send_whole(send, outcome.status, _encode(outcome.headers), outcome.body)
+            await send_whole(send, outcome.status, encode_headers(outcome.headers), outcome.body)
         else:
-            await _send_stream(outcome, receive, send)
+            await send_stream(outcome, receive, send)
 
     async def counted(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``self(...)`` with what ``MetricsMiddleware`` adds (a request context, the count and the
@@ -127,51 +127,3 @@ class ChatEndpoint:
 def chat_route(endpoint: ChatEndpoint) -> Route:
     """``endpoint`` in the router (``POST`` only; not in FastAPI's generated schema: see ``OPENAPI_PATH_ITEM``)."""
     return Route(CHAT_ROUTE, endpoint, methods=["POST"], include_in_schema=False)
-
-
-def _encode(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
-    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
-
-
-async def _send_whole(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-    headers = [h for h in headers if h[0] != b"content-length"]
-    headers.append((b"content-length", str(len(body)).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-async def _send_stream(outcome: Streamed, receive: Receive, send: Send) -> None:
-    """Relay ``outcome.chunks``; a client disconnect cancels the relay (and with it the upstream
-    request). ``outcome.close()`` runs however it ends."""
-    task = asyncio.current_task()
-    assert task is not None
-    disconnected = False
-
-    async def watch() -> None:
-        nonlocal disconnected
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        disconnected = True
-        task.cancel()
-
-    watcher = asyncio.create_task(watch())
-    try:
-        await send({"type": "http.response.start", "status": outcome.status, "headers": _encode(outcome.headers)})
-        async for chunk in outcome.chunks:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-    except asyncio.CancelledError:
-        if not disconnected:
-            raise  # the server is shutting down: let it
-        task.uncancel()
-    finally:
-        watcher.cancel()
-        if outcome.close is not None:
-            # shielded: neither the watcher's late cancel nor a shutdown's stops the cleanup
-            # halfway (it logs the request and releases the upstream response)
-            try:
-                await asyncio.shield(outcome.close())
-            except asyncio.CancelledError:
-                if not disconnected:
-                    raise
-                task.uncancel()  # the watcher's cancel, come late: the client is gone, all is done

@@ -15,8 +15,9 @@ Which requests are Anthropic's (``speaks_anthropic``): the Messages paths, and a
 path sent with an ``anthropic-version`` header (every Anthropic SDK sends one; OpenAI's do not):
 ``GET /v1/models`` from an Anthropic client lists Anthropic's models, not OpenAI's.
 
-Not yet (issue 19): the session log and the four defenses on Messages; these routes forward
-without reading the conversation.
+``POST /v1/messages`` is also logged in its session (``proxy.forward.messages``: the turns in their
+native shape, the reply, a request record); ``count_tokens`` and the other calls are not (they
+are no turn of a conversation). Not yet (issue 19): the four defenses on Messages.
 """
 
 from __future__ import annotations
@@ -25,9 +26,13 @@ import re
 from collections.abc import Mapping
 
 from fastapi import APIRouter, Request
-from starlette.responses import StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from proxy.errors import Forbidden
+from proxy.forward.messages import CLAUDE_CODE_SESSION_HEADER
+from proxy.forward.session_ids import header_text
+from proxy.routes.answer import OutcomeResponse
+from proxy.routes.body import read_body
 from proxy.routes.relay import relay
 from proxy.upstream.urls import passthrough_target
 
@@ -36,6 +41,8 @@ router = APIRouter()
 MESSAGES_ROUTE = "/v1/messages"
 COUNT_TOKENS_ROUTE = "/v1/messages/count_tokens"
 ANTHROPIC_VERSION_HEADER = "anthropic-version"
+SESSION_HEADERS = frozenset({CLAUDE_CODE_SESSION_HEADER, "x-session-id"})
+"""Read as UTF-8 when their bytes are (``header_text``), as the chat route reads ``X-Session-Id``."""
 
 SHARED_KEY_ALLOWED = (
     ("GET", re.compile(r"/v1/models(/[^/]+)?")),
@@ -70,8 +77,17 @@ async def relay_anthropic(request: Request) -> StreamingResponse:
                        key_header="x-api-key")
 
 
-async def messages(request: Request) -> StreamingResponse:
-    return await relay_anthropic(request)
+async def messages(request: Request) -> Response:
+    """``POST /v1/messages``: logged in its session and forwarded (``proxy.forward.messages``). Raises
+    what ``relay_anthropic`` raises before forwarding, and ``StorageError`` (database down)."""
+    state = request.app.state.proxy
+    tenant = state.auth.messages_tenant(request.headers)
+    raw_path = (request.scope.get("raw_path") or request.url.path.encode()).decode("latin-1")
+    target = "/v1" + passthrough_target(raw_path, request.url.query, request.method)
+    raw = await read_body(request, state.settings.max_body_bytes)
+    items = request.headers.items()
+    headers = {k: header_text(v) if k in SESSION_HEADERS else v for k, v in reversed(items)}
+    return OutcomeResponse(await state.messages.handle(raw, target, headers, items, tenant))
 
 
 async def count_tokens(request: Request) -> StreamingResponse:

@@ -151,9 +151,16 @@ def message_lines(record: MessageRecord) -> Iterator[str]:
         yield " · ".join(fields)
     yield ""
     content = m.get("content")
+    blocks_used: list[dict[str, Any]] = []  # Anthropic's tool_use blocks, shown as tool calls below
     if isinstance(content, list):
         for part in content:
-            if (isinstance(part, dict) and not isinstance(part.get("text"), str)
+            if isinstance(part, dict) and part.get("type") == "tool_use":
+                blocks_used.append(part)
+            elif isinstance(part, dict) and part.get("type") == "tool_result" and isinstance(part.get("content"), list):
+                yield f"**tool result** for {_inline(part.get('tool_use_id'))}:"
+                yield ""
+                yield from _nested(part["content"])
+            elif (isinstance(part, dict) and not isinstance(part.get("text"), str)
                     and not isinstance(part.get("content"), str)):
                 yield f"[{_inline(part.get('type', 'part'))} part: {len(orjson.dumps(part))} bytes]"
                 yield ""
@@ -165,10 +172,27 @@ def message_lines(record: MessageRecord) -> Iterator[str]:
     for call in calls if isinstance(calls, list) else ():
         call = call if isinstance(call, dict) else {}
         fn = call["function"] if isinstance(call.get("function"), dict) else {}
-        arguments = fn.get("arguments", "")
-        yield f"**tool call** {_inline(call.get('id'))} {_inline(fn.get('name'))}:"
-        yield ""
-        yield from _block(arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode(), "json")
+        yield from _call_lines(call.get("id"), fn.get("name"), fn.get("arguments", ""))
+    for block in blocks_used:
+        yield from _call_lines(block.get("id"), block.get("name"), block.get("input", {}))
+
+
+def _call_lines(call_id: Any, name: Any, arguments: Any) -> Iterator[str]:
+    """A tool call: chat's ``tool_calls`` entry, or a Messages ``tool_use`` block (``input``)."""
+    yield f"**tool call** {_inline(call_id)} {_inline(name)}:"
+    yield ""
+    yield from _block(arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode(), "json")
+    yield ""
+
+
+def _nested(blocks: list[Any]) -> Iterator[str]:
+    """The blocks of a Messages ``tool_result``: text as text, anything else by type and size."""
+    for block in blocks:
+        if isinstance(block, dict) and isinstance(block.get("text"), str):
+            yield from _block(block["text"], "text")
+        else:
+            kind = block.get("type", "part") if isinstance(block, dict) else "part"
+            yield f"[{_inline(kind)} part: {len(orjson.dumps(block))} bytes]"
         yield ""
 
 

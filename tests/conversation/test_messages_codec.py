@@ -172,3 +172,18 @@ def test_a_sealed_turn_is_never_rewritten_and_an_unsealed_one_is(counter: TokenC
     assert p.messages[1] is body["messages"][1]  # sealed: the client's own turn
     assert p.messages[3]["content"][0]["input"]["content"].endswith("...(argument truncated)")
     assert p.messages[3]["content"][0]["id"] == "w2"
+
+
+def test_the_hash_view_ignores_breakpoints_nulls_and_string_versus_block() -> None:
+    from proxy.conversation.canonical import message_digest
+    from proxy.conversation.messages_codec import hash_view
+
+    sent = {"role": "user", "content": "Weather?"}
+    marked = {"role": "user", "content": [{"type": "text", "text": "Weather?", "cache_control": {"type": "ephemeral"}}]}
+    echoed = {"role": "user", "content": [{"type": "text", "text": "Weather?", "citations": None}]}
+    assert len({message_digest(hash_view(m)) for m in (sent, marked, echoed)}) == 1
+    other = {"role": "user", "content": [{"type": "text", "text": "Weather!"}]}
+    assert message_digest(hash_view(other)) != message_digest(hash_view(sent))
+    plain = {"role": "assistant", "content": [{"type": "thinking", "thinking": "", "signature": "sig"}]}
+    assert hash_view(plain) is plain  # nothing left out: no copy
+    assert marked["content"][0]["cache_control"] == {"type": "ephemeral"}  # the piece itself is never changed

@@ -11,7 +11,8 @@ Code's own tools: ``Write`` a file, then ``Bash`` to read it back, then a final 
 starting with a signed thinking block when the request turns thinking on (as Claude Code does). Requests
 that offer no tools (Claude Code's side calls to its small model) get the fake's echo. Writes
 ``RESULT_JSON``: the CLI's exit code, stdout and stderr's tail, and each request the fake received
-(path, query, outcome, error, the tools' names, the last user turn's block types).
+(path, query, outcome, error, the tools' names, the last user turn's block types), and what the
+proxy logged of each session Claude Code named (``X-Claude-Code-Session-Id``).
 """
 
 from __future__ import annotations
@@ -24,11 +25,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from proxy.app import create_app
 from proxy.settings import Settings
 from tests.fakes.anthropic import Reply, create_fake_anthropic, echo_responder, reply, text, thinking, tool_use
 from tests.fakes.server import UvicornServer
+from tests.support.polling import wait_for
 
+KEY = "sk-ant-claude-code-test"
 FILE_TEXT = "context-proxy was here\n"
 FINAL_TEXT = "Done: hello.txt says context-proxy was here."
 
@@ -76,17 +81,38 @@ def main(binary: str, workdir: str, result_path: str) -> None:
                                 "TIKTOKEN_CACHE_DIR"))
         with UvicornServer(create_app(settings)) as proxy:
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "ANTHROPIC_BASE_URL": proxy.url,
-                   "ANTHROPIC_API_KEY": "sk-ant-claude-code-test", "IS_SANDBOX": "1",
+                   "ANTHROPIC_API_KEY": KEY, "IS_SANDBOX": "1",
                    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
                    "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1"}
             run = subprocess.run([binary, "-p", "Write hello.txt, then show it.", "--dangerously-skip-permissions",
                                   "--model", "claude-sonnet-4-5"], env=env, cwd=workdir, capture_output=True,
                                  text=True, timeout=240)
+            sessions = _sessions(proxy.url, [r.headers.get("x-claude-code-session-id") for r in state.requests])
     received = [{"path": r.path, "query": r.query, "outcome": r.outcome, "error": r.error,
                  "tools": [t.get("name") for t in (r.json or {}).get("tools") or []] if isinstance(r.json, dict) else [],
                  "last_user_blocks": _last_blocks(r.json)} for r in state.requests]
     Path(result_path).write_text(json.dumps({"returncode": run.returncode, "stdout": run.stdout[-4000:],
-                                             "stderr": run.stderr[-4000:], "requests": received}))
+                                             "stderr": run.stderr[-4000:], "requests": received,
+                                             "sessions": sessions}))
+
+
+def _sessions(url: str, named: list[str | None]) -> dict[str, Any]:
+    """What the proxy logged of each session Claude Code named (``named``: one per request): its
+    JSON, roles, request records (the log is written after the answer: waited for until every
+    request named it is recorded, up to 10 s)."""
+    out: dict[str, Any] = {}
+    with httpx.Client(base_url=url, headers={"x-api-key": KEY}, timeout=30) as http:
+        for session_id in sorted({s for s in named if s}):
+            def found(session_id: str = session_id) -> Any:
+                r = http.get(f"/sessions/{session_id}")
+                complete = r.status_code == 200 and r.json()["request_count"] >= named.count(session_id)
+                return r.json() if complete else None
+
+            summary = wait_for(found, 10.0)
+            out[session_id] = {"summary": summary,
+                               "roles": [m["role"] for m in http.get(f"/sessions/{session_id}/messages").json()["data"]],
+                               "requests": len(http.get(f"/sessions/{session_id}/requests").json()["data"])}
+    return out
 
 
 def _last_blocks(body: Any) -> list[str]:

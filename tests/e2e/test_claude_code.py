@@ -53,3 +53,9 @@ def test_claude_code_finishes_a_tool_task_through_the_proxy(tmp_path: Path) -> N
     assert len(main) == 3, result["requests"]  # the task, the Write's result, the Bash's result
     assert [r["last_user_blocks"][:1] for r in main[1:]] == [["tool_result"], ["tool_result"]]
     assert all(r["outcome"] == "ok" and r["path"] == "/v1/messages" for r in result["requests"]), result["requests"]
+    # logged once, in the session Claude Code named, its echoes continuing one branch
+    sessions = result["sessions"]
+    assert len(sessions) == 1, sessions
+    (logged,) = sessions.values()
+    assert logged["summary"]["branch_count"] == 1 and logged["requests"] == len(result["requests"]), logged
+    assert logged["roles"][:2] == ["system", "user"] and logged["roles"][-1] == "assistant", logged

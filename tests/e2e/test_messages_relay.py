@@ -6,64 +6,40 @@ them; the proxy's own errors are in Anthropic's envelope."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import anthropic
 import httpx
 import pytest
 
-from proxy.app import create_app
-from proxy.settings import Settings
-from tests.fakes.anthropic import FakeAnthropicState, create_fake_anthropic, reply, text, tool_use
-from tests.fakes.server import UvicornServer
-from tests.support.shared import tiktoken_cache_dir
+from tests.fakes.anthropic import FakeAnthropicState, reply, text, tool_use
+from tests.support.anthropic_server import ANTHROPIC_KEY, anthropic_client
 
-KEY = "sk-ant-client-0123456789"
+KEY = ANTHROPIC_KEY
 USER: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
 WEATHER: Any = {"name": "get_weather", "description": "Weather of a city",
                 "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 VERSION = {"anthropic-version": "2023-06-01"}
 
 
-@pytest.fixture(scope="module")
-def fake() -> Iterator[tuple[str, FakeAnthropicState]]:
-    app, state = create_fake_anthropic()
-    with UvicornServer(app) as server:
-        yield server.url, state
+@pytest.fixture
+def fake(anthropic_fake: tuple[str, FakeAnthropicState]) -> tuple[str, FakeAnthropicState]:
+    return anthropic_fake
 
 
 @pytest.fixture
-def fake_state(fake: tuple[str, FakeAnthropicState]) -> FakeAnthropicState:
-    fake[1].reset()
-    return fake[1]
+def fake_state(anthropic_state: FakeAnthropicState) -> FakeAnthropicState:
+    return anthropic_state
 
 
 @pytest.fixture
-def start_proxy(fake: tuple[str, FakeAnthropicState], fake_state: FakeAnthropicState,
-                tmp_path: Path) -> Iterator[Callable[..., str]]:
-    """``start_proxy(**settings) -> url``: the proxy on a free port, the fake as its Anthropic
-    upstream (the OpenAI upstream a closed port: nothing here may reach it)."""
-    servers: list[UvicornServer] = []
-
-    def start(**overrides: Any) -> str:
-        values: dict[str, Any] = {"anthropic_upstream_url": fake[0], "upstream_url": "http://127.0.0.1:9/v1",
-                                  "database_url": f"sqlite:///{tmp_path}/proxy.db",
-                                  "tiktoken_cache_dir": tiktoken_cache_dir(), **overrides}
-        server = UvicornServer(create_app(Settings(**values))).start()
-        servers.append(server)
-        return server.url
-
-    try:
-        yield start
-    finally:
-        for server in servers:
-            server.stop()
+def start_proxy(anthropic_proxy: Callable[..., str]) -> Callable[..., str]:
+    return anthropic_proxy
 
 
 def client(url: str, key: str = KEY) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=url, api_key=key, max_retries=0)
+    return anthropic_client(url, key)
 
 
 def test_a_message_goes_and_comes_back_as_sent(start_proxy: Callable[..., str], fake_state: FakeAnthropicState) -> None:

@@ -1,0 +1,232 @@
+"""The Messages use case, first step: log each ``POST /v1/messages`` in its session, forward it as
+the client sent it, relay the answer, log the reply (issue 19; the defenses come next).
+
+Flow: parse the body (a JSON object with a ``messages`` list; anything else is forwarded
+unlogged, as it came: the provider judges it) -> hash the pieces (``MessagesCodec.pieces``: the
+``system`` as a leading piece, then the turns; digests of ``messages_codec.hash_view``) -> name the
+session (``X-Claude-Code-Session-Id``, then ``X-Session-Id``, then derived from the tenant and the
+first user turn, as chat does) -> forward the client's bytes -> relay the answer (a stream byte
+for byte, reassembled on the side by ``messages_sse.MessagesAssembler``) -> log the client's new
+turns, the reply (``{"role": "assistant", "content": blocks}``) and a request record through the
+chat path's ``LogWriter`` (one backpressure bound, one drain at shutdown). A provider's 401/403 to
+the client's own key logs the record only, as chat does. The database down: 503, or with
+``database_failure_mode=open`` forwarded unlogged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from typing import Any
+
+import orjson
+
+from proxy.conversation.canonical import digests_off_loop
+from proxy.conversation.messages_codec import MESSAGES, hash_view
+from proxy.errors import ProxyError
+from proxy.forward.answers import Buffered, Streamed
+from proxy.forward.context import ChatContext
+from proxy.forward.db_health import DatabaseHealth
+from proxy.forward.log_writer import LogWriter
+from proxy.forward.messages_sse import MessagesAssembler
+from proxy.forward.pipeline import DEGRADED_WARNING
+from proxy.forward.session_ids import client_session_id, header_value
+from proxy.forward.session_log import SessionLog, new_id
+from proxy.forward.sse import SSESplitter
+from proxy.json_text import parse_json
+from proxy.settings import Settings
+from proxy.telemetry.logs import bind
+from proxy.telemetry.metrics import Metrics
+from proxy.upstream.client import HeldResponse, Upstream
+from proxy.upstream.headers import forward_request_headers, response_headers
+from storage.errors import StorageError, StorageUnavailable
+from storage.refused import track_writes, untrack_writes
+
+log = logging.getLogger("context_proxy.messages")
+
+CLAUDE_CODE_SESSION_HEADER = "x-claude-code-session-id"
+"""Claude Code names its session in every request; the first choice for the proxy's session id."""
+DISCONNECTED = "client disconnected"
+
+
+def parse_messages_body(raw: bytes) -> dict[str, Any] | None:
+    """``raw`` as a Messages request the proxy can log: a JSON object whose ``messages`` is a list
+    of objects; ``None`` for anything else (forwarded unlogged: the provider answers it)."""
+    try:
+        body = parse_json(raw)
+    except ValueError:
+        return None
+    if not isinstance(body, dict):
+        return None
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        return None
+    return body
+
+
+def session_id_of(headers: Mapping[str, str]) -> str | None:
+    """``X-Claude-Code-Session-Id`` when it is an id the read API can address (else passed over:
+    the header is addressed to Anthropic, not a reason to refuse), then ``X-Session-Id`` (checked by
+    ``client_session_id``: a 400 for one it refuses), else ``None``."""
+    try:
+        named = client_session_id(headers.get(CLAUDE_CODE_SESSION_HEADER))
+    except ProxyError:
+        named = None
+    return named or client_session_id(headers.get("x-session-id"))
+
+
+class MessagesPipeline:
+    """``handle`` serves one ``POST /v1/messages`` (module docstring). One per app; shares the chat
+    pipeline's session log, log writer and database health. ``upstream``: the Anthropic one."""
+
+    def __init__(self, settings: Settings, session_log: SessionLog, upstream: Upstream, writer: LogWriter,
+                 health: DatabaseHealth, metrics: Metrics) -> None:
+        self.settings = settings
+        self.log = session_log
+        self.upstream = upstream
+        self.writer = writer
+        self.health = health
+        self.metrics = metrics
+
+    async def handle(self, raw: bytes, target: str, headers: Mapping[str, str], header_items: list[tuple[str, str]],
+                     tenant: str) -> Buffered | Streamed:
+        """Serve one request: ``raw`` its body, ``target`` the upstream path (with its query),
+        ``headers`` by lower-case name, ``header_items`` as sent. Raises ``BadRequest`` (a refused
+        ``X-Session-Id``), ``StorageError`` (database down, ``database_failure_mode`` closed),
+        ``ProxyBusy``/``UpstreamError`` (before any answer)."""
+        key = self.settings.anthropic_upstream_api_key
+        forward_headers = forward_request_headers(header_items, upstream_api_key=key, identity=True,
+                                                  key_header="x-api-key")
+        if self.writer.full:
+            await self.writer.wait_for_room()
+        body = parse_messages_body(raw)
+        if body is None:
+            return await self._forward_unlogged(raw, target, forward_headers, tenant, warn=False)
+        pieces = MESSAGES.pieces(body)
+        try:
+            digests, chain = await digests_off_loop([hash_view(p) for p in pieces], len(raw))
+        except orjson.JSONEncodeError:  # nested deeper than orjson hashes: the provider judges it
+            return await self._forward_unlogged(raw, target, forward_headers, tenant, warn=False)
+        session_id = session_id_of(headers) or self.log.derive_session_id(tenant, pieces, chain)
+        try:
+            if not await self.health.usable():
+                raise StorageUnavailable("the database did not answer the last probe")
+            session = await self.log.open_session(tenant, session_id)
+        except StorageError as exc:
+            self.health.saw(exc)
+            if self.settings.database_failure_mode != "open":
+                raise
+            self.metrics.database_error("fail_open")
+            return await self._forward_unlogged(raw, target, forward_headers, tenant, warn=True)
+        ctx = ChatContext(request_id=new_id("req"), tenant=tenant, session=session, body=body, raw=raw,
+                          messages=pieces, digests=digests, chain=chain, upstream_headers=forward_headers,
+                          stream=body.get("stream") is True, started=time.perf_counter(), session_log=self.log)
+        bind(request_id=ctx.request_id, session_id=session.session_id, model=ctx.model)
+        tracking = track_writes(ctx.writes)
+        try:
+            resp = await self.upstream.send("POST", target, headers=forward_headers, content=raw, tenant=tenant)
+            out = self._client_headers(ctx, resp.headers)
+            if ctx.stream and resp.status_code < 400 and "text/event-stream" in resp.headers.get("content-type", ""):
+                return self._stream(ctx, resp, out)
+            try:
+                data = await resp.aread()
+            finally:
+                await resp.aclose()
+            self._finish_whole(ctx, resp.status_code, data)
+            return Buffered(resp.status_code, out, data)
+        except BaseException as exc:  # every path logs the client's turns, errors included
+            self.writer.finish_failed(ctx, exc)
+            raise
+        finally:
+            untrack_writes(tracking)
+
+    def _finish_whole(self, ctx: ChatContext, status: int, data: bytes) -> None:
+        """Log a complete answer: the Message's ``content`` as the reply, its ``usage`` and
+        ``stop_reason``; an error status with the provider's text (a refused key: the record only)."""
+        if status >= 400:
+            ctx.refused = status in (401, 403) and self.settings.anthropic_upstream_api_key is None
+            error = (f"the upstream refused the client's key ({status})" if ctx.refused
+                     else data[:500].decode("utf-8", "replace"))
+            self.writer.finish(ctx, status, None, None, error=error)
+            return
+        try:
+            message = parse_json(data)
+        except ValueError:
+            message = None
+        if not isinstance(message, dict) or not isinstance(message.get("content"), list):
+            self.writer.finish(ctx, status, None, None, error="the upstream's answer is not a Message")
+            return
+        usage = message.get("usage") if isinstance(message.get("usage"), dict) else None
+        stop = message.get("stop_reason") if isinstance(message.get("stop_reason"), str) else None
+        reply = hash_view({"role": "assistant", "content": message["content"]})
+        self.writer.finish(ctx, status, reply, usage, finish_reason=stop)
+
+    def _stream(self, ctx: ChatContext, resp: HeldResponse, headers: dict[str, str]) -> Streamed:
+        """Relay ``resp`` byte for byte; the reply is reassembled beside it and logged when the
+        stream ends, however it ends (complete, cut by the upstream, or the client gone)."""
+        assembler = MessagesAssembler(self.settings.stream_log_max_bytes)
+        splitter = SSESplitter()
+        state: dict[str, Any] = {"error": DISCONNECTED, "started": False}
+
+        async def chunks() -> AsyncGenerator[bytes, None]:
+            try:
+                async for chunk in resp.aiter_raw():
+                    for event in splitter.feed(chunk):
+                        assembler.add(event)
+                    if not state["started"]:
+                        state["started"] = True
+                        ctx.start_append(self.writer.spawn)  # a long stream: the turns committed meanwhile
+                    yield chunk
+                for event in splitter.flush():
+                    assembler.add(event)
+                state["error"] = None if assembler.done and not assembler.upstream_error else (
+                    "the upstream's stream carried an error event" if assembler.upstream_error
+                    else "the upstream's stream ended before message_stop")
+            except ProxyError as exc:
+                state["error"] = f"the upstream failed mid-stream: {exc.message}"
+                raise
+
+        relay = chunks()
+
+        async def close() -> None:
+            try:
+                await relay.aclose()
+            finally:
+                await resp.aclose()
+                if not ctx.finished:
+                    error: str | None = state["error"]
+                    reply = hash_view(assembler.message()) if not assembler.empty else None
+                    if assembler.truncated:
+                        error = error or "the reply is longer than stream_log_max_bytes: logged as far as it fits"
+                    self.writer.finish(ctx, resp.status_code, reply, assembler.usage, error=error,
+                                       partial=error is not None, finish_reason=assembler.stop_reason)
+
+        return Streamed(resp.status_code, headers, relay, close)
+
+    def _client_headers(self, ctx: ChatContext, upstream: Mapping[str, str]) -> dict[str, str]:
+        shared = self.settings.anthropic_upstream_api_key is not None
+        out = response_headers(upstream, keep_encoding=False, shared_key=shared)
+        out.pop("content-length", None)
+        out["x-context-proxy-session-id"] = header_value(ctx.session.session_id)
+        out["x-context-proxy-request-id"] = ctx.request_id
+        return out
+
+    async def _forward_unlogged(self, raw: bytes, target: str, headers: list[tuple[str, str]], tenant: str, *,
+                                warn: bool) -> Buffered | Streamed:
+        """Relay as sent, without logging (a body the proxy cannot log; the database down, fail open:
+        ``warn`` says so in ``x-context-proxy-warning``)."""
+        if warn:
+            log.warning("database unavailable: forwarding without logging (database_failure_mode=open)")
+        resp = await self.upstream.send("POST", target, headers=headers, content=raw, tenant=tenant)
+        out = response_headers(resp.headers, keep_encoding=False,
+                               shared_key=self.settings.anthropic_upstream_api_key is not None)
+        out.pop("content-length", None)
+        if warn:
+            out["x-context-proxy-warning"] = DEGRADED_WARNING
+
+        async def chunks() -> AsyncIterator[bytes]:
+            async for chunk in resp.aiter_raw():
+                yield chunk
+
+        return Streamed(resp.status_code, out, chunks(), resp.aclose)

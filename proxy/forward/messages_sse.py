@@ -1,0 +1,131 @@
+"""The reply of an Anthropic Messages stream, reassembled from its events for the log.
+
+The relay sends the upstream's bytes unchanged; this only observes them (events split by
+``proxy.forward.sse.SSESplitter``). The events, as Anthropic's streaming docs give them:
+``message_start`` (the Message with empty ``content`` and its first ``usage``),
+``content_block_start`` (``index``, ``content_block``), ``content_block_delta`` (``text_delta``
+``text``, ``input_json_delta`` ``partial_json``, ``thinking_delta`` ``thinking``,
+``signature_delta`` ``signature``, ``citations_delta`` ``citation``), ``content_block_stop``,
+``message_delta`` (``delta.stop_reason``/``stop_sequence``, cumulative ``usage``),
+``message_stop``, ``ping``, and ``error`` (``{"type": "error", "error": {...}}``). Unknown events
+and delta types are ignored (the relay still carries them).
+
+Bounded: at most ``max_bytes`` bytes of event data are reassembled; past that the reply is logged
+as far as it came (``truncated``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.forward.sse import SSEEvent
+from proxy.json_text import parse_json
+
+_DELTA_FIELDS = {"text_delta": ("text", "text"), "thinking_delta": ("thinking", "thinking"),
+                 "signature_delta": ("signature", "signature")}
+"""Delta type -> (the delta's field, the block's field it appends to)."""
+
+
+class MessagesAssembler:
+    """Feed it a stream's events (``add``); ``message()`` is the reply as logged:
+    ``{"role": "assistant", "content": [blocks]}`` (a ``tool_use`` block's ``input`` parsed from its
+    ``partial_json`` pieces; pieces that do not parse are kept as ``input_json`` text).
+    ``usage``: ``message_start``'s usage with ``message_delta``'s figures on top (the upstream's,
+    unchanged); ``stop_reason``; ``done`` once ``message_stop`` came; ``upstream_error``: an
+    ``error`` event came; ``content_started``: a ``content_block_start`` came."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.seen_bytes = 0
+        self.truncated = False
+        self.blocks: dict[int, dict[str, Any]] = {}
+        self._json: dict[int, list[str]] = {}
+        self.usage: dict[str, Any] | None = None
+        self.stop_reason: str | None = None
+        self.model: str | None = None
+        self.done = False
+        self.upstream_error = False
+        self.content_started = False
+
+    @property
+    def empty(self) -> bool:
+        return not self.blocks
+
+    def add(self, event: SSEEvent) -> None:
+        """Take one event in (never raises: what it cannot read is skipped)."""
+        self.seen_bytes += len(event.data)
+        if self.seen_bytes > self.max_bytes:
+            self.truncated = True
+            return
+        data = _loads(event.data)
+        if not isinstance(data, dict):
+            return
+        kind = event.event or data.get("type")
+        if kind == "error":
+            self.upstream_error = True
+        elif kind == "message_start" and isinstance(data.get("message"), dict):
+            message = data["message"]
+            self.model = message.get("model") if isinstance(message.get("model"), str) else None
+            if isinstance(message.get("usage"), dict):
+                self.usage = dict(message["usage"])
+        elif kind == "content_block_start" and isinstance(data.get("index"), int) \
+                and isinstance(data.get("content_block"), dict):
+            self.content_started = True
+            self.blocks[data["index"]] = dict(data["content_block"])
+        elif kind == "content_block_delta" and isinstance(data.get("delta"), dict):
+            self._delta(data.get("index"), data["delta"])
+        elif kind == "content_block_stop" and isinstance(data.get("index"), int):
+            self._stop(data["index"])
+        elif kind == "message_delta":
+            delta = data.get("delta")
+            if isinstance(delta, dict) and isinstance(delta.get("stop_reason"), str):
+                self.stop_reason = delta["stop_reason"]
+            if isinstance(data.get("usage"), dict):
+                self.usage = {**(self.usage or {}), **{k: v for k, v in data["usage"].items() if v is not None}}
+        elif kind == "message_stop":
+            self.done = True
+
+    def _delta(self, index: Any, delta: dict[str, Any]) -> None:
+        block = self.blocks.get(index) if isinstance(index, int) else None
+        if block is None:
+            return
+        kind = delta.get("type")
+        if kind == "input_json_delta" and isinstance(delta.get("partial_json"), str):
+            self._json.setdefault(index, []).append(delta["partial_json"])
+        elif kind == "citations_delta" and isinstance(delta.get("citation"), dict):
+            citations = block.get("citations")
+            block["citations"] = [*(citations if isinstance(citations, list) else []), delta["citation"]]
+        elif kind in _DELTA_FIELDS:
+            source, target = _DELTA_FIELDS[kind]
+            piece = delta.get(source)
+            if isinstance(piece, str):
+                before = block.get(target)
+                block[target] = (before if isinstance(before, str) else "") + piece
+
+    def _stop(self, index: int) -> None:
+        pieces = self._json.pop(index, None)
+        block = self.blocks.get(index)
+        if pieces is None or block is None:
+            return
+        text = "".join(pieces)
+        parsed = _loads(text) if text else {}
+        if isinstance(parsed, dict):
+            block["input"] = parsed
+        else:
+            block["input_json"] = text
+
+    def message(self) -> dict[str, Any]:
+        """The reply so far, blocks in index order (a block still open included as it stands)."""
+        for index in list(self._json):
+            self._stop(index)
+        return {"role": "assistant", "content": [self.blocks[i] for i in sorted(self.blocks)]}
+
+
+def _loads(data: bytes | str) -> Any:
+    """``parse_json(data)``, or ``None`` for what is not JSON."""
+    if not data:
+        return None
+    try:
+        return parse_json(data)
+    except ValueError:
+        return None

@@ -1,0 +1,77 @@
+"""Sending a pipeline's answer (``Buffered``, ``Streamed``) over ASGI: the chat endpoint's way, and
+``OutcomeResponse`` for a FastAPI route (the Messages route) that returns one."""
+
+from __future__ import annotations
+
+import asyncio
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from proxy.forward.answers import Buffered, Streamed
+
+
+class OutcomeResponse(Response):
+    """A ``Buffered`` or ``Streamed`` answer as a Starlette response: sent by ``send_whole`` or
+    ``send_stream`` (a client disconnect cancels the relay; ``Streamed.close`` runs however it ends)."""
+
+    def __init__(self, outcome: Buffered | Streamed) -> None:  # (Response's own fields unused)
+        self.outcome = outcome
+        self.status_code = outcome.status
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        outcome = self.outcome
+        if isinstance(outcome, Buffered):
+            await send_whole(send, outcome.status, encode_headers(outcome.headers), outcome.body)
+        else:
+            await send_stream(outcome, receive, send)
+
+
+def encode_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+
+
+async def send_whole(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    headers = [h for h in headers if h[0] != b"content-length"]
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def send_stream(outcome: Streamed, receive: Receive, send: Send) -> None:
+    """Relay ``outcome.chunks``; a client disconnect cancels the relay (and with it the upstream
+    request). ``outcome.close()`` runs however it ends."""
+    task = asyncio.current_task()
+    assert task is not None
+    disconnected = False
+
+    async def watch() -> None:
+        nonlocal disconnected
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        disconnected = True
+        task.cancel()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        start = {"type": "http.response.start", "status": outcome.status, "headers": encode_headers(outcome.headers)}
+        await send(start)
+        async for chunk in outcome.chunks:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except asyncio.CancelledError:
+        if not disconnected:
+            raise  # the server is shutting down: let it
+        task.uncancel()
+    finally:
+        watcher.cancel()
+        if outcome.close is not None:
+            # shielded: neither the watcher's late cancel nor a shutdown's stops the cleanup
+            # halfway (it logs the request and releases the upstream response)
+            try:
+                await asyncio.shield(outcome.close())
+            except asyncio.CancelledError:
+                if not disconnected:
+                    raise
+                task.uncancel()  # the watcher's cancel, come late: the client is gone, all is done

@@ -1,0 +1,77 @@
+"""proxy/forward/messages_sse.py: a Messages stream's reply reassembled from its events, fed in
+chunks of every size; bounded; odd events skipped, never raised."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from proxy.forward.messages_sse import MessagesAssembler
+from proxy.forward.sse import SSESplitter
+from tests.fakes.anthropic import reply, text, thinking, tool_use
+from tests.fakes.anthropic.cache import CacheUsage
+from tests.fakes.anthropic.compose import compose
+from tests.fakes.anthropic.thinking import ThinkingSigner
+from tests.fakes.anthropic.wire import message_object, sse_event, stream_events, usage_object
+
+
+def stream_of(message: dict[str, Any]) -> bytes:
+    return b"".join(sse_event(name, data) for name, data in stream_events(message))
+
+
+def assembled(raw: bytes, size: int, max_bytes: int = 1 << 20) -> MessagesAssembler:
+    splitter, assembler = SSESplitter(), MessagesAssembler(max_bytes)
+    for i in range(0, len(raw), size):
+        for event in splitter.feed(raw[i:i + size]):
+            assembler.add(event)
+    for event in splitter.flush():
+        assembler.add(event)
+    return assembler
+
+
+def a_message() -> dict[str, Any]:
+    body: Any = {"model": "m", "max_tokens": 512, "messages": [{"role": "user", "content": "hi"}],
+                 "thinking": {"type": "enabled", "budget_tokens": 256}}
+    composed = compose(body, reply(thinking("Think first."), text("Héllo, wörld " * 20),
+                                   tool_use("lookup", {"q": "a \"quoted\" value", "n": [1, 2]}, id="toolu_01a")),
+                       ThinkingSigner())
+    usage = usage_object(CacheUsage(10, 0, 0), composed.output_tokens, "5m")
+    return message_object("msg_01x", "m", composed.content, composed.stop_reason, None, usage)
+
+
+def test_the_reply_is_the_message_content_whatever_the_chunking() -> None:
+    message = a_message()
+    raw = stream_of(message)
+    for size in (1, 7, 64, len(raw)):
+        a = assembled(raw, size)
+        assert a.done and not a.upstream_error and not a.truncated
+        assert a.message() == {"role": "assistant", "content": message["content"]}
+        assert a.stop_reason == "tool_use" and a.usage is not None
+        assert a.usage["output_tokens"] == message["usage"]["output_tokens"]
+
+
+def test_an_error_event_a_cut_stream_and_the_bound() -> None:
+    message = a_message()
+    events = stream_events(message)
+    cut = b"".join(sse_event(n, d) for n, d in events[:4])
+    a = assembled(cut, 5)
+    assert not a.done and not a.empty  # as far as it came
+    error = cut + sse_event("error", {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
+    assert assembled(error, 9).upstream_error
+    small = assembled(stream_of(message), 50, max_bytes=200)
+    assert small.truncated and len(json.dumps(small.message())) < 2000
+
+
+def test_odd_events_are_skipped() -> None:
+    raw = (b"event: content_block_delta\ndata: {\"index\": 3, \"delta\": {\"type\": \"text_delta\", \"text\": \"x\"}}\n\n"
+           b"event: message_start\ndata: not json\n\n"
+           b"event: content_block_start\ndata: {\"index\": \"0\", \"content_block\": {}}\n\n"
+           b"event: content_block_start\ndata: {\"index\": 0, \"content_block\": {\"type\": \"tool_use\", \"id\": \"t\","
+           b" \"name\": \"n\", \"input\": {}}}\n\n"
+           b"event: content_block_delta\ndata: {\"index\": 0, \"delta\": {\"type\": \"input_json_delta\","
+           b" \"partial_json\": \"{\\\"a\\\": \"}}\n\n"
+           b"event: content_block_stop\ndata: {\"index\": 0}\n\n"
+           b"event: brand_new_event\ndata: {\"x\": 1}\n\n")
+    a = assembled(raw, 11)
+    assert a.message() == {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t", "name": "n", "input": {}, "input_json": "{\"a\": "}]}
