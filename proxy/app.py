@@ -62,7 +62,7 @@ class ProxyState:
     pipeline: ChatPipeline
     anthropic_upstream: Upstream
     """The Anthropic Messages provider (``anthropic_upstream_url``); it shares ``upstream``'s transport
-    (one connection pool) and has its own pool slots."""
+    and pool slots (one pool of connections, one tenant share of it)."""
     messages: MessagesPipeline
     """``POST /v1/messages``'s use case (its log writer, session log and health are ``pipeline``'s)."""
     migrated: bool = False
@@ -117,11 +117,16 @@ def _transport(settings: Settings, given: object) -> UpstreamTransport | None:
                           read_timeout_s=settings.upstream_read_timeout_s, keepalive_s=settings.upstream_keepalive_s)
 
 
-def _upstream(settings: Settings, url: str, transport: UpstreamTransport | None) -> Upstream:
-    """An ``Upstream`` to ``url`` sized by the ``upstream_*`` settings (``transport``: ``None`` for aiohttp)."""
+def _upstream(settings: Settings, url: str, transport: UpstreamTransport | None,
+              shares: Upstream | None = None) -> Upstream:
+    """An ``Upstream`` to ``url`` sized by the ``upstream_*`` settings (``transport``: ``None`` for
+    aiohttp); with ``shares``, on that one's transport and pool slots (one pool of connections, one
+    tenant share of it, whichever provider a request goes to)."""
     return Upstream(url, pool_size=settings.upstream_pool_size, connect_timeout_s=settings.upstream_connect_timeout_s,
                     read_timeout_s=settings.upstream_read_timeout_s, keepalive_s=settings.upstream_keepalive_s,
-                    tenant_pool_share=settings.upstream_tenant_pool_share, transport=transport)
+                    tenant_pool_share=settings.upstream_tenant_pool_share,
+                    transport=shares.transport if shares is not None else transport,
+                    slots=shares.slots if shares is not None else None)
 
 
 def create_app(settings: Settings, *, upstream_transport: object = None) -> FastAPI:
@@ -136,8 +141,8 @@ def create_app(settings: Settings, *, upstream_transport: object = None) -> Fast
         migrated = await _try_upgrade(settings.database_url)
         store = await Store.open(settings.database_url, pool_size=settings.database_pool_size)
         upstream = _upstream(settings, settings.upstream_url, _transport(settings, upstream_transport))
-        # one pool of connections (closed once, with ``upstream``), pool slots of its own
-        anthropic_upstream = _upstream(settings, settings.anthropic_upstream_url, upstream.transport)
+        # one pool of connections and slots (the transport closed once, with ``upstream``)
+        anthropic_upstream = _upstream(settings, settings.anthropic_upstream_url, None, shares=upstream)
         counter = load_counter(settings.tiktoken_cache_dir)  # the defenses' and the tool rounds'
         prefixes = PrefixStates()  # the projection's, the offer's and the session log's, per conversation
         compactor = build_compactor(settings, store, upstream, counter, metrics, prefixes)
@@ -242,8 +247,9 @@ def _render(exc: ProxyError, request: Request) -> Response:
 
 
 def _install_error_handlers(app: FastAPI) -> None:
-    """Every error in OpenAI's envelope: ours as they are, a storage error or anything unexpected
-    as ``proxy.routes.errors.client_error`` maps it, FastAPI's validation and HTTP errors as 400/404/..."""
+    """Every error in OpenAI's envelope (Anthropic's for an Anthropic request: ``_render``): ours as
+    they are, a storage error or anything unexpected as ``proxy.routes.errors.client_error`` maps it,
+    FastAPI's validation and HTTP errors as 400/404/..."""
 
     @app.exception_handler(ProxyError)
     async def proxy_error(request: Request, exc: ProxyError) -> Response:

@@ -1,11 +1,14 @@
-"""The proxy's exception tree and its rendering as OpenAI's error envelope (Anthropic's on the Messages routes).
+"""The proxy's exception tree and its rendering as OpenAI's error envelope (Anthropic's for an
+Anthropic request).
 
 Every error that reaches a client is ``{"error": {"message", "type", "code", "param"}}`` with the
-status below, never a stack trace. Foreign exceptions are translated where they occur
-(``raise ProxyError(...) from exc``): aiohttp's and httpx's inside the upstream transports
-(``proxy.upstream.transport``), SQLAlchemy's inside ``storage`` (``storage.errors``). What reaches
-a route unanswered becomes the client's error in one place, ``proxy.routes.errors.client_error``: a
-``StorageError`` a 503 (the only storage-error mapping), anything else not ours a 500 without detail.
+status below, never a stack trace; an Anthropic request (``proxy.routes.messages.speaks_anthropic``)
+gets ``{"type": "error", "error": {"type", "message"}}`` (``anthropic_body``). Foreign exceptions
+are translated where they occur (``raise ProxyError(...) from exc``): aiohttp's and httpx's inside
+the upstream transports (``proxy.upstream.transport``), SQLAlchemy's inside ``storage``
+(``storage.errors``). What reaches a route unanswered becomes the client's error in one place,
+``proxy.routes.errors.client_error``: a ``StorageError`` a 503 (the only storage-error mapping),
+anything else not ours a 500 without detail.
 
 =========================  ======  ==========================
 class                      status  type / code
@@ -38,10 +41,12 @@ ANTHROPIC_ERROR_TYPES = {
     404: "not_found_error",
     413: "request_too_large",
     429: "rate_limit_error",
+    504: "timeout_error",
     529: "overloaded_error",
 }
-"""The ``error.type`` Anthropic's API gives for each status (its errors page); the proxy's own 502,
-503 and 504 are ``api_error``, a type the SDKs read as a retryable server error."""
+"""The ``error.type`` Anthropic's API gives for each status (its errors page, the SDK's ``ErrorType``);
+the proxy's own 502 and 503 are ``api_error``. (The SDKs retry by status, not by type: 408, 409, 429
+and 5xx.)"""
 
 
 class ProxyError(Exception):

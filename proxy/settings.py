@@ -42,10 +42,15 @@ class Settings(BaseSettings):
     @field_validator("anthropic_upstream_url")
     @classmethod
     def _anthropic_upstream_url_valid(cls, value: str) -> str:
-        """Normalised and checked as ``upstream_url`` is (``proxy.upstream.urls.upstream_base``)."""
+        """Normalised and checked as ``upstream_url`` is (``proxy.upstream.urls.upstream_base``); a URL
+        ending in ``/v1`` is refused (the proxy appends ``/v1/messages``: it would send ``/v1/v1/...``)."""
         from proxy.upstream.urls import upstream_base
 
-        return str(upstream_base(value))
+        base = str(upstream_base(value))
+        if base.endswith("/v1"):
+            raise ValueError("anthropic_upstream_url ends in /v1; give the base URL without it "
+                             "(the proxy appends /v1/messages, as the anthropic SDK does)")
+        return base
 
     database_url: str = Field(
         "sqlite:///./context-proxy.db",

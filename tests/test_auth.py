@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 
+import orjson
 import pytest
 
 from proxy.errors import Forbidden, Unauthorized
@@ -57,3 +58,16 @@ def test_a_held_anthropic_key_goes_as_x_api_key_and_the_clients_credentials_stay
     shared = response_headers({"request-id": "req_1", "anthropic-ratelimit-tokens-limit": "9", "retry-after": "3",
                                "anthropic-organization-id": "org"}, keep_encoding=True, shared_key=True)
     assert shared == {"request-id": "req_1", "retry-after": "3"}
+
+
+def test_the_anthropic_envelope_and_the_anthropic_upstream_setting() -> None:
+    from proxy.errors import ProxyBusy, UpstreamTimeout
+
+    assert orjson.loads(UpstreamTimeout("slow").anthropic_body()) == {
+        "type": "error", "error": {"type": "timeout_error", "message": "slow"}}
+    assert orjson.loads(ProxyBusy("full").anthropic_body())["error"]["type"] == "api_error"
+    assert orjson.loads(Forbidden("no").anthropic_body())["error"]["type"] == "permission_error"
+    with pytest.raises(ValueError, match="ends in /v1"):
+        Settings(anthropic_upstream_url="https://api.anthropic.com/v1/")
+    assert Settings(anthropic_upstream_url="https://GW.example/anthropic/").anthropic_upstream_url == \
+        "https://gw.example/anthropic"

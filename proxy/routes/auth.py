@@ -70,14 +70,14 @@ class Authenticator:
         Raises ``Unauthorized`` when the proxy holds the upstream key and the client's key is not
         one of ``client_api_keys`` (or an admin key).
         """
-        return self._client_tenant(headers, self._holds_openai_key, "an OpenAI", "CONTEXT_PROXY_UPSTREAM_API_KEY")
+        return self._client_tenant(headers, self._holds_openai_key, "OpenAI", "CONTEXT_PROXY_UPSTREAM_API_KEY")
 
     def messages_tenant(self, headers: Mapping[str, str]) -> str:
         """Tenant of an Anthropic Messages request (``x-api-key`` or ``Authorization: Bearer``).
 
         Raises ``Unauthorized`` as ``chat_tenant`` does, and ``Forbidden`` when the proxy holds
         only the OpenAI upstream key (see the module docstring)."""
-        return self._client_tenant(headers, self._holds_anthropic_key, "an Anthropic",
+        return self._client_tenant(headers, self._holds_anthropic_key, "Anthropic",
                                    "CONTEXT_PROXY_ANTHROPIC_UPSTREAM_API_KEY")
 
     def _client_tenant(self, headers: Mapping[str, str], holds_this_key: bool, which: str, setting: str) -> str:

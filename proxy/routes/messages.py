@@ -5,7 +5,9 @@ A client reaches it with ``ANTHROPIC_BASE_URL`` set to the proxy (no ``/v1``: th
 and Claude Code append ``/v1/messages``). The request goes as the client sent it: body, query
 (``?beta=true``), ``anthropic-version`` and ``anthropic-beta`` unchanged, the client's
 ``x-api-key`` or ``Authorization: Bearer``, or with a proxy-held ``anthropic_upstream_api_key`` that
-key as ``x-api-key`` (the client's credentials dropped). The answer comes back byte for byte,
+key as ``x-api-key`` (the client's credentials dropped; the body still names what it names: a
+``file_id``, a ``container`` or a ``skill_id`` of the operator's account, under the betas that
+take them, is the provider's to check). The answer comes back byte for byte,
 streams as they arrive, with the headers a client reads (``request-id``, ``retry-after``,
 ``anthropic-ratelimit-*``: the last not under a proxy-held key, where they are the operator's).
 The tenant is the salted hash of whichever key the client sent (``Authenticator.messages_tenant``).
@@ -55,8 +57,11 @@ caller is an admin."""
 
 def speaks_anthropic(path: str, headers: Mapping[str, str]) -> bool:
     """Whether a request is for the Anthropic upstream: a Messages path (``/v1/messages`` and
-    below), or any path sent with an ``anthropic-version`` header."""
-    return path == MESSAGES_ROUTE or path.startswith(MESSAGES_ROUTE + "/") or ANTHROPIC_VERSION_HEADER in headers
+    below), or any other ``/v1/`` path sent with an ``anthropic-version`` header (the read API's
+    routes are the proxy's own, whatever the client sends)."""
+    if path == MESSAGES_ROUTE or path.startswith(MESSAGES_ROUTE + "/"):
+        return True
+    return path.startswith("/v1/") and ANTHROPIC_VERSION_HEADER in headers
 
 
 async def relay_anthropic(request: Request) -> StreamingResponse:

@@ -63,6 +63,8 @@ class Upstream:
     not time out. The slot is held until ``aclose`` (or, for a response nobody closes, until it
     is garbage). Timeouts: see ``AiohttpTransport``. ``transport``: any ``UpstreamTransport``
     (tests wrap an httpx transport in ``proxy.upstream.httpx_transport.HttpxTransport``); ``None``: aiohttp.
+    ``slots``: another ``Upstream``'s (two upstreams on one transport share its connections, so
+    they share one pool and one tenant share of it); ``None``: a pool of this one's own.
     Memo: the parsed URL of at most ``URL_MEMO_PATHS`` paths of at most ``URL_MEMO_PATH_CHARS``
     characters (cleared whole when full).
     """
@@ -77,8 +79,9 @@ class Upstream:
         keepalive_s: float = 4.0,
         tenant_pool_share: float = 1.0,
         transport: UpstreamTransport | None = None,
+        slots: PoolShare | None = None,
     ) -> None:
-        self.slots = PoolShare(pool_size, int(pool_size * tenant_pool_share))
+        self.slots = slots if slots is not None else PoolShare(pool_size, int(pool_size * tenant_pool_share))
         self._slot_timeout_s = connect_timeout_s
         self.base = upstream_base(base_url)  # requests go there only (``proxy.upstream.urls``)
         self.base_url = str(self.base)

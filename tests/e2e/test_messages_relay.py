@@ -20,7 +20,8 @@ KEY = ANTHROPIC_KEY
 USER: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
 WEATHER: Any = {"name": "get_weather", "description": "Weather of a city",
                 "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
-VERSION = {"anthropic-version": "2023-06-01"}
+VERSION = {"anthropic-version": "2023-01-01"}
+"""A date the SDK never sends (it sends its own): forwarded as the client wrote it, or the test fails."""
 
 
 @pytest.fixture
@@ -54,7 +55,7 @@ def test_a_message_goes_and_comes_back_as_sent(start_proxy: Callable[..., str], 
     received = fake_state.requests[-1]
     assert received.path == "/v1/messages" and received.json["messages"] == USER
     sent_key = received.headers.get("x-api-key") or received.headers["authorization"].removeprefix("Bearer ")
-    assert sent_key == KEY and received.headers["anthropic-version"] == "2023-06-01"  # (a date the SDK would not send)
+    assert sent_key == KEY and received.headers["anthropic-version"] == "2023-01-01"
     assert received.headers["anthropic-beta"] == "fine-grained-tool-streaming-2025-05-14"
     assert message.id == received.response["id"] and message.usage.input_tokens == received.usage["input_tokens"]
     assert raw.headers["request-id"].startswith("req_011C")
@@ -152,6 +153,41 @@ def test_a_proxy_held_anthropic_key_replaces_the_clients(start_proxy: Callable[.
     assert r.status_code == 404 and fake_state.requests[-1].path == "/v1/models"  # the fake lists no models
     r = httpx.post(url + "/v1/messages/batches", json={"requests": []}, headers={"x-api-key": "sk-proxy-client", **VERSION})
     assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"
+    assert fake_state.requests[-1].path == "/v1/models"  # the batch went nowhere
+
+
+def test_an_admin_reaches_account_paths_with_the_held_key(start_proxy: Callable[..., str],
+                                                         fake_state: FakeAnthropicState) -> None:
+    url = start_proxy(anthropic_upstream_api_key="sk-ant-operator", client_api_keys="sk-proxy-client",
+                      admin_api_keys="sk-proxy-admin")
+    r = httpx.post(url + "/v1/messages/batches", json={"requests": []}, headers={"x-api-key": "sk-proxy-admin", **VERSION})
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"  # the fake serves no batches
+    received = fake_state.requests[-1]
+    assert received.path == "/v1/messages/batches" and received.headers["x-api-key"] == "sk-ant-operator"
+
+
+def test_a_proxy_holding_only_the_anthropic_key_refuses_openai_calls(start_proxy: Callable[..., str],
+                                                                    fake_state: FakeAnthropicState) -> None:
+    url = start_proxy(anthropic_upstream_api_key="sk-ant-operator", client_api_keys="sk-proxy-client")
+    for method, path in (("GET", "/v1/models"), ("POST", "/v1/chat/completions")):
+        r = httpx.request(method, url + path, json={"model": "m", "messages": []},
+                          headers={"authorization": "Bearer sk-proxy-client"})
+        assert r.status_code == 403 and "CONTEXT_PROXY_UPSTREAM_API_KEY" in r.json()["error"]["message"], r.text
+    assert fake_state.requests == []
+    r = httpx.get(url + "/sessions/nope", headers={"x-api-key": "sk-proxy-client", **VERSION})
+    assert r.status_code == 404 and "type" not in r.json()  # the proxy's own routes answer in their own envelope
+
+
+def test_both_providers_share_one_pool_of_upstream_slots(tmp_path: Any, fake: Any) -> None:
+    from proxy.app import create_app
+    from proxy.settings import Settings
+    from tests.fakes.server import UvicornServer
+
+    app = create_app(Settings(anthropic_upstream_url=fake[0], database_url=f"sqlite:///{tmp_path}/p.db"))
+    with UvicornServer(app):
+        state = app.state.proxy
+        assert state.anthropic_upstream.slots is state.upstream.slots
+        assert state.anthropic_upstream.transport is state.upstream.transport
 
 
 def test_a_proxy_holding_only_the_openai_key_refuses_messages(start_proxy: Callable[..., str],
