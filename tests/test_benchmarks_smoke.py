@@ -61,6 +61,11 @@ def test_sections_and_report_at_trivial_size(tmp_path: Path) -> None:
     assert set(point["candidates"]) == {"direct", "floor", "proxy"}
     assert all(c["errors"] == 0 for p in results["overhead"]["points"] for c in p["candidates"].values())
     assert point["candidates"]["proxy"]["cpu_ms_per_request"]["median"] > 0
+    messages = results["overhead"]["messages_points"]  # POST /v1/messages: each concurrency, streamed at the first
+    assert [(p["concurrency"], p["stream"], p["api"]) for p in messages] == [
+        (1, False, "messages"), (4, False, "messages"), (1, True, "messages")]
+    assert all(c["errors"] == 0 for p in messages for c in p["candidates"].values())
+    assert set(messages[0]["candidates"]) == {"direct", "floor", "proxy"}
     assert results["pipeline"]["sizes"][0]["compaction_defenses"].startswith("summary")
     assert results["storage"]["traces"][0]["message_payload_bytes"] > 0
     assert results["compression"]["rows"][0]["turns"] > 0
@@ -71,7 +76,8 @@ def test_sections_and_report_at_trivial_size(tmp_path: Path) -> None:
     saved = orjson.loads((tmp_path / "out" / "results.json").read_bytes())
     assert {"overhead", "pipeline", "storage", "compression", "goals"} <= set(saved)
     goals = saved["goals"]
-    assert set(goals["added_latency_vs_floor"]) == {"1", "4"}
+    assert set(goals["added_latency_vs_floor"]) == {"1", "4"} == set(goals["messages_added_latency_vs_floor"])
+    assert "Messages (`POST /v1/messages`" in (tmp_path / "out" / "report.md").read_text()
     assert goals["added_latency_vs_litellm"] is None
     assert goals["pipeline_ms_per_mb"] > 0 and goals["storage_vs_unique_bytes_max"] > 0
     assert {"overhead.png", "pipeline.png", "compression.png"} <= {p.name for p in (tmp_path / "out").iterdir()}

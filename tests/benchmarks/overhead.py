@@ -47,9 +47,22 @@ REQUEST_BODY = {
 }
 
 
-def request_body(stream: bool) -> bytes:
-    """The request every candidate gets (compact JSON, ~1 KB)."""
-    return orjson.dumps(REQUEST_BODY | ({"stream": True} if stream else {}))
+MESSAGES_BODY = {
+    "model": "bench-model",
+    "system": "You are a helpful assistant. " * 10,
+    "messages": [{"role": "user", "content": "Summarize the plot of Hamlet in three sentences. " * 8}],
+    "max_tokens": 256,
+}
+"""The same conversation as an Anthropic Messages request (the Messages rows)."""
+MESSAGES_CANDIDATES = ("direct", "floor", "proxy")
+"""Candidates of the Messages rows: the proxy's ``POST /v1/messages`` against the same direct call
+and raw relay (the baseline tree has no Messages route; LiteLLM's is another product)."""
+API_PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages"}
+
+
+def request_body(stream: bool, api: str = "chat") -> bytes:
+    """The request every candidate gets (compact JSON, ~1 KB), chat completions or Messages."""
+    return orjson.dumps((REQUEST_BODY if api == "chat" else MESSAGES_BODY) | ({"stream": True} if stream else {}))
 
 
 def cores() -> tuple[int | None, int | None]:
@@ -109,6 +122,8 @@ class Server:
             assert upstream, f"{kind} needs an upstream"
             port = free_port()
             env.setdefault("CONTEXT_PROXY_TIKTOKEN_CACHE_DIR", env.get("TIKTOKEN_CACHE_DIR", ""))
+            # the Messages rows: the same fake upstream, without /v1 (a tree without the setting ignores it)
+            env["CONTEXT_PROXY_ANTHROPIC_UPSTREAM_URL"] = upstream.removesuffix("/v1")
             pin = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
             self.proc = subprocess.Popen(serve_command(python, port, upstream, workdir / f"{kind}.db"),
                                          cwd=tree or REPO_DIR, stdout=self.log, stderr=self.log, env=env,
@@ -247,16 +262,17 @@ def servers(workdir: Path, kinds: tuple[str, ...], baseline: Baseline | None = N
 
 
 def measure_point(gen: LoadGenerator, srv: dict[str, Server | None], kinds: tuple[str, ...], concurrency: int,
-                  requests: int, stream: bool, reps: int, quick: bool = False) -> dict[str, Any]:
-    """Every candidate at one point, ``reps`` interleaved repetitions; see the module docstring."""
+                  requests: int, stream: bool, reps: int, quick: bool = False, api: str = "chat") -> dict[str, Any]:
+    """Every candidate at one point, ``reps`` interleaved repetitions; see the module docstring.
+    ``api``: ``chat`` (``POST /v1/chat/completions``) or ``messages`` (``POST /v1/messages``)."""
     upstream = srv["upstream"]
     assert upstream is not None
-    body = request_body(stream)
+    body = request_body(stream, api)
     runs: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
     for _rep in range(reps):
         for kind in kinds:
             server = srv[kind]
-            url = (server.url if server is not None else upstream.url) + "/v1/chat/completions"
+            url = (server.url if server is not None else upstream.url) + API_PATHS[api]
             pid = server.pid if server is not None else upstream.pid
             n = requests_for(kind, concurrency, requests, quick)
             cpu0 = cpu_ns(pid)
@@ -268,7 +284,8 @@ def measure_point(gen: LoadGenerator, srv: dict[str, Server | None], kinds: tupl
                 "ttfb_p50_ms": percentile(res["ttfb_ms"], 0.5), "ttfb_p99_ms": percentile(res["ttfb_ms"], 0.99),
                 "cpu_ms_per_request": (cpu1 - cpu0) / 1e6 / n, "errors": res["errors"],
             })
-    out: dict[str, Any] = {"concurrency": concurrency, "stream": stream, "requests": requests, "reps": reps, "candidates": {}}
+    out: dict[str, Any] = {"concurrency": concurrency, "stream": stream, "requests": requests, "reps": reps, "api": api,
+                           "candidates": {}}
     direct = runs["direct"]
     for kind in kinds:
         rows = runs[kind]
@@ -305,6 +322,7 @@ def run(cfg: BenchConfig, kinds: tuple[str, ...] = CANDIDATES, baseline: Baselin
         at = kinds.index("proxy") + 1 if "proxy" in kinds else len(kinds)
         kinds = (*kinds[:at], "baseline", *kinds[at:])
     points: list[dict[str, Any]] = []
+    messages_points: list[dict[str, Any]] = []  # POST /v1/messages: every concurrency, streamed at the first
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp, servers(Path(tmp), kinds, baseline) as srv:
         gen = LoadGenerator(near)
         try:
@@ -313,15 +331,25 @@ def run(cfg: BenchConfig, kinds: tuple[str, ...] = CANDIDATES, baseline: Baselin
                     point = measure_point(gen, srv, kinds, c, cfg.requests[c], stream, cfg.reps, cfg.quick)
                     points.append(point)
                     _progress(point)
+            messages_kinds = tuple(k for k in MESSAGES_CANDIDATES if k in kinds)
+            if "proxy" in messages_kinds:
+                for stream, concurrencies in ((False, cfg.concurrencies), (True, cfg.concurrencies[:1])):
+                    for c in concurrencies:
+                        point = measure_point(gen, srv, messages_kinds, c, cfg.requests[c], stream, cfg.reps, cfg.quick,
+                                              api="messages")
+                        messages_points.append(point)
+                        _progress(point)
         finally:
             gen.stop()
-    return {"points": points, "litellm": litellm_status(), "cores": {"loadgen_upstream": near, "candidate": far},
+    return {"points": points, "messages_points": messages_points, "litellm": litellm_status(),
+            "cores": {"loadgen_upstream": near, "candidate": far},
             "baseline": baseline.label if baseline is not None else None}
 
 
 def _progress(point: dict[str, Any]) -> None:
     cells = [f"{k} +{v['added_p50_ms']['median']:.2f}ms {v['rps']['median']:.0f}/s" for k, v in point["candidates"].items()]
-    print(f"  overhead c={point['concurrency']} stream={point['stream']}: " + ", ".join(cells), flush=True)
+    api = "" if point.get("api", "chat") == "chat" else f" {point['api']}"
+    print(f"  overhead{api} c={point['concurrency']} stream={point['stream']}: " + ", ".join(cells), flush=True)
 
 
 FLOOR_NOISE_MS = 0.25
@@ -336,7 +364,8 @@ def goals(result: dict[str, Any]) -> dict[str, Any]:
     the floor's added p50 is under ``FLOOR_NOISE_MS``), the same for p99 (shown: a tail the p50
     hides), CPU per request ÷ the floor's (shown), the floor's own added p50 (ms), and the added
     time to the first streamed event at concurrency 1; with LiteLLM measured, the proxy's added p50
-    ÷ LiteLLM's by concurrency (``added_latency_vs_litellm``; under 1: the proxy adds less)."""
+    ÷ LiteLLM's by concurrency (``added_latency_vs_litellm``; under 1: the proxy adds less); the
+    Messages rows' added p50 ÷ the floor's (``messages_added_latency_vs_floor``, same goal)."""
     ratios: dict[str, float | None] = {}
     p99_ratios: dict[str, float] = {}
     cpu_ratios: dict[str, float] = {}
@@ -359,6 +388,13 @@ def goals(result: dict[str, Any]) -> dict[str, Any]:
                 vs_litellm[c] = proxy["added_p50_ms"]["median"] / max(litellm["added_p50_ms"]["median"], 1e-3)
         if point["stream"] and point["concurrency"] == 1:
             ttfb_added = proxy["added_ttfb_p50_ms"]["median"]
+    messages: dict[str, float | None] = {}
+    for point in result.get("messages_points") or []:
+        proxy, floor = point["candidates"].get("proxy"), point["candidates"].get("floor")
+        if proxy is not None and floor is not None and not point["stream"] and "added_p50_vs_floor" in proxy:
+            noisy = floor["added_p50_ms"]["median"] < FLOOR_NOISE_MS
+            messages[str(point["concurrency"])] = None if noisy else proxy["added_p50_vs_floor"]["median"]
     return {"added_latency_vs_floor": ratios, "added_latency_vs_litellm": vs_litellm, "added_p99_vs_floor": p99_ratios,
             "cpu_vs_floor": cpu_ratios,
-            "floor_added_p50_ms": floor_added, "added_ttfb_ms_at_1": ttfb_added}
+            "floor_added_p50_ms": floor_added, "added_ttfb_ms_at_1": ttfb_added,
+            "messages_added_latency_vs_floor": messages}

@@ -50,11 +50,15 @@ def goals(results: dict[str, Any]) -> dict[str, Any]:
         "pipeline_linearity_slope": pipe.get("linearity"),
         "cpu_vs_floor": ov.get("cpu_vs_floor") or None,
         "floor_added_p50_ms": ov.get("floor_added_p50_ms") or None,
+        "messages_added_latency_vs_floor": ov.get("messages_added_latency_vs_floor") or None,
     }
     verdicts: dict[str, bool | None] = {}
     if out["added_latency_vs_floor"]:  # an undefined ratio (None) cannot show the goal met
         verdicts["added_latency_vs_floor"] = all(r is not None and r <= FLOOR_GOAL_RATIO
                                                  for r in out["added_latency_vs_floor"].values())
+    if out["messages_added_latency_vs_floor"]:
+        verdicts["messages_added_latency_vs_floor"] = all(
+            r is not None and r <= FLOOR_GOAL_RATIO for r in out["messages_added_latency_vs_floor"].values())
     if out["added_ttfb_ms_at_1"] is not None:
         verdicts["added_ttfb_ms_at_1"] = out["added_ttfb_ms_at_1"] <= TTFB_GOAL_MS
     if out["pipeline_ms_per_mb"] is not None:
@@ -79,9 +83,11 @@ def overhead_tables(ov: dict[str, Any]) -> list[str]:
              "Added latency = candidate − direct, same repetition; median (min–max) over repetitions. "
              "CPU per request: the candidate's process (for *direct*: the upstream's). "
              f"LiteLLM: {ov.get('litellm') or 'measured'}.", ""]
-    for point in ov["points"]:
+    for point in [*ov["points"], *(ov.get("messages_points") or [])]:
         mode = "streaming" if point["stream"] else "non-streaming"
-        lines += [f"### concurrency {point['concurrency']}, {mode} ({point['requests']} requests × {point['reps']} reps)", "",
+        api = "" if point.get("api", "chat") == "chat" else "Messages (`POST /v1/messages`), "
+        lines += [f"### {api}concurrency {point['concurrency']}, {mode} ({point['requests']} requests × {point['reps']} reps)",
+                  "",
                   "| candidate | requests/s | added p50 ms | added p99 ms | added TTFB p50 ms | CPU ms/request | added p50 ÷ floor |",
                   "|---|---|---|---|---|---|---|"]
         floor = point["candidates"].get("floor")
@@ -204,6 +210,13 @@ def goals_table(g: dict[str, Any]) -> list[str]:
                            for k in sorted(floor, key=int))
         lines.append(f"| added p50 ≤ {FLOOR_GOAL_RATIO:g}× the floor's (concurrency {' / '.join(sorted(floor, key=int))}) | "
                      f"{cells} | {verdict('added_latency_vs_floor')} |")
+    messages = g.get("messages_added_latency_vs_floor")
+    if messages:
+        cells = " / ".join(f"{messages[k]:.1f}×" if messages[k] is not None else "undefined"
+                           for k in sorted(messages, key=int))
+        lines.append(f"| Messages (`POST /v1/messages`, logged): added p50 ≤ {FLOOR_GOAL_RATIO:g}× the floor's "
+                     f"(concurrency {' / '.join(sorted(messages, key=int))}) | {cells} | "
+                     f"{verdict('messages_added_latency_vs_floor')} |")
     p99 = g.get("added_p99_vs_floor")
     if p99:
         cells = " / ".join(f"{p99[k]:.1f}×" for k in sorted(p99, key=int))

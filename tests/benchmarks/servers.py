@@ -7,7 +7,8 @@ SIGTERM. ``KIND``:
 
 - ``upstream``: ``UpstreamProtocol``, a raw HTTP/1.1 server (asyncio protocol, no ASGI server)
   answering every request with one fixed chat completion, or a fixed SSE stream (one chunk an
-  event) when the body asks for ``"stream":true``; it shares its core with the load generator,
+  event) when the body asks for ``"stream":true`` (``POST /v1/messages``: one fixed Anthropic
+  Message, or its event stream); it shares its core with the load generator,
   so it must cost far less than any candidate (an ASGI app under uvicorn cost 0.07 ms a request);
 - ``floor``: ``Relay``, a raw ASGI app relaying request and response bytes to ``--upstream`` with
   one shared ``aiohttp.ClientSession``; parses nothing (the least a Python proxy can do);
@@ -40,6 +41,12 @@ COMPLETION = orjson.dumps({
     "choices": [{"index": 0, "message": {"role": "assistant", "content": REPLY_CONTENT}, "finish_reason": "stop"}],
     "usage": {"prompt_tokens": 120, "completion_tokens": 40, "total_tokens": 160},
 })
+MESSAGE = orjson.dumps({
+    "id": "msg_bench", "type": "message", "role": "assistant", "model": "bench-model",
+    "content": [{"type": "text", "text": REPLY_CONTENT}], "stop_reason": "end_turn", "stop_sequence": None,
+    "usage": {"input_tokens": 120, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 40},
+})
+"""The fixed Anthropic Message answered to ``POST /v1/messages`` (the Messages rows)."""
 STREAM_EVENTS = 20
 """Events of the fixed SSE stream (one word each, then a finish chunk, a usage chunk and [DONE])."""
 
@@ -57,6 +64,28 @@ def _sse() -> bytes:
     parts += [chunk({}, "stop"), chunk({}, usage={"prompt_tokens": 120, "completion_tokens": 40, "total_tokens": 160}),
               b"data: [DONE]\n\n"]
     return b"".join(parts)
+
+
+def _messages_sse() -> list[bytes]:
+    """Anthropic's event sequence for ``MESSAGE`` (message_start, a text block of ``STREAM_EVENTS``
+    deltas, message_delta, message_stop), one event a part."""
+    def event(name: str, data: dict[str, Any]) -> bytes:
+        return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+    usage = {"input_tokens": 120, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 1}
+    start = {"id": "msg_bench", "type": "message", "role": "assistant", "model": "bench-model", "content": [],
+             "stop_reason": None, "stop_sequence": None, "usage": usage}
+    words = REPLY_CONTENT.split()[:STREAM_EVENTS - 1]
+    parts = [event("message_start", {"type": "message_start", "message": start}),
+             event("content_block_start", {"type": "content_block_start", "index": 0,
+                                           "content_block": {"type": "text", "text": ""}})]
+    parts += [event("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                            "delta": {"type": "text_delta", "text": w + " "}}) for w in words]
+    parts += [event("content_block_stop", {"type": "content_block_stop", "index": 0}),
+              event("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                                      "usage": {"output_tokens": 40}}),
+              event("message_stop", {"type": "message_stop"})]
+    return parts
 
 
 SSE_BODY = _sse()
@@ -86,6 +115,9 @@ _JSON_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-len
               + str(len(COMPLETION)).encode() + b"\r\n\r\n")
 _SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n"
 _SSE_CHUNKS = [f"{len(part):x}\r\n".encode() + part + b"\r\n" for part in SSE_PARTS] + [b"0\r\n\r\n"]
+_MESSAGE_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+                 + str(len(MESSAGE)).encode() + b"\r\n\r\n")
+_MESSAGES_SSE_CHUNKS = [f"{len(part):x}\r\n".encode() + part + b"\r\n" for part in _messages_sse()] + [b"0\r\n\r\n"]
 
 
 class UpstreamProtocol(asyncio.Protocol):
@@ -114,12 +146,13 @@ class UpstreamProtocol(asyncio.Protocol):
             if len(self.buf) < end + 4 + size:
                 return
             body, self.buf = self.buf[end + 4:end + 4 + size], self.buf[end + 4 + size:]
+            messages = head.startswith(b"post /v1/messages")  # Anthropic's Messages API (the Messages rows)
             if b'"stream":true' in body:
                 self.transport.write(_SSE_HEAD)
-                for chunk in _SSE_CHUNKS:
+                for chunk in _MESSAGES_SSE_CHUNKS if messages else _SSE_CHUNKS:
                     self.transport.write(chunk)
             else:
-                self.transport.write(_JSON_HEAD + COMPLETION)
+                self.transport.write(_MESSAGE_HEAD + MESSAGE if messages else _JSON_HEAD + COMPLETION)
 
 
 class Relay:
