@@ -102,18 +102,34 @@ HASH_DROPPED = frozenset({"cache_control"})
 turn (Claude Code marks the newest turn), and the turn is the same turn with or without one."""
 
 
+def _hash_value(value: Any) -> Any:
+    """``value`` without ``None`` values at any depth, whole floats as ints (``1.0`` from Python is
+    ``1`` from a JavaScript client); ``value`` itself when nothing changes (no copy)."""
+    if isinstance(value, dict):
+        out = {k: _hash_value(v) for k, v in value.items() if v is not None}
+        return value if len(out) == len(value) and all(out[k] is value[k] for k in out) else out
+    if isinstance(value, list):
+        items = [_hash_value(v) for v in value]
+        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    return value
+
+
 def _hash_block(block: Any) -> Any:
-    if not isinstance(block, dict) or not any(k in HASH_DROPPED or v is None for k, v in block.items()):
-        return block
-    return {k: v for k, v in block.items() if k not in HASH_DROPPED and v is not None}
+    if isinstance(block, dict) and any(k in HASH_DROPPED for k in block):
+        block = {k: v for k, v in block.items() if k not in HASH_DROPPED}
+    return _hash_value(block)
 
 
 def hash_view(piece: Piece) -> Piece:
     """What a Messages piece's digest is taken of (``canonical.message_digest`` then applies chat's
-    rules on top): its content blocks without ``cache_control`` and without ``None`` values (what an
-    SDK's echo of a reply adds, ``"citations": null``), a string content as the one text block it
-    means (the API reads them alike; a client that puts a breakpoint on it sends the block); the
-    piece itself when nothing is left out. Only for hashing: the log keeps the piece as sent."""
+    rules on top): its content blocks without ``cache_control`` and without ``None`` values at any
+    depth (what an SDK's echo of a reply adds: ``"citations": null``, a search result's
+    ``"page_age": null``), whole floats as ints (a JavaScript client echoes ``1.0`` as ``1``), a
+    string content as the one text block it means (the API reads them alike; a client that puts a
+    breakpoint on it sends the block); the piece itself when nothing is left out. Only for hashing:
+    the log keeps the piece as sent."""
     content = piece.get("content")
     if isinstance(content, str):  # the same turn as one text block (a client that marks it sends blocks)
         return {**piece, "content": [{"type": "text", "text": content}]}

@@ -7,10 +7,13 @@ unlogged, as it came: the provider judges it) -> hash the pieces (``MessagesCode
 session (``X-Claude-Code-Session-Id``, then ``X-Session-Id``, then derived from the tenant and the
 first user turn, as chat does) -> forward the client's bytes -> relay the answer (a stream byte
 for byte, reassembled on the side by ``messages_sse.MessagesAssembler``) -> log the client's new
-turns, the reply (``{"role": "assistant", "content": blocks}``) and a request record through the
+turns, the reply (``{"role": "assistant", "content": blocks}``, as ``hash_view`` reads it: no
+``null`` values, whole floats as ints, so its echo continues the branch) and a request record through the
 chat path's ``LogWriter`` (one backpressure bound, one drain at shutdown). A provider's 401/403 to
 the client's own key logs the record only, as chat does. The database down: 503, or with
-``database_failure_mode=open`` forwarded unlogged.
+``database_failure_mode=open`` forwarded unlogged. A stream the upstream cuts short (the
+connection, or an end without ``message_stop``) ends with an Anthropic ``error`` event, as the API
+ends a failed stream, so the client's SDK raises instead of taking half a message as whole.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import orjson
 
 from proxy.conversation.canonical import digests_off_loop
 from proxy.conversation.messages_codec import MESSAGES, hash_view
-from proxy.errors import ProxyError
+from proxy.errors import ProxyError, UpstreamUnreachable
 from proxy.forward.answers import Buffered, Streamed
 from proxy.forward.context import ChatContext
 from proxy.forward.db_health import DatabaseHealth
@@ -48,6 +51,12 @@ log = logging.getLogger("context_proxy.messages")
 CLAUDE_CODE_SESSION_HEADER = "x-claude-code-session-id"
 """Claude Code names its session in every request; the first choice for the proxy's session id."""
 DISCONNECTED = "client disconnected"
+
+
+def stream_error_event(exc: ProxyError) -> bytes:
+    """An Anthropic ``error`` event ending a stream the upstream failed mid-way (the SDKs raise it as
+    an ``APIError``): ``event: error`` with the error envelope (``ProxyError.anthropic_body``)."""
+    return b"event: error\ndata: " + exc.anthropic_body() + b"\n\n"
 
 
 def parse_messages_body(raw: bytes) -> dict[str, Any] | None:
@@ -174,18 +183,23 @@ class MessagesPipeline:
                 async for chunk in resp.aiter_raw():
                     for event in splitter.feed(chunk):
                         assembler.add(event)
-                    if not state["started"]:
+                    yield chunk
+                    if not state["started"]:  # once the first byte is out (the write would delay it)
                         state["started"] = True
                         ctx.start_append(self.writer.spawn)  # a long stream: the turns committed meanwhile
-                    yield chunk
-                for event in splitter.flush():
-                    assembler.add(event)
-                state["error"] = None if assembler.done and not assembler.upstream_error else (
-                    "the upstream's stream carried an error event" if assembler.upstream_error
-                    else "the upstream's stream ended before message_stop")
-            except ProxyError as exc:
+            except ProxyError as exc:  # the client has the stream's start: told in-band, as the API would
                 state["error"] = f"the upstream failed mid-stream: {exc.message}"
-                raise
+                yield stream_error_event(exc)
+                return
+            for event in splitter.flush():
+                assembler.add(event)
+            if assembler.upstream_error:
+                state["error"] = "the upstream's stream carried an error event"
+            elif not assembler.done:
+                state["error"] = "the upstream's stream ended before message_stop"
+                yield stream_error_event(UpstreamUnreachable("The upstream's stream ended before message_stop."))
+            else:
+                state["error"] = None
 
         relay = chunks()
 
@@ -196,6 +210,8 @@ class MessagesPipeline:
                 await resp.aclose()
                 if not ctx.finished:
                     error: str | None = state["error"]
+                    if error == DISCONNECTED and assembler.done and not assembler.upstream_error:
+                        error = None  # gone after message_stop, before the end of the body: complete all the same
                     reply = hash_view(assembler.message()) if not assembler.empty else None
                     if assembler.truncated:
                         error = error or "the reply is longer than stream_log_max_bytes: logged as far as it fits"
@@ -225,8 +241,15 @@ class MessagesPipeline:
         if warn:
             out["x-context-proxy-warning"] = DEGRADED_WARNING
 
+        sse = "text/event-stream" in resp.headers.get("content-type", "")
+
         async def chunks() -> AsyncIterator[bytes]:
-            async for chunk in resp.aiter_raw():
-                yield chunk
+            try:
+                async for chunk in resp.aiter_raw():
+                    yield chunk
+            except ProxyError as exc:  # a stream under way is ended in-band; another body is cut
+                if not sse:
+                    raise
+                yield stream_error_event(exc)
 
         return Streamed(resp.status_code, out, chunks(), resp.aclose)

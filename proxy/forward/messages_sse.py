@@ -5,13 +5,14 @@ The relay sends the upstream's bytes unchanged; this only observes them (events 
 ``message_start`` (the Message with empty ``content`` and its first ``usage``),
 ``content_block_start`` (``index``, ``content_block``), ``content_block_delta`` (``text_delta``
 ``text``, ``input_json_delta`` ``partial_json``, ``thinking_delta`` ``thinking``,
-``signature_delta`` ``signature``, ``citations_delta`` ``citation``), ``content_block_stop``,
-``message_delta`` (``delta.stop_reason``/``stop_sequence``, cumulative ``usage``),
+``signature_delta`` ``signature`` (replacing, as the SDK does), ``citations_delta`` ``citation``),
+``content_block_stop``, ``message_delta`` (``delta.stop_reason``/``stop_sequence``, cumulative ``usage``),
 ``message_stop``, ``ping``, and ``error`` (``{"type": "error", "error": {...}}``). Unknown events
 and delta types are ignored (the relay still carries them).
 
-Bounded: at most ``max_bytes`` bytes of event data are reassembled; past that the reply is logged
-as far as it came (``truncated``).
+Bounded: at most ``max_bytes`` bytes of event data are reassembled into content; past that the
+content stops where it was (``truncated``: the reply is logged as far as it fits, marked so), while
+the stop reason, usage and end of the message are still read.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from typing import Any
 from proxy.forward.sse import SSEEvent
 from proxy.json_text import parse_json
 
-_DELTA_FIELDS = {"text_delta": ("text", "text"), "thinking_delta": ("thinking", "thinking"),
-                 "signature_delta": ("signature", "signature")}
+_DELTA_FIELDS = {"text_delta": ("text", "text"), "thinking_delta": ("thinking", "thinking")}
 """Delta type -> (the delta's field, the block's field it appends to)."""
+_CONTENT_EVENTS = frozenset({"content_block_start", "content_block_delta"})
+"""What grows the reassembled reply (bounded by ``max_bytes``)."""
 
 
 class MessagesAssembler:
@@ -52,15 +54,20 @@ class MessagesAssembler:
         return not self.blocks
 
     def add(self, event: SSEEvent) -> None:
-        """Take one event in (never raises: what it cannot read is skipped)."""
+        """Take one event in (never raises: what it cannot read is skipped). Past ``max_bytes`` of
+        event data the content stops growing (``truncated``); the message's own events
+        (``message_delta``, ``message_stop``, ``error``) are still read."""
         self.seen_bytes += len(event.data)
-        if self.seen_bytes > self.max_bytes:
+        if self.seen_bytes > self.max_bytes and event.event in _CONTENT_EVENTS:
             self.truncated = True
             return
-        data = _loads(event.data)
+        data = _loads(event.data) if len(event.data) <= self.max_bytes else None
         if not isinstance(data, dict):
             return
         kind = event.event or data.get("type")
+        if kind in _CONTENT_EVENTS and self.seen_bytes > self.max_bytes:  # (an event without its name)
+            self.truncated = True
+            return
         if kind == "error":
             self.upstream_error = True
         elif kind == "message_start" and isinstance(data.get("message"), dict):
@@ -92,6 +99,8 @@ class MessagesAssembler:
         kind = delta.get("type")
         if kind == "input_json_delta" and isinstance(delta.get("partial_json"), str):
             self._json.setdefault(index, []).append(delta["partial_json"])
+        elif kind == "signature_delta" and isinstance(delta.get("signature"), str):
+            block["signature"] = delta["signature"]  # (the SDK replaces it, as the block's one signature)
         elif kind == "citations_delta" and isinstance(delta.get("citation"), dict):
             citations = block.get("citations")
             block["citations"] = [*(citations if isinstance(citations, list) else []), delta["citation"]]

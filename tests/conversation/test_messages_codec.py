@@ -187,3 +187,19 @@ def test_the_hash_view_ignores_breakpoints_nulls_and_string_versus_block() -> No
     plain = {"role": "assistant", "content": [{"type": "thinking", "thinking": "", "signature": "sig"}]}
     assert hash_view(plain) is plain  # nothing left out: no copy
     assert marked["content"][0]["cache_control"] == {"type": "ephemeral"}  # the piece itself is never changed
+
+
+def test_the_hash_view_ignores_nested_nulls_and_whole_floats() -> None:
+    from proxy.conversation.canonical import message_digest
+    from proxy.conversation.messages_codec import hash_view
+
+    sent = {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t", "name": "n", "input": {"x": 1.0, "y": [2.5, 3.0]}},
+        {"type": "web_search_tool_result", "tool_use_id": "s", "content": [{"type": "web_search_result", "url": "u"}]}]}
+    echoed = {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t", "name": "n", "input": {"x": 1, "y": [2.5, 3]}, "caller": None},
+        {"type": "web_search_tool_result", "tool_use_id": "s",
+         "content": [{"type": "web_search_result", "url": "u", "page_age": None}]}]}
+    assert message_digest(hash_view(sent)) == message_digest(hash_view(echoed))
+    assert message_digest(hash_view({"role": "user", "content": [{"type": "text", "text": "1.5"}]})) != \
+        message_digest(hash_view({"role": "user", "content": [{"type": "text", "text": "1"}]}))

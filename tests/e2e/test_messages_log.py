@@ -141,3 +141,83 @@ def test_a_key_the_provider_refuses_logs_no_content(anthropic_proxy: Callable[..
 
         assert wait_for(recorded, 10.0) is not None
         assert http.get("/sessions/refused/messages").json()["data"] == []
+
+
+def test_a_client_gone_after_message_stop_has_its_reply_logged_whole(
+        anthropic_proxy: Callable[..., str], anthropic_state: FakeAnthropicState) -> None:
+    """The client reads up to ``message_stop`` and leaves before the end of the body (the fake waits
+    after each event): the reply is complete, so the client's echo of it continues the branch."""
+    url = anthropic_proxy()
+    anthropic_state.chunk_delay_s = 0.3
+    anthropic_state.script.append(reply(text("All done.")))
+    first: Any = {"role": "user", "content": "Finish up"}
+    headers = {"x-api-key": ANTHROPIC_KEY, "anthropic-version": "2023-06-01", "x-session-id": "gone-early"}
+    body = {"model": "m", "max_tokens": 64, "stream": True, "messages": [first]}
+    with httpx.Client(timeout=30) as http, http.stream("POST", url + "/v1/messages", json=body, headers=headers) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:") and '"message_stop"' in line:
+                break  # the connection closes with the body still open
+    anthropic_state.chunk_delay_s = 0.0
+    wait_for(lambda: logged(url, "gone-early", 1), 10.0)
+    echo: Any = {"role": "assistant", "content": [{"type": "text", "text": "All done."}]}
+    with anthropic_client(url, default_headers={"x-session-id": "gone-early"}) as c:
+        c.messages.create(model="m", max_tokens=8, messages=[first, echo, {"role": "user", "content": "Thanks"}])
+    found = logged(url, "gone-early", 2)
+    assert found["branch_count"] == 1, found
+    assert [r["error"] for r in found["requests"]] == [None, None]
+
+
+def test_an_error_event_mid_stream_is_relayed_and_the_reply_logged_partial(
+        anthropic_proxy: Callable[..., str], anthropic_state: FakeAnthropicState) -> None:
+    url = anthropic_proxy()
+    anthropic_state.fail_next.append(("stream_error", "overloaded_error", "Overloaded"))
+    with anthropic_client(url, default_headers={"x-session-id": "cut"}) as c, pytest.raises(anthropic.APIStatusError):
+        with c.messages.stream(model="m", max_tokens=64, messages=[{"role": "user", "content": "go"}]) as stream:
+            stream.get_final_message()
+    found = logged(url, "cut", 1)
+    assert "error event" in found["requests"][0]["error"]
+
+
+START = (b'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1","type":"message",'
+         b'"role":"assistant","model":"m","content":[],"stop_reason":null,"stop_sequence":null,'
+         b'"usage":{"input_tokens":5,"output_tokens":1}}}\n\n'
+         b'event: content_block_start\ndata: {"type":"content_block_start","index":0,'
+         b'"content_block":{"type":"text","text":""}}\n\n'
+         b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+         b'"delta":{"type":"text_delta","text":"Half"}}\n\n')
+"""A stream's start: a message with half a text block (what an upstream cut short sent)."""
+
+
+@pytest.mark.parametrize("cut", ["connection", "clean_end"])
+def test_a_stream_the_upstream_cuts_short_ends_with_an_error_event(
+        anthropic_proxy: Callable[..., str], cut: str) -> None:
+    """The upstream closes mid-stream (the connection, or a clean end of the body without
+    ``message_stop``): the client gets what came, then an ``error`` event (the SDK raises), and the
+    log keeps the reply as far as it came, marked partial."""
+    from tests.e2e.raw_http import RawServer
+
+    def answer(head: bytes) -> bytes:
+        framing = b"" if cut == "connection" else b"transfer-encoding: chunked\r\n"
+        body = START if cut == "connection" else f"{len(START):x}\r\n".encode() + START + b"\r\n0\r\n\r\n"
+        length = b"content-length: 100000\r\n" if cut == "connection" else b""  # promised, never sent
+        return b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n" + framing + length + b"\r\n" + body
+
+    upstream = RawServer(answer)
+    try:
+        url = anthropic_proxy(anthropic_upstream_url=upstream.url)
+        headers = {"x-api-key": ANTHROPIC_KEY, "anthropic-version": "2023-06-01", "x-session-id": f"cut-{cut}"}
+        body = {"model": "m", "max_tokens": 64, "stream": True, "messages": [{"role": "user", "content": "go"}]}
+        r = httpx.post(url + "/v1/messages", json=body, headers=headers, timeout=30)
+        assert r.status_code == 200 and r.content.startswith(START), r.content
+        tail = r.content[len(START):]
+        assert tail.startswith(b"event: error\ndata: ") and b'"type":"api_error"' in tail, tail
+        with anthropic_client(url, default_headers={"x-session-id": f"cut-{cut}"}) as c, \
+                pytest.raises(anthropic.APIStatusError):
+            with c.messages.stream(model="m", max_tokens=64, messages=[{"role": "user", "content": "go"}]) as s:
+                s.get_final_message()
+        found = logged(url, f"cut-{cut}", 2)
+        assert all(r["error"] for r in found["requests"]), found["requests"]
+        assert found["messages"][-1]["content"][0]["text"] == "Half"
+        assert found["messages"][-1]["x_context_proxy"]["partial"] is True
+    finally:
+        upstream.close()

@@ -60,6 +60,21 @@ def test_an_error_event_a_cut_stream_and_the_bound() -> None:
     assert assembled(error, 9).upstream_error
     small = assembled(stream_of(message), 50, max_bytes=200)
     assert small.truncated and len(json.dumps(small.message())) < 2000
+    # past the bound the content stops, the end of the message is still read
+    assert small.done and small.stop_reason == "tool_use" and small.usage is not None
+    assert small.usage["output_tokens"] == message["usage"]["output_tokens"]
+
+
+def test_a_signature_is_replaced_not_appended() -> None:
+    raw = b"".join(sse_event(n, d) for n, d in [
+        ("content_block_start", {"type": "content_block_start", "index": 0,
+                                 "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
+        ("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                 "delta": {"type": "signature_delta", "signature": "first"}}),
+        ("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                 "delta": {"type": "signature_delta", "signature": "second"}}),
+        ("content_block_stop", {"type": "content_block_stop", "index": 0})])
+    assert assembled(raw, 13).message()["content"] == [{"type": "thinking", "thinking": "", "signature": "second"}]
 
 
 def test_odd_events_are_skipped() -> None:
