@@ -171,6 +171,7 @@ def create_app(settings: Settings, *, upstream_transport: object = None) -> Fast
     for router in (health.router, read.router, limits.router):
         app.include_router(router)
     app.router.routes.append(chat_route(app.chat))  # before the pass-through's /v1/{path}
+    app.router.routes.append(messages.messages_route(app.messages))  # likewise
     app.include_router(messages.router)  # likewise
     app.include_router(passthrough.router)
     app.state.metrics = metrics
@@ -181,11 +182,11 @@ def create_app(settings: Settings, *, upstream_transport: object = None) -> Fast
 
 
 class ProxyApp(FastAPI):
-    """FastAPI whose chat route (``POST /v1/chat/completions``, ``self.chat``) skips FastAPI's
-    own layers (error pages, telemetry, body limit: about 5% of a small chat request's CPU,
+    """FastAPI whose chat route (``POST /v1/chat/completions``, ``self.chat``) and Messages route
+    (``POST /v1/messages``, ``self.messages``) skip FastAPI's own layers (error pages, telemetry, body limit: about 5% of a small chat request's CPU,
     measured with py-spy and cProfile at concurrency 16; the endpoint has its own limit, error
     envelopes and counting), unless FastAPI traces requests: then it goes through FastAPI,
-    ``MetricsMiddleware`` and the router like every other route. The schema documents it
+    ``MetricsMiddleware`` and the router like every other route. The schema documents them
     (``openapi``)."""
 
     _traced: bool | None = None
@@ -193,6 +194,7 @@ class ProxyApp(FastAPI):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.chat = ChatEndpoint()
+        self.messages = messages.MessagesEndpoint()
 
     def chat_traced(self) -> bool:
         """Whether FastAPI's own OpenTelemetry instrumentation is on, as FastAPI decides it for a
@@ -209,11 +211,13 @@ class ProxyApp(FastAPI):
         return MetricsMiddleware(super().build_middleware_stack(), metrics=self.state.metrics)
 
     def openapi(self) -> dict[str, Any]:
-        """FastAPI's schema with the chat route (``proxy.routes.chat.OPENAPI_PATH_ITEM``) first and
-        OpenAI's error envelope as the ``Error`` schema."""
+        """FastAPI's schema with the chat and Messages routes (``proxy.routes.chat.OPENAPI_PATH_ITEM``,
+        ``proxy.routes.messages.OPENAPI_PATH_ITEM``) first and OpenAI's error envelope as the
+        ``Error`` schema."""
         if self.openapi_schema is None:
             schema = super().openapi()
-            schema["paths"] = {CHAT_ROUTE: OPENAPI_PATH_ITEM, **schema.get("paths", {})}
+            schema["paths"] = {CHAT_ROUTE: OPENAPI_PATH_ITEM, messages.MESSAGES_ROUTE: messages.OPENAPI_PATH_ITEM,
+                               **schema.get("paths", {})}
             schema.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
             self.openapi_schema = schema
         return self.openapi_schema
@@ -227,14 +231,17 @@ class ProxyApp(FastAPI):
             await self._serve(scope, receive, send)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The chat route straight to ``self.chat.counted`` unless traced (class docstring)."""
-        chat = scope["type"] == "http" and scope["path"] == CHAT_ROUTE and scope["method"] == "POST"
-        if chat and not self.chat_traced():
-            if self.root_path:
-                scope["root_path"] = self.root_path
-            scope["app"] = self
-            await self.chat.counted(scope, receive, send)
-            return
+        """The chat and Messages routes straight to their endpoints' ``counted`` unless traced (class
+        docstring)."""
+        if scope["type"] == "http" and scope["method"] == "POST" and not self.chat_traced():
+            path = scope["path"]
+            endpoint = self.chat if path == CHAT_ROUTE else self.messages if path == messages.MESSAGES_ROUTE else None
+            if endpoint is not None:
+                if self.root_path:
+                    scope["root_path"] = self.root_path
+                scope["app"] = self
+                await endpoint.counted(scope, receive, send)
+                return
         await super().__call__(scope, receive, send)
 
 

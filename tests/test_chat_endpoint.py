@@ -46,3 +46,17 @@ def test_the_schema_is_served_at_openapi_json() -> None:
     with TestClient(_app()) as client:
         schema = client.get("/openapi.json").json()
     assert CHAT_ROUTE in schema["paths"] and "post" in schema["paths"][CHAT_ROUTE]
+
+
+def test_the_messages_route_is_one_documented_endpoint_of_the_app() -> None:
+    from proxy.routes.messages import MESSAGES_ROUTE, MessagesEndpoint
+
+    app = _app()
+    schema = app.openapi()
+    operation = schema["paths"][MESSAGES_ROUTE]["post"]
+    assert operation["operationId"] == "anthropic_messages" and operation["tags"] == ["anthropic"]
+    assert set(schema["paths"][MESSAGES_ROUTE]) == {"post"}
+    assert operation["responses"]["default"]["content"]["application/json"]["schema"]["required"] == ["type", "error"]
+    assert "/v1/messages/count_tokens" in schema["paths"]
+    routes = [r for r in app.routes if getattr(r, "path", None) == MESSAGES_ROUTE]
+    assert len(routes) == 1 and isinstance(app.messages, MessagesEndpoint) and routes[0].app is app.messages

@@ -1,14 +1,48 @@
-"""Sending a pipeline's answer (``Buffered``, ``Streamed``) over ASGI: the chat endpoint's way, and
-``OutcomeResponse`` for a FastAPI route (the Messages route) that returns one."""
+"""Sending a pipeline's answer (``Buffered``, ``Streamed``) over ASGI (``send_whole``,
+``send_stream``), and the plain ASGI endpoints' shared part (``CountedEndpoint``: the chat and the
+Messages routes, reached without FastAPI's layers)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from proxy.forward.answers import Buffered, Streamed
+from proxy.telemetry.logs import close_request_context, open_request_context
+from proxy.telemetry.metrics import served
+
+STATUS_KEY = "context_proxy.status"
+"""Where an endpoint puts the status of the response it starts (in the ASGI scope)."""
+
+
+class CountedEndpoint:
+    """A POST route as plain ASGI (``proxy.routes.chat.ChatEndpoint``, the Messages endpoint), which
+    ``ProxyApp`` reaches straight, without FastAPI's layers, through ``counted``. ``path``: the
+    route's path, the ``route`` label of its metrics. ``__call__`` puts the status it starts in
+    ``scope[STATUS_KEY]``."""
+
+    path: str = ""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
+
+    async def counted(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``self(...)`` with what ``MetricsMiddleware`` adds (a request context, the count and the
+        access line), without wrapping ``send``. The status counted is the one whose response
+        started (500 if none did, as the middleware)."""
+        started = time.perf_counter()
+        fields, token = open_request_context()
+        try:
+            await self(scope, receive, send)
+        finally:
+            try:
+                served(scope["app"].state.metrics, "POST", self.path, fields.get("model", ""),
+                       scope.get(STATUS_KEY, 500), started)
+            finally:
+                close_request_context(token)
 
 
 class OutcomeResponse(Response):

@@ -17,7 +17,6 @@ relay is cancelled (so the upstream request is too) and the partial reply logged
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from starlette.routing import Route
@@ -25,16 +24,12 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.forward.answers import Buffered
 from proxy.forward.session_ids import header_text
-from proxy.routes.answer import encode_headers, send_stream, send_whole
+from proxy.routes.answer import STATUS_KEY, CountedEndpoint, encode_headers, send_stream, send_whole
 from proxy.routes.body import read_asgi_body
 from proxy.routes.errors import client_error
-from proxy.telemetry.logs import close_request_context, open_request_context
-from proxy.telemetry.metrics import served
 
 CHAT_ROUTE = "/v1/chat/completions"
 """The client's chat route on the proxy; the upstream's path is ``proxy.upstream.urls.UPSTREAM_CHAT_ROUTE``."""
-STATUS_KEY = "context_proxy.status"
-"""Where ``ChatEndpoint`` puts the status of the response it starts (in the ASGI scope)."""
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 OPENAPI_PATH_ITEM: dict[str, Any] = {
@@ -76,10 +71,12 @@ class _ChatRoute:
     path = CHAT_ROUTE
 
 
-class ChatEndpoint:
+class ChatEndpoint(CountedEndpoint):
     """The chat route as ASGI. The app's state (``scope["app"].state``) does the work: ``proxy``
     (``ProxyState``: auth, settings, pipeline) and ``metrics``. The status of the response it
     starts goes in ``scope[STATUS_KEY]``."""
+
+    path = CHAT_ROUTE
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope["route"] = _ChatRoute
@@ -107,22 +104,6 @@ class ChatEndpoint:
             await send_whole(send, outcome.status, encode_headers(outcome.headers), outcome.body)
         else:
             await send_stream(outcome, receive, send)
-
-    async def counted(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """``self(...)`` with what ``MetricsMiddleware`` adds (a request context, the count and the
-        access line), without wrapping ``send``. The status counted is the one whose response
-        started (500 if none did, as the middleware)."""
-        started = time.perf_counter()
-        fields, token = open_request_context()
-        try:
-            await self(scope, receive, send)
-        finally:
-            try:
-                served(scope["app"].state.metrics, "POST", CHAT_ROUTE, fields.get("model", ""),
-                       scope.get(STATUS_KEY, 500), started)
-            finally:
-                close_request_context(token)
-
 
 def chat_route(endpoint: ChatEndpoint) -> Route:
     """``endpoint`` in the router (``POST`` only; not in FastAPI's generated schema: see ``OPENAPI_PATH_ITEM``)."""

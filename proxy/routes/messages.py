@@ -26,15 +26,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Any
 
 from fastapi import APIRouter, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from proxy.errors import Forbidden
 from proxy.forward.messages import CLAUDE_CODE_SESSION_HEADER
 from proxy.forward.session_ids import header_text
-from proxy.routes.answer import OutcomeResponse
-from proxy.routes.body import read_body
+from proxy.routes.answer import STATUS_KEY, CountedEndpoint, OutcomeResponse
+from proxy.routes.body import read_asgi_body
+from proxy.routes.errors import client_error
 from proxy.routes.relay import relay
 from proxy.upstream.urls import passthrough_target
 
@@ -43,6 +47,13 @@ router = APIRouter()
 MESSAGES_ROUTE = "/v1/messages"
 COUNT_TOKENS_ROUTE = "/v1/messages/count_tokens"
 ANTHROPIC_VERSION_HEADER = "anthropic-version"
+ANTHROPIC_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["type", "error"],
+    "properties": {"type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"],
+                                                         "properties": {"type": {"type": "string"},
+                                                                        "message": {"type": "string"}}}},
+}
+"""Anthropic's error envelope (``proxy.errors.ProxyError.anthropic_body``)."""
 SESSION_HEADERS = frozenset({CLAUDE_CODE_SESSION_HEADER, "x-session-id"})
 """Read as UTF-8 when their bytes are (``header_text``), as the chat route reads ``X-Session-Id``."""
 
@@ -82,25 +93,80 @@ async def relay_anthropic(request: Request) -> StreamingResponse:
                        key_header="x-api-key")
 
 
-async def messages(request: Request) -> Response:
-    """``POST /v1/messages``: logged in its session and forwarded (``proxy.forward.messages``). Raises
-    what ``relay_anthropic`` raises before forwarding, and ``StorageError`` (database down)."""
-    state = request.app.state.proxy
-    tenant = state.auth.messages_tenant(request.headers)
-    raw_path = (request.scope.get("raw_path") or request.url.path.encode()).decode("latin-1")
-    target = "/v1" + passthrough_target(raw_path, request.url.query, request.method)
-    raw = await read_body(request, state.settings.max_body_bytes)
-    items = request.headers.items()
-    headers = {k: header_text(v) if k in SESSION_HEADERS else v for k, v in reversed(items)}
-    return OutcomeResponse(await state.messages.handle(raw, target, headers, items, tenant))
+class _MessagesRoute:
+    """What ``MetricsMiddleware`` reads from ``scope["route"]``: the route's path template."""
+
+    path = MESSAGES_ROUTE
+
+
+class MessagesEndpoint(CountedEndpoint):
+    """``POST /v1/messages`` as plain ASGI (as ``proxy.routes.chat.ChatEndpoint``: ``ProxyApp``
+    reaches it straight, FastAPI's layers cost a fifth of a small request's CPU): authenticate
+    (``Authenticator.messages_tenant``), read the body within ``max_body_bytes``, log and forward
+    (``proxy.forward.messages.MessagesPipeline``), answer; every failure in Anthropic's envelope."""
+
+    path = MESSAGES_ROUTE
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope["route"] = _MessagesRoute
+        app_state = scope["app"].state
+        state = app_state.proxy
+        items = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
+        headers = {k: header_text(v) if k in SESSION_HEADERS else v for k, v in reversed(items)}
+        try:
+            tenant = state.auth.messages_tenant(headers)
+            raw_path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
+            target = "/v1" + passthrough_target(raw_path, scope.get("query_string", b"").decode("latin-1"), "POST")
+            raw = await read_asgi_body(receive, headers, state.settings.max_body_bytes)
+            if raw is None:
+                return  # the client left while sending its body: nobody to answer
+            outcome = await state.messages.handle(raw, target, headers, items, tenant)
+        except Exception as exc:  # noqa: BLE001  (every failure answers in Anthropic's envelope)
+            error = client_error(exc, app_state.metrics)
+            scope[STATUS_KEY] = error.status
+            body = error.anthropic_body()
+            await send({"type": "http.response.start", "status": error.status, "headers": error.asgi_headers(body)})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+            return
+        scope[STATUS_KEY] = outcome.status
+        await OutcomeResponse(outcome)(scope, receive, send)
+
+
+def messages_route(endpoint: MessagesEndpoint) -> Route:
+    """``endpoint`` in the router (``POST`` only; documented by ``OPENAPI_PATH_ITEM``)."""
+    return Route(MESSAGES_ROUTE, endpoint, methods=["POST"], include_in_schema=False)
+
+
+OPENAPI_PATH_ITEM: dict[str, Any] = {
+    "post": {
+        "tags": ["anthropic"],
+        "summary": "Create a Message (Anthropic Messages API; logged in its session)",
+        "description": "Anthropic's Messages API, forwarded to the Anthropic upstream as sent (the request body "
+                       "and the reply as Anthropic documents them; `stream` answers with `text/event-stream`). "
+                       "`x-claude-code-session-id`, then `x-session-id`, names the session (optional).",
+        "operationId": "anthropic_messages",
+        "parameters": [{"name": name, "in": "header", "required": False, "schema": {"type": "string"}}
+                       for name in ("x-api-key", "anthropic-version", "anthropic-beta", "x-claude-code-session-id",
+                                    "x-session-id")],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {
+            "type": "object", "required": ["model", "messages", "max_tokens"], "additionalProperties": True,
+            "properties": {"model": {"type": "string"}, "messages": {"type": "array", "items": {"type": "object"}},
+                           "max_tokens": {"type": "integer"}, "stream": {"type": "boolean"}}}}}},
+        "responses": {
+            "200": {"description": "The upstream's Message, or its event stream",
+                    "content": {"application/json": {"schema": {"type": "object"}},
+                                "text/event-stream": {"schema": {"type": "string"}}}},
+            "default": {"description": "An error in Anthropic's envelope (the upstream's own, or the proxy's)",
+                        "content": {"application/json": {"schema": ANTHROPIC_ERROR_SCHEMA}}},
+        },
+    }
+}
+"""The route in the OpenAPI schema (``ProxyApp.openapi`` adds it)."""
 
 
 async def count_tokens(request: Request) -> StreamingResponse:
     return await relay_anthropic(request)
 
 
-router.add_api_route(MESSAGES_ROUTE, messages, methods=["POST"], tags=["anthropic"],
-                     summary="Create a Message (Anthropic Messages API; streamed with \"stream\": true)",
-                     operation_id="anthropic_messages")
 router.add_api_route(COUNT_TOKENS_ROUTE, count_tokens, methods=["POST"], tags=["anthropic"],
                      summary="Count the tokens of a Messages request", operation_id="anthropic_count_tokens")
