@@ -183,9 +183,10 @@ def create_app(settings: Settings, *, upstream_transport: object = None) -> Fast
 
 class ProxyApp(FastAPI):
     """FastAPI whose chat route (``POST /v1/chat/completions``, ``self.chat``) and Messages route
-    (``POST /v1/messages``, ``self.messages``) skip FastAPI's own layers (error pages, telemetry, body limit: about 5% of a small chat request's CPU,
-    measured with py-spy and cProfile at concurrency 16; the endpoint has its own limit, error
-    envelopes and counting), unless FastAPI traces requests: then it goes through FastAPI,
+    (``POST /v1/messages``, ``self.messages``) skip FastAPI's own layers (error pages, telemetry,
+    body limit: about 5% of a small chat request's CPU, measured with py-spy and cProfile at
+    concurrency 16; each endpoint has its own limit, error envelopes and counting), unless FastAPI
+    traces requests: then they go through FastAPI,
     ``MetricsMiddleware`` and the router like every other route. The schema documents them
     (``openapi``)."""
 

@@ -117,6 +117,7 @@ class MessagesPipeline:
             digests, chain = await digests_off_loop([hash_view(p) for p in pieces], len(raw))
         except orjson.JSONEncodeError:  # nested deeper than orjson hashes: the provider judges it
             return await self._forward_unlogged(raw, target, forward_headers, tenant, warn=False)
+        self.log.follow(chain)  # a regenerate's write is then known stored, not read again
         session_id = session_id_of(headers) or self.log.derive_session_id(tenant, pieces, chain)
         try:
             if not await self.health.usable():

@@ -167,6 +167,14 @@ class SessionLog:
         self._stamp = max(self._stamp + 1, time.monotonic_ns())
         return self._stamp
 
+    def follow(self, chain: list[str]) -> None:
+        """Move the conversation's prefix state to the end of ``chain`` (what the chat path's
+        projection does), so the stored length this request's write notes is found again when the
+        same history comes back (a retry, a regenerate) as well as by the next turn. For a path
+        that runs no projection (Messages, before its defenses)."""
+        if chain:
+            self.prefixes.keep(chain, self.prefixes.take(chain))
+
     def _forget(self, session_pk: int) -> None:
         """Trust no stored length of ``session_pk`` noted before now."""
         self._trusted.pop(session_pk, None)

@@ -221,3 +221,30 @@ def test_a_stream_the_upstream_cuts_short_ends_with_an_error_event(
         assert found["messages"][-1]["x_context_proxy"]["partial"] is True
     finally:
         upstream.close()
+
+
+def test_a_regenerated_or_continued_turn_is_known_stored_without_a_read(
+        anthropic_proxy: Callable[..., str], anthropic_state: FakeAnthropicState, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same history sent again (a retry, a regenerate) and the next turn find what this process
+    wrote: the end of the request is queued, the stored prefix never read from the database again."""
+    from storage.store import Store
+
+    reads: list[int] = []
+    original = Store.stored_prefix_len
+
+    async def counted(self: Store, session_pk: int, chain: list[str]) -> int:
+        reads.append(len(chain))
+        return await original(self, session_pk, chain)
+
+    monkeypatch.setattr(Store, "stored_prefix_len", counted)
+    url = anthropic_proxy()
+    turn: Any = [{"role": "user", "content": "Again and again"}]
+    with anthropic_client(url, default_headers={"x-session-id": "regen"}) as c:
+        for n in range(3):
+            c.messages.create(model="m", max_tokens=8, messages=turn)
+            logged(url, "regen", n + 1)
+        echo: Any = {"role": "assistant", "content": [{"type": "text", "text": "OK: Again and again"}]}
+        c.messages.create(model="m", max_tokens=8, messages=[*turn, echo, {"role": "user", "content": "More"}])
+    found = logged(url, "regen", 4)
+    assert len(reads) == 1, reads  # the first request of the session only
+    assert found["branch_count"] == 1 and len(found["messages"]) == 4
