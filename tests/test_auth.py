@@ -51,8 +51,11 @@ def test_each_upstream_key_admits_client_keys_and_refuses_the_other_providers_re
 
 
 def test_a_held_anthropic_key_goes_as_x_api_key_and_the_clients_credentials_stay_behind() -> None:
+    """Under the proxy's key the client's credentials and the headers gateways read to change the
+    method or the path (found by breaking it: ``x-http-method-override`` went upstream) stay behind."""
     sent = forward_request_headers([("x-api-key", "sk-client"), ("Authorization", "Bearer sk-client"),
-                                    ("anthropic-version", "2023-06-01"), ("anthropic-beta", "a,b")],
+                                    ("anthropic-version", "2023-06-01"), ("X-HTTP-Method-Override", "DELETE"),
+                                    ("x-original-url", "/v1/files"), ("anthropic-beta", "a,b")],
                                    upstream_api_key="sk-ant-op", identity=False, key_header="x-api-key")
     assert sent == [("anthropic-version", "2023-06-01"), ("anthropic-beta", "a,b"), ("x-api-key", "sk-ant-op")]
     shared = response_headers({"request-id": "req_1", "anthropic-ratelimit-tokens-limit": "9", "retry-after": "3",

@@ -113,9 +113,11 @@ class MessagesPipeline:
         if body is None:
             return await self._forward_unlogged(raw, target, forward_headers, tenant, warn=False)
         pieces = MESSAGES.pieces(body)
+        if not pieces:  # no turn to log (``"messages": []``, no system): the provider answers it
+            return await self._forward_unlogged(raw, target, forward_headers, tenant, warn=False)
         try:
             digests, chain = await digests_off_loop([hash_view(p) for p in pieces], len(raw))
-        except orjson.JSONEncodeError:  # nested deeper than orjson hashes: the provider judges it
+        except (orjson.JSONEncodeError, RecursionError):  # nested deeper than it hashes: the provider judges it
             return await self._forward_unlogged(raw, target, forward_headers, tenant, warn=False)
         self.log.follow(chain)  # a regenerate's write is then known stored, not read again
         session_id = session_id_of(headers) or self.log.derive_session_id(tenant, pieces, chain)
@@ -214,7 +216,7 @@ class MessagesPipeline:
                     if error == DISCONNECTED and assembler.done and not assembler.upstream_error:
                         error = None  # gone after message_stop, before the end of the body: complete all the same
                     reply = hash_view(assembler.message()) if not assembler.empty else None
-                    if assembler.truncated:
+                    if assembler.truncated or splitter.dropped:  # (an event over SSESplitter's bound is not read)
                         error = error or "the reply is longer than stream_log_max_bytes: logged as far as it fits"
                     self.writer.finish(ctx, resp.status_code, reply, assembler.usage, error=error,
                                        partial=error is not None, finish_reason=assembler.stop_reason)

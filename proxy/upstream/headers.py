@@ -26,6 +26,10 @@ PROXY_HEADERS = frozenset({"x-session-id"})
 """Headers addressed to this proxy, not to the provider."""
 
 CREDENTIAL_HEADERS = frozenset({"authorization", "api-key", "x-api-key", "openai-organization", "openai-project"})
+OVERRIDE_HEADERS = frozenset({"x-http-method-override", "x-http-method", "x-method-override", "x-original-url",
+                              "x-rewrite-url", "x-original-method"})
+"""Headers some gateways read to change a request's method or path: under the proxy's key they would
+let a client reach what the path checks refused, so they are dropped then."""
 """The client's credentials and billed project: replaced by the proxy's key when it holds one (the
 client chooses neither the credentials nor the billed project)."""
 
@@ -69,8 +73,8 @@ def forward_request_headers(
         low = name.lower()
         if low in HOP_BY_HOP or low in PROXY_HEADERS or low.startswith("x-context-proxy-") or low in named:
             continue
-        if upstream_api_key is not None and low in CREDENTIAL_HEADERS:
-            continue  # the proxy's key: the client chooses neither the credentials nor the billed project
+        if upstream_api_key is not None and (low in CREDENTIAL_HEADERS or low in OVERRIDE_HEADERS):
+            continue  # the proxy's key: the client chooses neither the credentials, the billed project nor the path
         if identity and low == "accept-encoding":
             continue
         out.append((name, value))

@@ -78,7 +78,9 @@ def passthrough_target(raw_path: str, query: str, method: str) -> str:
     backslash, an encoded ``/`` or ``\\`` (``%2F``, ``%5C``), a control character, a doubly
     encoded ``.``, ``/``, ``\\`` or ``;`` (``%252e``, ``%252F``...), or a ``.``/``..`` segment
     (percent-encoded ones too, and with ``;parameters``: ``..;x``, which Tomcat and Jetty read as
-    ``..``); or when it is a ``POST`` to chat completions spelt another way (``chat_path_variant``)."""
+    ``..``); or when it is a ``POST`` to chat completions or to Anthropic's messages spelt another way
+    (``chat_path_variant``; ``/v1/messages/``, ``/v1/Messages``, ``/v1/messages;x``: each would skip
+    the log)."""
     if not raw_path.startswith("/v1/"):
         raise BadRequest("The request path must start with /v1/.")
     rest = raw_path[3:]
@@ -93,6 +95,9 @@ def passthrough_target(raw_path: str, query: str, method: str) -> str:
     if method == "POST" and chat_path_variant(decoded):
         raise BadRequest("Send chat completions to POST /v1/chat/completions exactly (this spelling of the path "
                          "is not relayed: it would bypass the proxy's log).")
+    if method == "POST" and _segments(decoded) == ["messages"] and decoded != "/messages":
+        raise BadRequest("Send messages to POST /v1/messages exactly (this spelling of the path is not relayed: "
+                         "it would bypass the proxy's log).")
     return rest + ("?" + query if query else "")
 
 
@@ -101,5 +106,11 @@ def chat_path_variant(decoded: str) -> bool:
     case, empty segments, ``;parameters``, trailing dots and spaces are ignored:
     ``/chat/completions/``, ``/chat//completions``, ``/chat/completions;x=1``, ``/Chat/Completions.``.
     (The exact ``/chat/completions`` never gets here: the chat route takes it.)"""
+    return _segments(decoded) == ["chat", "completions"]
+
+
+def _segments(decoded: str) -> list[str]:
+    """The non-empty segments of ``decoded`` with ``;parameters``, trailing dots and spaces dropped,
+    lower case (how servers that forgive a spelling read a path)."""
     segments = [s.split(";", 1)[0].rstrip(". ").lower() for s in decoded.split("/")]
-    return [s for s in segments if s] == ["chat", "completions"]
+    return [s for s in segments if s]

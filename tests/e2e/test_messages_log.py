@@ -248,3 +248,91 @@ def test_a_regenerated_or_continued_turn_is_known_stored_without_a_read(
     found = logged(url, "regen", 4)
     assert len(reads) == 1, reads  # the first request of the session only
     assert found["branch_count"] == 1 and len(found["messages"]) == 4
+
+
+def test_odd_bodies_are_forwarded_and_never_a_proxy_error(
+        anthropic_proxy: Callable[..., str], anthropic_state: FakeAnthropicState) -> None:
+    """Found by breaking it: a block nested 600 deep (parsed, too deep to hash in Python) was a 500;
+    ``"messages": []`` with no system lost its record to an IndexError. Both go to the provider,
+    which answers them, unlogged (there is nothing the proxy can log of them)."""
+    url = anthropic_proxy()
+    deep: Any = 1
+    for _ in range(600):
+        deep = {"a": deep}
+    headers = {"x-api-key": ANTHROPIC_KEY, "anthropic-version": "2023-06-01", "x-session-id": "odd"}
+    with httpx.Client(headers=headers, timeout=30) as http:
+        nested = http.post(url + "/v1/messages", json={"model": "m", "max_tokens": 8, "messages": [
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x", "extra": deep}]}]})
+        empty = http.post(url + "/v1/messages", json={"model": "m", "max_tokens": 8, "messages": []})
+    assert nested.status_code < 500 and empty.status_code < 500, (nested.text, empty.text)
+    assert [r.status for r in anthropic_state.requests] == [nested.status_code, empty.status_code]
+    assert empty.json() == {"type": "error", "error": {"type": "invalid_request_error", "message": anthropic_state
+                            .requests[1].error}, "request_id": empty.json().get("request_id")}
+    with httpx.Client(base_url=url, headers={"x-api-key": ANTHROPIC_KEY}, timeout=30) as http:
+        assert http.get("/sessions/odd").status_code == 404  # no half-written session of them
+
+
+def test_a_stream_event_past_the_splitter_bound_marks_the_reply_cut(anthropic_proxy: Callable[..., str]) -> None:
+    """An event over ``SSESplitter.MAX_EVENT_BYTES``, arriving in pieces (found by breaking it),
+    reaches the client whole but cannot be read for the log: the reply is logged as far as it
+    came, marked, never as a whole but empty answer."""
+    import socket
+    import threading
+    import time
+
+    from proxy.forward.sse import SSESplitter
+
+    text = b"x" * (SSESplitter.MAX_EVENT_BYTES + 1024)
+    head = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"'
+    end = (b'"}}\n\nevent: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n'
+           b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},'
+           b'"usage":{"output_tokens":9}}\n\nevent: message_stop\ndata: {"type":"message_stop"}\n\n')
+    stream = START + head + text + end
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:  # the event's first 8 MB, a pause, then the rest with its end
+        conn, _ = listener.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            length = int(data.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            while len(data.split(b"\r\n\r\n", 1)[1]) < length:
+                data += conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: "
+                         + str(len(stream)).encode() + b"\r\nconnection: close\r\n\r\n")
+            cut = len(START) + len(head) + SSESplitter.MAX_EVENT_BYTES + 512
+            conn.sendall(stream[:cut])
+            time.sleep(0.5)
+            conn.sendall(stream[cut:])
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        url = anthropic_proxy(anthropic_upstream_url=f"http://127.0.0.1:{listener.getsockname()[1]}")
+        headers = {"x-api-key": ANTHROPIC_KEY, "anthropic-version": "2023-06-01", "x-session-id": "huge"}
+        body = {"model": "m", "max_tokens": 64, "stream": True, "messages": [{"role": "user", "content": "go"}]}
+        r = httpx.post(url + "/v1/messages", json=body, headers=headers, timeout=60)
+        assert r.status_code == 200 and r.content == stream  # relayed whole
+        found = logged(url, "huge", 1)
+        assert "stream_log_max_bytes" in (found["requests"][0]["error"] or ""), found["requests"]
+        assert found["messages"][-1]["x_context_proxy"]["partial"] is True
+    finally:
+        thread.join(10)
+        listener.close()
+
+
+def test_other_spellings_of_the_messages_path_are_refused(anthropic_proxy: Callable[..., str],
+                                                         anthropic_state: FakeAnthropicState) -> None:
+    """``/v1/messages/``, ``/v1/Messages``, ``/v1/messages;x=1`` would be relayed past the log: a 400,
+    as for chat completions spelt another way; the sub-resources stay reachable."""
+    url = anthropic_proxy()
+    headers = {"x-api-key": ANTHROPIC_KEY, "anthropic-version": "2023-06-01"}
+    body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    for path in ("/v1/messages/", "/v1/Messages", "/v1/messages;x=1", "/v1//messages"):
+        r = httpx.post(url + path, json=body, headers=headers, timeout=30)
+        assert r.status_code == 400 and r.json()["type"] == "error", (path, r.text)
+        assert "POST /v1/messages exactly" in r.json()["error"]["message"]
+    assert anthropic_state.requests == []
+    assert httpx.post(url + "/v1/messages/count_tokens", json={"model": "m", "messages": body["messages"]},
+                      headers=headers, timeout=30).status_code == 200
