@@ -148,7 +148,7 @@ def create_app(settings: Settings, *, upstream_transport: object = None) -> Fast
         compactor = build_compactor(settings, store, upstream, counter, metrics, prefixes)
         pipeline = ChatPipeline(settings, SessionLog(store, prefixes), upstream, compactor, counter, metrics=metrics)
         messages_pipeline = MessagesPipeline(settings, pipeline.log, anthropic_upstream, pipeline.writer,
-                                             pipeline.health, metrics)
+                                             pipeline.health, metrics, pipeline.digest_memo)
         state = ProxyState(settings, Authenticator(settings), store, upstream, pipeline, anthropic_upstream,
                            messages_pipeline, migrated=migrated)
         app.state.proxy = state

@@ -40,7 +40,8 @@ BOUNDS: tuple[Bound, ...] = (
     Bound("metric series (labelled children)", "Metrics._children",
           "one per label set: the model label is one of 257 (the names above, or 'other'), the other labels "
           "are the proxy's own words (routes, statuses, kinds)", "proxy.telemetry.metrics.MODEL_LABELS"),
-    Bound("message digests and chain hashes", "ChatPipeline.digest_memo (DigestMemo)", "16 MB of messages, idle",
+    Bound("message digests and chain hashes", "ChatPipeline.digest_memo (DigestMemo; MessagesPipeline shares it)",
+          "16 MB of messages, idle",
           "proxy.conversation.digest_memo.MEMO_MAX_BYTES"),
     Bound("sessions, stored-length trust stamps, internal messages", "SessionLog", "10,000 sessions each, 30 s TTL",
           "proxy.forward.session_log.CACHED_SESSIONS"),

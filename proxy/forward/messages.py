@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 
 from proxy.conversation.canonical import digests_off_loop
+from proxy.conversation.digest_memo import DigestMemo
 from proxy.conversation.messages_codec import MESSAGES, hash_view
 from proxy.errors import ProxyError, UpstreamUnreachable
 from proxy.forward.answers import Buffered, Streamed
@@ -87,10 +88,12 @@ def session_id_of(headers: Mapping[str, str]) -> str | None:
 
 class MessagesPipeline:
     """``handle`` serves one ``POST /v1/messages`` (module docstring). One per app; shares the chat
-    pipeline's session log, log writer and database health. ``upstream``: the Anthropic one."""
+    pipeline's session log, log writer, database health and digest memo. ``upstream``: the Anthropic one."""
 
     def __init__(self, settings: Settings, session_log: SessionLog, upstream: Upstream, writer: LogWriter,
-                 health: DatabaseHealth, metrics: Metrics) -> None:
+                 health: DatabaseHealth, metrics: Metrics, digest_memo: DigestMemo | None = None) -> None:
+        self.digest_memo = digest_memo
+        """Digests of the histories seen (the chat pipeline's: one bound; the same values, computed once)."""
         self.settings = settings
         self.log = session_log
         self.upstream = upstream
@@ -116,7 +119,7 @@ class MessagesPipeline:
         if not pieces:  # no turn to log (``"messages": []``, no system): the provider answers it
             return await self._forward_unlogged(raw, target, forward_headers, tenant, warn=False)
         try:
-            digests, chain = await digests_off_loop([hash_view(p) for p in pieces], len(raw))
+            digests, chain = await digests_off_loop([hash_view(p) for p in pieces], len(raw), self.digest_memo)
         except (orjson.JSONEncodeError, RecursionError):  # nested deeper than it hashes: the provider judges it
             return await self._forward_unlogged(raw, target, forward_headers, tenant, warn=False)
         self.log.follow(chain)  # a regenerate's write is then known stored, not read again

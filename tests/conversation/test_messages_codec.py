@@ -203,3 +203,27 @@ def test_the_hash_view_ignores_nested_nulls_and_whole_floats() -> None:
     assert message_digest(hash_view(sent)) == message_digest(hash_view(echoed))
     assert message_digest(hash_view({"role": "user", "content": [{"type": "text", "text": "1.5"}]})) != \
         message_digest(hash_view({"role": "user", "content": [{"type": "text", "text": "1"}]}))
+
+
+def test_the_digest_memo_gives_the_hash_views_the_same_values_and_reuses_them() -> None:
+    """The Messages pipeline hashes through the chat pipeline's ``DigestMemo``: a turn's history is
+    mostly the last one's, freshly parsed (equal, not identical) and freshly viewed."""
+    from proxy.conversation.canonical import digests_and_chain
+    from proxy.conversation.digest_memo import DigestMemo
+    from proxy.conversation.messages_codec import MESSAGES, hash_view
+
+    def body(turns: int) -> Any:
+        messages: list[Any] = []
+        for i in range(turns):
+            messages += [{"role": "user", "content": f"question {i}"},
+                         {"role": "assistant", "content": [{"type": "tool_use", "id": f"t{i}", "name": "n",
+                                                            "input": {"n": i, "x": 1.0}}]},
+                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}", "content": "ok",
+                                                       "cache_control": {"type": "ephemeral"}}]}]
+        return {"system": [{"type": "text", "text": "sys"}], "messages": messages}
+
+    memo = DigestMemo()
+    for turns in (3, 4, 5):
+        views = [hash_view(p) for p in MESSAGES.pieces(orjson.loads(orjson.dumps(body(turns))))]
+        assert memo.digests_and_chain(views) == digests_and_chain(views)
+    assert memo.reused > 0
