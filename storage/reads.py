@@ -67,6 +67,7 @@ def _summary(row: sa.Row[Any]) -> SessionSummary:
             tenant=m["tenant"],
             created_at=m["created_at"],
             updated_at=m["updated_at"],
+            api=m["api"],
         ),
         message_count=int(m["message_count"]),
         request_count=int(m["request_count"]),

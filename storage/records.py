@@ -23,6 +23,8 @@ class SessionRecord:
     tenant: str
     created_at: datetime
     updated_at: datetime
+    api: str = "chat"
+    """The API its turns are logged in: ``chat`` (chat completions) or ``messages`` (Anthropic's)."""
 
 
 @dataclass(frozen=True, slots=True)

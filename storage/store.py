@@ -187,16 +187,19 @@ class Store(LearnedLimitQueries, RefusedRequestQueries, ReadQueries, CompactionL
 
     # --- sessions and the log -------------------------------------------------------------
 
-    async def get_or_create_session(self, tenant: str, session_id: str, now: datetime) -> SessionRecord:
-        """The session ``(tenant, session_id)``, created if missing; ``updated_at`` becomes ``now``
-        (never earlier than it was). Race-safe: concurrent calls return the same row."""
+    async def get_or_create_session(self, tenant: str, session_id: str, now: datetime,
+                                    api: str = "chat") -> SessionRecord:
+        """The session ``(tenant, session_id)``, created if missing (speaking ``api``: ``chat`` or
+        ``messages``; an existing session keeps its own); ``updated_at`` becomes ``now`` (never
+        earlier than it was). Race-safe: concurrent calls return the same row."""
         bump = (
             sa.update(sessions)
             .where(sessions.c.tenant == tenant, sessions.c.session_id == session_id)
             .values(updated_at=_later(sessions.c.updated_at, now))
             .returning(*sessions.c)
         )
-        insert = self._insert(sessions).values(tenant=tenant, session_id=session_id, created_at=now, updated_at=now)
+        insert = self._insert(sessions).values(tenant=tenant, session_id=session_id, created_at=now, updated_at=now,
+                                               api=api)
         upsert = insert.on_conflict_do_update(
             index_elements=[sessions.c.tenant, sessions.c.session_id],
             set_={"updated_at": _later(sessions.c.updated_at, now)},

@@ -23,6 +23,7 @@ sessions = sa.Table(
     sa.Column("tenant", SafeText, nullable=False),
     sa.Column("created_at", UTC_TIME, nullable=False),
     sa.Column("updated_at", UTC_TIME, nullable=False),
+    sa.Column("api", SafeText, nullable=False, server_default="chat"),  # chat | messages (migration 0005)
     sa.UniqueConstraint("tenant", "session_id", name="uq_sessions_tenant_session_id"),
     sa.Index("ix_sessions_updated", "updated_at", "pk"),
     sa.Index("ix_sessions_tenant_updated", "tenant", "updated_at", "pk"),

@@ -127,7 +127,7 @@ class MessagesPipeline:
         try:
             if not await self.health.usable():
                 raise StorageUnavailable("the database did not answer the last probe")
-            session = await self.log.open_session(tenant, session_id)
+            session = await self.log.open_session(tenant, session_id, "messages")
         except StorageError as exc:
             self.health.saw(exc)
             if self.settings.database_failure_mode != "open":

@@ -147,12 +147,13 @@ class SessionLog:
             session_id = self._derived[key] = "sess_" + hashlib.sha256(f"{tenant}:{anchor}".encode()).hexdigest()[:24]
         return session_id
 
-    async def open_session(self, tenant: str, session_id: str) -> SessionRecord:
-        """The session row, created on first use (cached for ``CACHE_TTL_S``)."""
+    async def open_session(self, tenant: str, session_id: str, api: str = "chat") -> SessionRecord:
+        """The session row, created on first use speaking ``api`` (``chat`` or ``messages``; cached
+        for ``CACHE_TTL_S``)."""
         key = (tenant, session_id)
         session = self._sessions.fresh(key)
         if session is None:
-            session = await self.store.get_or_create_session(tenant, session_id, now())
+            session = await self.store.get_or_create_session(tenant, session_id, now(), api)
             self._sessions.put(key, session)
         return session
 
@@ -161,7 +162,7 @@ class SessionLog:
         self._sessions.pop((session.tenant, session.session_id), None)
         self._forget(session.pk)
         self._internal.pop(session.pk, None)
-        return await self.open_session(session.tenant, session.session_id)
+        return await self.open_session(session.tenant, session.session_id, session.api)
 
     def _next_stamp(self) -> int:
         self._stamp = max(self._stamp + 1, time.monotonic_ns())

@@ -52,6 +52,7 @@ def session_json(s: SessionSummary, *, admin: bool = False) -> dict[str, Any]:
     out = {
         "id": s.session.session_id,
         "object": "session",
+        "api": s.session.api,
         "created_at": _ts(s.session.created_at),
         "updated_at": _ts(s.session.updated_at),
         "message_count": s.message_count,

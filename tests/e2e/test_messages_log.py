@@ -336,3 +336,11 @@ def test_other_spellings_of_the_messages_path_are_refused(anthropic_proxy: Calla
     assert anthropic_state.requests == []
     assert httpx.post(url + "/v1/messages/count_tokens", json={"model": "m", "messages": body["messages"]},
                       headers=headers, timeout=30).status_code == 200
+
+
+def test_the_session_says_which_api_it_speaks(anthropic_proxy: Callable[..., str],
+                                             anthropic_state: FakeAnthropicState) -> None:
+    url = anthropic_proxy()
+    with anthropic_client(url, default_headers={"x-session-id": "speaks"}) as c:
+        c.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+    assert logged(url, "speaks", 1)["api"] == "messages"

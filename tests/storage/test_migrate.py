@@ -38,16 +38,16 @@ async def test_upgrade_creates_schema_and_is_idempotent(empty_database_url: str)
     assert await _inspect(empty_database_url) == (set(), None, [])
     await upgrade(empty_database_url)
     tables, revision, diff = await _inspect(empty_database_url)
-    assert tables >= TABLES and revision == "0004"
+    assert tables >= TABLES and revision == "0005"
     assert diff == []  # storage/tables.py describes exactly what the migrations create
     await upgrade(empty_database_url)
-    assert await _inspect(empty_database_url) == (tables, "0004", [])
+    assert await _inspect(empty_database_url) == (tables, "0005", [])
 
 
 async def test_concurrent_upgrades_both_succeed(empty_database_url: str) -> None:
     await asyncio.gather(*(upgrade(empty_database_url) for _ in range(3)))
     tables, revision, _ = await _inspect(empty_database_url)
-    assert tables >= TABLES and revision == "0004"
+    assert tables >= TABLES and revision == "0005"
 
 
 async def test_upgrade_of_unreachable_database_raises_unavailable() -> None:
@@ -65,14 +65,22 @@ async def test_0004_widens_the_token_columns_of_an_existing_database(empty_datab
     ``max_tokens`` of 3e9 overflowed PostgreSQL's ``INTEGER``: issue 16, item 11)."""
     from datetime import UTC, datetime
 
-    from storage.records import EventRecord, RequestRecord
+    from storage.records import EventRecord, RequestRecord, SessionRecord
     from storage.store import Store
 
     now = datetime(2026, 1, 1, tzinfo=UTC)
     await upgrade(empty_database_url, "0003")
+    engine = create_engine(empty_database_url, pool_size=1)
+    try:  # (the session row as revision 0003 has it: the current Store writes 0005's columns)
+        async with engine.begin() as conn:
+            pk = (await conn.execute(sa.text(
+                "INSERT INTO sessions (session_id, tenant, created_at, updated_at) VALUES ('old', 't', :n, :n) RETURNING pk"),
+                {"n": now})).scalar_one()
+    finally:
+        await engine.dispose()
+    session = SessionRecord(pk=pk, session_id="old", tenant="t", created_at=now, updated_at=now)
     store = await Store.open(empty_database_url, pool_size=2)
     try:
-        session = await store.get_or_create_session("t", "old", now)
         def record(i: int, tokens: int) -> RequestRecord:
             return RequestRecord(id=f"r{i}", session_pk=session.pk, model="m", status=200, latency_ms=1.0, stream=False,
                                  usage=None, added_messages=0, first_added_seq=None, tokens_client=tokens,
@@ -81,7 +89,7 @@ async def test_0004_widens_the_token_columns_of_an_existing_database(empty_datab
     finally:
         await store.close()
     await upgrade(empty_database_url)
-    assert (await _inspect(empty_database_url))[1:] == ("0004", [])
+    assert (await _inspect(empty_database_url))[1:] == ("0005", [])
     store = await Store.open(empty_database_url, pool_size=2)
     try:
         await store.add_request(record(2, 3_000_000_000))
@@ -138,5 +146,39 @@ async def test_0004_escapes_the_older_text_values_that_hold_the_escape_mark(empt
         assert [r.model for r in rows] == ["\x10a\x10b"]
         artifact = await store.get_artifact("\x10art", "t")
         assert artifact is not None and artifact.content == content
+    finally:
+        await store.close()
+
+
+async def test_0005_records_the_api_of_a_session_and_old_ones_are_chat(empty_database_url: str) -> None:
+    """A session written before 0005 (and one an older replica writes during a rolling upgrade, which
+    names no ``api``) reads as a chat session; a new one keeps the API it was created with."""
+    from datetime import UTC, datetime
+
+    from storage.store import Store
+
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    await upgrade(empty_database_url, "0004")
+    engine = create_engine(empty_database_url, pool_size=1)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(sa.text("INSERT INTO sessions (session_id, tenant, created_at, updated_at)"
+                                       " VALUES ('before', 't', :n, :n)"), {"n": now})
+        await upgrade(empty_database_url)
+        async with engine.begin() as conn:  # an older replica's insert, after the upgrade
+            await conn.execute(sa.text("INSERT INTO sessions (session_id, tenant, created_at, updated_at)"
+                                       " VALUES ('older', 't', :n, :n)"), {"n": now})
+    finally:
+        await engine.dispose()
+    assert (await _inspect(empty_database_url))[1:] == ("0005", [])
+    store = await Store.open(empty_database_url, pool_size=2)
+    try:
+        for session_id in ("before", "older"):
+            found = await store.find_session(session_id, "t")
+            assert found is not None and found.api == "chat"
+        created = await store.get_or_create_session("t", "new", now, "messages")
+        assert created.api == "messages"
+        assert (await store.get_or_create_session("t", "new", now)).api == "messages"  # kept, not reset
+        assert (await store.get_or_create_session("t", "before", now, "messages")).api == "chat"
     finally:
         await store.close()
