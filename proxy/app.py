@@ -22,7 +22,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy import __version__
-from proxy.admission import BodyBudget
+from proxy.admission import BodyBudget, PoolShare
 from proxy.compaction.base import Compactor
 from proxy.conversation.prefix import PrefixStates
 from proxy.errors import BadRequest, NotFound, ProxyError
@@ -118,15 +118,12 @@ def _transport(settings: Settings, given: object) -> UpstreamTransport | None:
 
 
 def _upstream(settings: Settings, url: str, transport: UpstreamTransport | None,
-              shares: Upstream | None = None) -> Upstream:
+              slots: PoolShare | None = None) -> Upstream:
     """An ``Upstream`` to ``url`` sized by the ``upstream_*`` settings (``transport``: ``None`` for
-    aiohttp); with ``shares``, on that one's transport and pool slots (one pool of connections, one
-    tenant share of it, whichever provider a request goes to)."""
+    aiohttp; ``slots``: another upstream's, to share its pool)."""
     return Upstream(url, pool_size=settings.upstream_pool_size, connect_timeout_s=settings.upstream_connect_timeout_s,
                     read_timeout_s=settings.upstream_read_timeout_s, keepalive_s=settings.upstream_keepalive_s,
-                    tenant_pool_share=settings.upstream_tenant_pool_share,
-                    transport=shares.transport if shares is not None else transport,
-                    slots=shares.slots if shares is not None else None)
+                    tenant_pool_share=settings.upstream_tenant_pool_share, transport=transport, slots=slots)
 
 
 def create_app(settings: Settings, *, upstream_transport: object = None) -> FastAPI:
@@ -142,7 +139,7 @@ def create_app(settings: Settings, *, upstream_transport: object = None) -> Fast
         store = await Store.open(settings.database_url, pool_size=settings.database_pool_size)
         upstream = _upstream(settings, settings.upstream_url, _transport(settings, upstream_transport))
         # one pool of connections and slots (the transport closed once, with ``upstream``)
-        anthropic_upstream = _upstream(settings, settings.anthropic_upstream_url, None, shares=upstream)
+        anthropic_upstream = _upstream(settings, settings.anthropic_upstream_url, upstream.transport, upstream.slots)
         counter = load_counter(settings.tiktoken_cache_dir)  # the defenses' and the tool rounds'
         prefixes = PrefixStates()  # the projection's, the offer's and the session log's, per conversation
         compactor = build_compactor(settings, store, upstream, counter, metrics, prefixes)

@@ -182,30 +182,30 @@ class MessagesPipeline:
         stream ends, however it ends (complete, cut by the upstream, or the client gone)."""
         assembler = MessagesAssembler(self.settings.stream_log_max_bytes)
         splitter = SSESplitter()
-        state: dict[str, Any] = {"error": DISCONNECTED, "started": False}
+        ended: str | None = DISCONNECTED  # how the stream ended, for the log (``None``: complete)
 
         async def chunks() -> AsyncGenerator[bytes, None]:
+            nonlocal ended
             try:
                 async for chunk in resp.aiter_raw():
                     for event in splitter.feed(chunk):
                         assembler.add(event)
                     yield chunk
-                    if not state["started"]:  # once the first byte is out (the write would delay it)
-                        state["started"] = True
+                    if ctx.append_task is None:  # once the first byte is out (the write would delay it)
                         ctx.start_append(self.writer.spawn)  # a long stream: the turns committed meanwhile
             except ProxyError as exc:  # the client has the stream's start: told in-band, as the API would
-                state["error"] = f"the upstream failed mid-stream: {exc.message}"
+                ended = f"the upstream failed mid-stream: {exc.message}"
                 yield stream_error_event(exc)
                 return
             for event in splitter.flush():
                 assembler.add(event)
             if assembler.upstream_error:
-                state["error"] = "the upstream's stream carried an error event"
+                ended = "the upstream's stream carried an error event"
             elif not assembler.done:
-                state["error"] = "the upstream's stream ended before message_stop"
+                ended = "the upstream's stream ended before message_stop"
                 yield stream_error_event(UpstreamUnreachable("The upstream's stream ended before message_stop."))
             else:
-                state["error"] = None
+                ended = None
 
         relay = chunks()
 
@@ -215,7 +215,7 @@ class MessagesPipeline:
             finally:
                 await resp.aclose()
                 if not ctx.finished:
-                    error: str | None = state["error"]
+                    error = ended
                     if error == DISCONNECTED and assembler.done and not assembler.upstream_error:
                         error = None  # gone after message_stop, before the end of the body: complete all the same
                     reply = hash_view(assembler.message()) if not assembler.empty else None
@@ -226,10 +226,16 @@ class MessagesPipeline:
 
         return Streamed(resp.status_code, headers, relay, close)
 
-    def _client_headers(self, ctx: ChatContext, upstream: Mapping[str, str]) -> dict[str, str]:
-        shared = self.settings.anthropic_upstream_api_key is not None
-        out = response_headers(upstream, keep_encoding=False, shared_key=shared)
+    def _headers(self, upstream: Mapping[str, str]) -> dict[str, str]:
+        """The upstream's response headers to pass back (the operator's not under a held key; the
+        length is the proxy's to set)."""
+        out = response_headers(upstream, keep_encoding=False,
+                               shared_key=self.settings.anthropic_upstream_api_key is not None)
         out.pop("content-length", None)
+        return out
+
+    def _client_headers(self, ctx: ChatContext, upstream: Mapping[str, str]) -> dict[str, str]:
+        out = self._headers(upstream)
         out["x-context-proxy-session-id"] = header_value(ctx.session.session_id)
         out["x-context-proxy-request-id"] = ctx.request_id
         return out
@@ -241,9 +247,7 @@ class MessagesPipeline:
         if warn:
             log.warning("database unavailable: forwarding without logging (database_failure_mode=open)")
         resp = await self.upstream.send("POST", target, headers=headers, content=raw, tenant=tenant)
-        out = response_headers(resp.headers, keep_encoding=False,
-                               shared_key=self.settings.anthropic_upstream_api_key is not None)
-        out.pop("content-length", None)
+        out = self._headers(resp.headers)
         if warn:
             out["x-context-proxy-warning"] = DEGRADED_WARNING
 

@@ -34,7 +34,7 @@ class MessagesAssembler:
     ``partial_json`` pieces; pieces that do not parse are kept as ``input_json`` text).
     ``usage``: ``message_start``'s usage with ``message_delta``'s figures on top (the upstream's,
     unchanged); ``stop_reason``; ``done`` once ``message_stop`` came; ``upstream_error``: an
-    ``error`` event came; ``content_started``: a ``content_block_start`` came."""
+    ``error`` event came."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
@@ -44,10 +44,8 @@ class MessagesAssembler:
         self._json: dict[int, list[str]] = {}
         self.usage: dict[str, Any] | None = None
         self.stop_reason: str | None = None
-        self.model: str | None = None
         self.done = False
         self.upstream_error = False
-        self.content_started = False
 
     @property
     def empty(self) -> bool:
@@ -71,13 +69,11 @@ class MessagesAssembler:
         if kind == "error":
             self.upstream_error = True
         elif kind == "message_start" and isinstance(data.get("message"), dict):
-            message = data["message"]
-            self.model = message.get("model") if isinstance(message.get("model"), str) else None
-            if isinstance(message.get("usage"), dict):
-                self.usage = dict(message["usage"])
+            usage = data["message"].get("usage")
+            if isinstance(usage, dict):
+                self.usage = dict(usage)
         elif kind == "content_block_start" and isinstance(data.get("index"), int) \
                 and isinstance(data.get("content_block"), dict):
-            self.content_started = True
             self.blocks[data["index"]] = dict(data["content_block"])
         elif kind == "content_block_delta" and isinstance(data.get("delta"), dict):
             self._delta(data.get("index"), data["delta"])

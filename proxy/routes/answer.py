@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from proxy.forward.answers import Buffered, Streamed
@@ -45,21 +44,12 @@ class CountedEndpoint:
                 close_request_context(token)
 
 
-class OutcomeResponse(Response):
-    """A ``Buffered`` or ``Streamed`` answer as a Starlette response: sent by ``send_whole`` or
-    ``send_stream`` (a client disconnect cancels the relay; ``Streamed.close`` runs however it ends)."""
-
-    def __init__(self, outcome: Buffered | Streamed) -> None:  # (Response's own fields unused)
-        self.outcome = outcome
-        self.status_code = outcome.status
-        self.background = None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        outcome = self.outcome
-        if isinstance(outcome, Buffered):
-            await send_whole(send, outcome.status, encode_headers(outcome.headers), outcome.body)
-        else:
-            await send_stream(outcome, receive, send)
+async def send_outcome(outcome: Buffered | Streamed, receive: Receive, send: Send) -> None:
+    """A pipeline's answer: ``send_whole`` a ``Buffered`` one, ``send_stream`` a ``Streamed`` one."""
+    if isinstance(outcome, Buffered):
+        await send_whole(send, outcome.status, encode_headers(outcome.headers), outcome.body)
+    else:
+        await send_stream(outcome, receive, send)
 
 
 def encode_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:

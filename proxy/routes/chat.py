@@ -22,9 +22,8 @@ from typing import Any
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from proxy.forward.answers import Buffered
 from proxy.forward.session_ids import header_text
-from proxy.routes.answer import STATUS_KEY, CountedEndpoint, encode_headers, send_stream, send_whole
+from proxy.routes.answer import STATUS_KEY, CountedEndpoint, send_outcome
 from proxy.routes.body import read_asgi_body
 from proxy.routes.errors import client_error
 
@@ -100,10 +99,7 @@ class ChatEndpoint(CountedEndpoint):
             await send({"type": "http.response.body", "body": body, "more_body": False})
             return
         scope[STATUS_KEY] = outcome.status
-        if isinstance(outcome, Buffered):
-            await send_whole(send, outcome.status, encode_headers(outcome.headers), outcome.body)
-        else:
-            await send_stream(outcome, receive, send)
+        await send_outcome(outcome, receive, send)
 
 def chat_route(endpoint: ChatEndpoint) -> Route:
     """``endpoint`` in the router (``POST`` only; not in FastAPI's generated schema: see ``OPENAPI_PATH_ITEM``)."""

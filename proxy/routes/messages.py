@@ -36,7 +36,7 @@ from starlette.types import Receive, Scope, Send
 from proxy.errors import Forbidden
 from proxy.forward.messages import CLAUDE_CODE_SESSION_HEADER
 from proxy.forward.session_ids import header_text
-from proxy.routes.answer import STATUS_KEY, CountedEndpoint, OutcomeResponse
+from proxy.routes.answer import STATUS_KEY, CountedEndpoint, send_outcome, send_whole
 from proxy.routes.body import read_asgi_body
 from proxy.routes.errors import client_error
 from proxy.routes.relay import relay
@@ -75,6 +75,14 @@ def speaks_anthropic(path: str, headers: Mapping[str, str]) -> bool:
     return path.startswith("/v1/") and ANTHROPIC_VERSION_HEADER in headers
 
 
+def anthropic_target(scope: Scope, method: str) -> str:
+    """The path on the Anthropic upstream for a request: its raw path as the client wrote it (the
+    upstream's base has no ``/v1``: kept) and its query, checked by ``passthrough_target`` (raises
+    ``BadRequest``)."""
+    raw_path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
+    return "/v1" + passthrough_target(raw_path, scope.get("query_string", b"").decode("latin-1"), method)
+
+
 async def relay_anthropic(request: Request) -> StreamingResponse:
     """Relay ``request`` (any ``/v1/`` path) to the Anthropic upstream, as the module docstring says.
     Raises ``Unauthorized``/``Forbidden`` (``Authenticator.messages_tenant``), ``Forbidden`` for an
@@ -82,8 +90,7 @@ async def relay_anthropic(request: Request) -> StreamingResponse:
     (``passthrough_target``), ``PayloadTooLarge`` past ``max_body_bytes``, ``UpstreamError``."""
     state = request.app.state.proxy
     tenant = state.auth.messages_tenant(request.headers)
-    raw_path = (request.scope.get("raw_path") or request.url.path.encode()).decode("latin-1")
-    target = "/v1" + passthrough_target(raw_path, request.url.query, request.method)
+    target = anthropic_target(request.scope, request.method)
     key = state.settings.anthropic_upstream_api_key
     if key is not None and state.auth.reader(request.headers) is not None and not any(
             request.method == m and rx.fullmatch(request.url.path) for m, rx in SHARED_KEY_ALLOWED):
@@ -115,8 +122,7 @@ class MessagesEndpoint(CountedEndpoint):
         headers = {k: header_text(v) if k in SESSION_HEADERS else v for k, v in reversed(items)}
         try:
             tenant = state.auth.messages_tenant(headers)
-            raw_path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
-            target = "/v1" + passthrough_target(raw_path, scope.get("query_string", b"").decode("latin-1"), "POST")
+            target = anthropic_target(scope, "POST")
             raw = await read_asgi_body(receive, headers, state.settings.max_body_bytes)
             if raw is None:
                 return  # the client left while sending its body: nobody to answer
@@ -125,11 +131,10 @@ class MessagesEndpoint(CountedEndpoint):
             error = client_error(exc, app_state.metrics)
             scope[STATUS_KEY] = error.status
             body = error.anthropic_body()
-            await send({"type": "http.response.start", "status": error.status, "headers": error.asgi_headers(body)})
-            await send({"type": "http.response.body", "body": body, "more_body": False})
+            await send_whole(send, error.status, error.asgi_headers(body), body)
             return
         scope[STATUS_KEY] = outcome.status
-        await OutcomeResponse(outcome)(scope, receive, send)
+        await send_outcome(outcome, receive, send)
 
 
 def messages_route(endpoint: MessagesEndpoint) -> Route:

@@ -3,9 +3,11 @@
 ``Bash`` tools) in a temporary git repository, offline, in a network namespace with only loopback,
 against the strict fake Anthropic provider behind the proxy (``tests/e2e/claude_code_session.py``).
 
-The binary: ``CONTEXT_PROXY_TEST_CLAUDE_CODE``, else where ``.ci/run`` installs it
+The binary: ``CONTEXT_PROXY_TEST_CLAUDE_CODE`` (``.ci/run`` installs it and sets it: then a missing
+binary fails the test), else where ``.ci/run`` installs it
 (``.ci/node/node_modules/@anthropic-ai/claude-code-linux-x64/claude``). The test skips, saying so,
-only when neither is there (a machine that did not run ``.ci/run``)."""
+only when neither is named nor there: the README's test command alone, on a machine that did not
+run ``.ci/run`` (the binary is a 380 MB npm download)."""
 
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ def claude_binary() -> Path | None:
 
 def test_claude_code_finishes_a_tool_task_through_the_proxy(tmp_path: Path) -> None:
     binary = claude_binary()
+    named = os.environ.get("CONTEXT_PROXY_TEST_CLAUDE_CODE")
+    assert binary is not None or not named, f"CONTEXT_PROXY_TEST_CLAUDE_CODE={named} is not an executable"
     if binary is None:
         pytest.skip(f"Claude Code's native binary is not installed ({INSTALLED}; .ci/run installs it from npm, or "
                     "set CONTEXT_PROXY_TEST_CLAUDE_CODE)")
