@@ -92,14 +92,17 @@ async def _migrate_until_done(state: ProxyState) -> None:
 
 
 def build_compactor(settings: Settings, store: Store, upstream: Upstream, counter: TokenCounter,
-                    metrics: Metrics, prefixes: PrefixStates | None = None) -> Compactor:
+                    metrics: Metrics, prefixes: PrefixStates | None = None, *, api: str = "chat") -> Compactor:
     """The defenses when enabled, else the pass-through compactor (``prefixes``: the app's
-    per-conversation prefix states, shared with the session log)."""
+    per-conversation prefix states, shared with the session log; ``api``: ``chat`` or ``messages``,
+    what ``upstream``'s requests speak)."""
     if not settings.compaction_enabled:
         return Compactor()
+    from proxy.compaction.apis import CHAT_API, MESSAGES_API
     from proxy.compaction.compactor import ProjectingCompactor
 
-    return ProjectingCompactor(settings, store, upstream, counter, metrics=metrics, prefixes=prefixes)
+    return ProjectingCompactor(settings, store, upstream, counter, metrics=metrics, prefixes=prefixes,
+                               api=MESSAGES_API if api == "messages" else CHAT_API)
 
 
 def _transport(settings: Settings, given: object) -> UpstreamTransport | None:
@@ -144,8 +147,10 @@ def create_app(settings: Settings, *, upstream_transport: object = None) -> Fast
         prefixes = PrefixStates()  # the projection's, the offer's and the session log's, per conversation
         compactor = build_compactor(settings, store, upstream, counter, metrics, prefixes)
         pipeline = ChatPipeline(settings, SessionLog(store, prefixes), upstream, compactor, counter, metrics=metrics)
+        messages_compactor = build_compactor(settings, store, anthropic_upstream, counter, metrics, prefixes,
+                                             api="messages")
         messages_pipeline = MessagesPipeline(settings, pipeline.log, anthropic_upstream, pipeline.writer,
-                                             pipeline.health, metrics, pipeline.digest_memo)
+                                             pipeline.health, metrics, pipeline.digest_memo, messages_compactor)
         state = ProxyState(settings, Authenticator(settings), store, upstream, pipeline, anthropic_upstream,
                            messages_pipeline, migrated=migrated)
         app.state.proxy = state

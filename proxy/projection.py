@@ -14,7 +14,10 @@ Order of application (each step reads the previous one's output):
 4. planning, when the estimate is over the trigger (or ``force`` after an overflow): a
    ``TruncatePlan`` if truncation alone frees enough, else a ``SummaryPlan``; when nothing is left
    to summarize and the request is still too large, clip the trailing tool results in place;
-5. synthetic answers for dangling tool calls (``patch_dangling_tool_calls``: by default only when
+5. signed parts left out of kept pieces an applied event changed the prefix of after they were
+   made (``unsign``: Messages thinking is bound to the conversation before it; pieces made after
+   the event, over the projected prefix, keep theirs);
+6. synthetic answers for dangling tool calls (``patch_dangling_tool_calls``: by default only when
    another defense changed the request, so an untouched request is forwarded as sent, case 004).
 
 Structure (roles and kinds, pairing groups, what is opaque) is read from the neutral model
@@ -61,7 +64,7 @@ from proxy.tokens.protocol import MessageCounter, Tokenizer
 
 REPLY_PRIMING_TOKENS = 3
 """Every reply is primed with ``<|start|>assistant<|message|>`` (OpenAI cookbook)."""
-DEFENSE_ORDER = ("summary", "truncate_args", "offload", "media", "clip", "patch_dangling")
+DEFENSE_ORDER = ("summary", "truncate_args", "offload", "media", "clip", "unsign", "patch_dangling")
 TRANSFORM_MEMO_SIZE = 20_000
 """Transformed messages kept (truncated, offloaded, media-offloaded; one stub each): an unchanged
 message is transformed once, not on every request that resends it (entries unused for
@@ -322,19 +325,24 @@ def _project(messages: list[Piece], digests: list[str], chain_hashes: list[str],
     first = lead
     c_prev = -1
     event_ids: list[str] = []
+    applied: list[tuple[Event, int]] = []
+    """The applied events, each with the last index of the pieces it rewrites (``-1``: a summary)."""
     if sev is not None:
         first = index.get(sev[0].payload.get("first_hash", ""), lead)
         c_prev = sev[1]
         if first > c_prev:
             first = lead
         event_ids.append(sev[0].id)
+        applied.append((sev[0], -1))
     lo = c_prev + 1 if sev is not None else first
     t_bound = tev[1] if tev is not None else -1
     m_bound = mev[1] if mev is not None else -1
     if tev is not None and t_bound >= lo:
         event_ids.append(tev[0].id)
+        applied.append((tev[0], t_bound))
     if mev is not None and m_bound >= lo:
         event_ids.append(mev[0].id)
+        applied.append((mev[0], m_bound))
     bound = max(t_bound, m_bound)
     big = p.min_offload_tokens.__lt__  # only these can be offloaded past the event boundaries
     past = range(max(lo, bound + 1), n)
@@ -387,7 +395,39 @@ def _project(messages: list[Piece], digests: list[str], chain_hashes: list[str],
             total = fixed + head_tokens + summary_tokens + sum(p.counts[lo:])
         if window is not None and total > window:
             total += truncate_tail(p, lo)
+    total += _unsign_stale(p, lo, applied, index)
     return _finish(p, messages, first, lo, summary_msg, total, tokens_client, event_ids, plan, window, None)
+
+
+def _unsign_stale(p: _Projector, lo: int, applied: Sequence[tuple[Event, int]], index: Mapping[str, int]) -> int:
+    """Leave out the signed parts (``Codec.unsigned``: Messages thinking, which the API binds to the
+    conversation before it) of the kept pieces whose prefix an applied event changed after they
+    were made: those after the first piece an event rewrote (every kept piece, for a summary) and
+    up to the last piece made before the event was stored (its ``planned_at_hash``; all of them
+    for an event that names none, or one on another branch). Pieces made after the event keep
+    theirs: the model made them over the projected prefix. The change in tokens (``<= 0``)."""
+    n = len(p.cur)
+    start, through = n, -1
+    for ev, bound in applied:
+        at = index.get(ev.payload.get("planned_at_hash") or "")
+        through = max(through, n - 1 if at is None else at)
+        if bound < 0:
+            start = min(start, lo)
+        else:  # after the first piece it rewrote (a sealed piece before that kept its prefix)
+            changed = next((i for i in range(lo, min(bound, n - 1) + 1) if p.cur[i] is not p.messages[i]), None)
+            if changed is not None:
+                start = min(start, changed + 1)
+    change = 0
+    for j in range(start, through + 1):
+        if not p.items[j].sealed:
+            continue
+        out = p.codec.unsigned(p.cur[j])
+        if out is not None:
+            count = p.count_new(out)
+            change += count - p.counts[j]
+            p.cur[j], p.counts[j] = out, count
+            p.kinds.add("unsign")
+    return change
 
 
 def _finish(p: _Projector, messages: list[Piece], first: int, lo: int,

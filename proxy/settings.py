@@ -159,7 +159,9 @@ class Settings(BaseSettings):
     )
     preview_lines: int = Field(5, description="Lines kept at the head and at the tail of an offload preview.")
     preview_line_chars: int = Field(1000, description="Each preview line is cut at this many characters.")
-    summary_model: str | None = Field(None, description="Model for summary calls (default: the request's model).")
+    summary_model: str | None = Field(
+        None, description="Model for chat summary calls (default: the request's model); Anthropic Messages requests "
+        "are summarized by their own model.")
     summary_max_tokens: int = Field(2048, description="Token budget of a summary reply.")
     max_overflow_retries: int = Field(2, description="Retries after a context-overflow error.")
     learned_limit_ttl_s: float = Field(

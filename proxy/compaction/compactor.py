@@ -25,6 +25,7 @@ from itertools import repeat
 from typing import Any
 
 from proxy.cache import BoundedCache
+from proxy.compaction.apis import CHAT_API, ProviderApi
 from proxy.compaction.base import CompactionInput, Compactor, Prepared
 from proxy.compaction.limits import LearnedLimits, Sent, WindowView
 from proxy.compaction.models import ModelProfiles
@@ -33,7 +34,6 @@ from proxy.compaction.overflow import Overflow
 from proxy.compaction.plan_loop import PlanLoop
 from proxy.compaction.references import StoredContent
 from proxy.compaction.summarizer import Summarizer, SummaryFailed, SummaryModel, UpstreamSummaryModel
-from proxy.conversation.chat_codec import CHAT
 from proxy.conversation.prefix import PrefixStates
 from proxy.defenses.config import DefenseConfig
 from proxy.defenses.offload import ArtifactToStore
@@ -67,7 +67,9 @@ class ProjectingCompactor(Compactor):
     retries_overflows = True
 
     def __init__(self, settings: Settings, store: Store, upstream: Upstream, counter: TokenCounter, *,
-                 metrics: Metrics, prefixes: PrefixStates | None = None) -> None:
+                 metrics: Metrics, prefixes: PrefixStates | None = None, api: ProviderApi = CHAT_API) -> None:
+        self.api = api
+        """The API this compactor's requests speak (its codec, summary calls and usage)."""
         self.metrics = metrics
         self.settings = settings
         self.store = store
@@ -78,8 +80,9 @@ class ProjectingCompactor(Compactor):
         self.limits = LearnedLimits(store, upstream.base_url, self.profiles, settings.learned_limit_ttl_s, self.metrics,
                                     self.counter.exact)
         prefixes = prefixes if prefixes is not None else PrefixStates()
-        self.plans = PlanLoop(settings, self.counter, OwnToolOffer(settings, StoredContent(prefixes)),
-                              Summarizer(settings, self.counter, CHAT), CHAT, prefixes)
+        offer = OwnToolOffer(settings, StoredContent(prefixes), enabled=api is CHAT_API)
+        self.plans = PlanLoop(settings, self.counter, offer, Summarizer(settings, self.counter, api.codec), api.codec,
+                              prefixes)
         self._retry_windows = BoundedCache(RETRY_WINDOWS)
         self._events = BoundedCache(EVENTS_CACHED, EVENTS_TTL_S)
         self._locks: dict[int, asyncio.Lock] = {}
@@ -228,7 +231,7 @@ class ProjectingCompactor(Compactor):
         estimate ratio, silent truncation, a window proved wrong); ``True`` when
         ``persist_observed`` has something to store."""
         sent = self._sent(ctx)
-        return sent is not None and self.limits.observe(sent, usage)
+        return sent is not None and self.limits.observe(sent, self.api.prompt_usage(usage))
 
     def forget_limits(self, tenant: str | None, model: str | None) -> None:
         self.limits.forget(tenant, model)
@@ -269,9 +272,11 @@ class _LiveEffects:
         return await self.compactor._add_event(self.ctx, event, events)
 
     def summary_model(self) -> SummaryModel:
-        ctx, settings = self.ctx, self.compactor.settings
-        return UpstreamSummaryModel(self.compactor.upstream, settings.summary_model or ctx.model, ctx.body,
-                                    ctx.upstream_headers, ctx.tenant, self.compactor.plans.codec)
+        ctx, compactor = self.ctx, self.compactor
+        # (``summary_model`` names a model of the OpenAI upstream's: Messages use their own)
+        model = (compactor.settings.summary_model if compactor.api is CHAT_API else None) or ctx.model
+        return UpstreamSummaryModel(compactor.upstream, model, ctx.body, ctx.upstream_headers, ctx.tenant,
+                                    compactor.api)
 
     def now(self) -> datetime:
         return datetime.now(UTC)

@@ -36,15 +36,18 @@ class OwnToolOffer:
     schemas, built once (one object each, shared by every request that carries it: never
     mutated), and the ``StoredContent`` it is given (bounded there)."""
 
-    def __init__(self, settings: Settings, stored: StoredContent) -> None:
+    def __init__(self, settings: Settings, stored: StoredContent, *, enabled: bool = True) -> None:
         self.settings = settings
+        self.enabled = enabled
+        """``False``: no tool of the proxy's is ever offered (an API whose tool shape it does not
+        write yet: Anthropic Messages; its stubs and summaries name the read API instead)."""
         self.stored = stored
         self.read_schema = read_tool_schema(settings.read_tool_name)
         self.compact_schema = compact_tool_schema(settings.compact_tool_name)
 
     def offerable(self, body: Mapping[str, Any], compact_tool: bool) -> Offer:
         """The tools this request may carry (the client's tool names never shadowed)."""
-        if body.get("tool_choice") == "none":
+        if not self.enabled or body.get("tool_choice") == "none":
             return Offer()
         client = {(t.get("function") or {}).get("name") for t in body.get("tools") or () if isinstance(t, dict)}
         names: list[str] = []

@@ -258,6 +258,9 @@ class PlanLoop:
             payload, after = plan.payload(summary), plan.tokens_after_estimate
         else:
             payload, after = plan.payload(), plan.tokens_after
+        # the pieces made before this event: a provider that signs content against what came
+        # before it (Messages thinking) signed them over the old projection (``projection._unsign_stale``)
+        payload["planned_at_hash"] = req.chain[-1]
         event = EventRecord(
             id=event_id(req.session.pk, plan.kind, plan.anchor_hash),
             session_pk=req.session.pk,

@@ -2,8 +2,8 @@
 the running summary by one call of a ``SummaryModel``.
 
 ``Summarizer.fold`` is the same for the live proxy and for ``proxy.offline.replay``; only the
-model differs: ``UpstreamSummaryModel`` asks the provider (one non-streaming chat request per
-chunk, with the client's credentials), replay injects a deterministic local one.
+model differs: ``UpstreamSummaryModel`` asks the provider (one non-streaming request per chunk, in
+the client's API, with its credentials), replay injects a deterministic local one.
 """
 
 from __future__ import annotations
@@ -14,21 +14,19 @@ from typing import Any, Protocol
 
 import orjson
 
+from proxy.compaction.apis import ProviderApi, UnusableReply
 from proxy.compaction.overflow import classify_error
 from proxy.conversation.codec import Codec
 from proxy.defenses.plans import SummaryPlan
 from proxy.defenses.summarize import (
-    build_summary_request_messages,
     chunk_budget_tokens,
     render_transcript,
     summary_chunks,
 )
 from proxy.errors import ProxyError
-from proxy.json_text import parse_json
 from proxy.settings import Settings
 from proxy.tokens.protocol import TextCounter
 from proxy.upstream.client import Upstream
-from proxy.upstream.urls import UPSTREAM_CHAT_PATH
 
 SUMMARY_ATTEMPTS = 3
 """Attempts at one summary (the chunks halved after each overflow of a summary call)."""
@@ -58,38 +56,27 @@ class SummaryModel(Protocol):
     async def summarize(self, previous: str | None, chunk: list[dict[str, Any]], reply_tokens: int) -> str: ...
 
 
-def summary_request_body(model: str, client_body: Mapping[str, Any], previous: str | None, transcript: str,
-                         reply_tokens: int) -> dict[str, Any]:
-    """The body of one summary call: ``model``, the summary prompt, and ``reply_tokens`` under the
-    token-limit field the client used (``max_completion_tokens`` or ``max_tokens``; neither when
-    the client set neither, case 028). Never ``stream``/``stream_options`` (case 029)."""
-    body: dict[str, Any] = {"model": model, "messages": build_summary_request_messages(previous, transcript)}
-    if "max_completion_tokens" in client_body:
-        body["max_completion_tokens"] = reply_tokens
-    elif "max_tokens" in client_body:
-        body["max_tokens"] = reply_tokens
-    return body
-
-
 class UpstreamSummaryModel:
     """The provider writes the summary: one request of one client's (its credentials, its model or
-    ``Settings.summary_model``, its token-limit field). Built per request; holds no state."""
+    ``Settings.summary_model``, its token-limit field), in the client's API (``api``: the call's
+    path, body and answer). Built per request; holds no state."""
 
     def __init__(self, upstream: Upstream, model: str, client_body: Mapping[str, Any],
-                 headers: list[tuple[str, str]], tenant: str, codec: Codec) -> None:
-        self.upstream, self.model, self.client_body, self.codec = upstream, model, client_body, codec
+                 headers: list[tuple[str, str]], tenant: str, api: ProviderApi) -> None:
+        self.upstream, self.model, self.client_body, self.api = upstream, model, client_body, api
         self.headers, self.tenant = headers, tenant
 
     async def summarize(self, previous: str | None, chunk: list[dict[str, Any]], reply_tokens: int) -> str:
-        """One non-streaming summary request (``summary_request_body``); its reply's text.
+        """One non-streaming summary request (``ProviderApi.summary_body``); its reply's text.
 
         A failed call never fails the client's request (the caller forwards it uncompacted):
         raises ``SummaryOverflow`` for the provider's overflow error, ``SummaryFailed`` for any
         other error status, a transport error or a reply without text."""
-        body = summary_request_body(self.model, self.client_body, previous, render_transcript(chunk, self.codec),
-                                    reply_tokens)
+        api = self.api
+        body = api.summary_body(self.model, self.client_body, previous, render_transcript(chunk, api.codec),
+                                reply_tokens)
         try:
-            resp = await self.upstream.send("POST", UPSTREAM_CHAT_PATH, headers=self.headers,
+            resp = await self.upstream.send("POST", api.summary_path, headers=self.headers,
                                             content=orjson.dumps(body), tenant=self.tenant)
             try:
                 data = await resp.aread()
@@ -105,10 +92,10 @@ class UpstreamSummaryModel:
                 raise SummaryOverflow(overflow.limit_tokens)
             raise SummaryFailed(f"status {resp.status_code}: {data[:200]!r}")
         try:
-            text = parse_json(data)["choices"][0]["message"]["content"]
-        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
-            raise SummaryFailed("unusable summary reply") from exc
-        if not isinstance(text, str) or not text.strip():
+            text = api.reply_text(data)
+        except UnusableReply as exc:
+            raise SummaryFailed(str(exc)) from exc
+        if not text.strip():
             raise SummaryFailed("empty summary")
         return text
 

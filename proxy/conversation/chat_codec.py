@@ -294,6 +294,10 @@ class ChatCodec:
         """``canonical.text_of`` the message's ``content`` (as before the codec)."""
         return text_of(piece.get("content"))
 
+    def unsigned(self, piece: Piece) -> Piece | None:
+        """``None``: a chat message holds nothing signed."""
+        return None
+
     def apply(self, body: Mapping[str, Any], raw: bytes, messages: list[Piece],
               extra: Mapping[str, Any] | None = None) -> tuple[bytes, dict[str, Any] | None]:
         """``(bytes to forward, the body they encode or None)``: ``raw`` itself when ``messages`` is (or

@@ -39,6 +39,9 @@ body. The contract (``tests/conversation/test_codec_contract.py`` checks it for 
   summarizer sees what the provider saw), ``text_piece(piece, text)`` (a stand-in for an
   oversized piece: its header, ``text`` as its whole content); ``user_text(piece)`` (the text of a
   user turn a summary pins: its text parts joined by newlines, ``""`` for none).
+- Signed content: ``unsigned(piece)`` (the piece without the parts a provider signed against the
+  conversation before them, Messages ``thinking``/``redacted_thinking``: what a turn whose prefix
+  the proxy changed after it was made is forwarded as; ``None`` when it holds none).
 
 Adding an API: write its codec (parse, item, parts, the part accessors, apply), register nothing
 else: the defenses and the projection read only ``Item``/``Part``, the accessors and the pieces'
@@ -155,6 +158,8 @@ class Codec(Protocol):
     def text_piece(self, piece: Piece, text: str) -> Piece: ...
 
     def user_text(self, piece: Piece) -> str: ...
+
+    def unsigned(self, piece: Piece) -> Piece | None: ...
 
     def insert_answers(self, pieces: list[Piece], found: list[tuple[int, list[str]]],
                        text: str) -> list[Piece]: ...

@@ -97,6 +97,9 @@ def messages_item(piece: Piece) -> Item:
     return Item(OPAQUE, role if isinstance(role, str) else None, binds=BINDS_PREVIOUS)
 
 
+UNSIGNED_PLACEHOLDER = "[context-proxy] (this turn's thinking was left out)"
+"""The text of a turn that held nothing but signed thinking once that is left out."""
+
 HASH_DROPPED = frozenset({"cache_control"})
 """Block keys the Messages hash view leaves out: a client moves its cache breakpoints from turn to
 turn (Claude Code marks the newest turn), and the turn is the same turn with or without one."""
@@ -259,6 +262,18 @@ class MessagesCodec:
             else:
                 out.insert(insert_at, {"role": "user", "content": blocks})
         return out
+
+    def unsigned(self, piece: Piece) -> Piece | None:
+        """The turn without its signed ``thinking``/``redacted_thinking`` blocks (the API binds them to
+        the conversation before them: after the proxy changed that, they would be rejected or
+        dropped by the API, and the docs allow leaving out an earlier turn's thinking); a turn left
+        with no block gets ``UNSIGNED_PLACEHOLDER`` as its text (never an empty turn or text block).
+        ``None`` when the turn holds no signed block."""
+        blocks = _blocks(piece)
+        if not any(map(_signed, blocks)):
+            return None
+        kept = [b for b in blocks if not _signed(b)]
+        return {**piece, "content": kept or [text_block(UNSIGNED_PLACEHOLDER)]}
 
     def user_text(self, piece: Piece) -> str:
         """``canonical.text_of`` the turn's ``content`` (a string, or its ``text`` blocks joined)."""

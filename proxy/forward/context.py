@@ -13,7 +13,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.compaction.base import Prepared
+from proxy.compaction.base import Compactor, Prepared
 from proxy.compaction.overflow import Overflow
 from proxy.forward.session_log import LoggedRequest, SessionLog
 from storage.records import SessionRecord
@@ -43,6 +43,9 @@ class ChatContext:
     stream: bool
     started: float
     session_log: SessionLog
+    compactor: Compactor = field(default_factory=Compactor)
+    """Whose defenses prepared it: the log writer gives it the reply's ``usage`` and a refused
+    request's deleted rows (the pass-through by default)."""
     append_task: asyncio.Task[LoggedRequest] | None = None
     """Set when the client's messages are written before the reply (streams; compactions)."""
     finished: bool = False

@@ -8,12 +8,12 @@ messages, ``spawn``; a learned limit to store), the backpressure on them
 One call ends a request: ``finish``. It starts the write (``SessionLog.finish``, whose future is
 the store's ``append_and_record``: on SQLite a write queued in the deferred batch, no task;
 elsewhere a task of the store's), attaches a callback to its future (metrics, the usage the
-compactor learns from, a failure logged and counted, never raised to the client) and tracks it
-until it ended. A request whose messages were written early (``ChatContext.append_task``), or
-whose key the provider refused (only its record is kept; it waits for the writes pending when it
-finished too, so that its cleanup sees their records), first waits for that: its write is a task
-of its own. The callbacks run in the request's context (its ids on their log lines): a
-future's callback runs in the context it was added in.
+request's compactor learns from, ``ChatContext.compactor``; a failure logged and counted, never
+raised to the client) and tracks it until it ended. A request whose messages were written early
+(``ChatContext.append_task``), or whose key the provider refused (only its record is kept; it
+waits for the writes pending when it finished too, so that its cleanup sees their records), first
+waits for that: its write is a task of its own. The callbacks run in the request's context (its
+ids on their log lines): a future's callback runs in the context it was added in.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-from proxy.compaction.base import Compactor
 from proxy.errors import ProxyError
 from proxy.forward.context import ChatContext
 from proxy.forward.db_health import DatabaseHealth
@@ -44,11 +43,9 @@ class LogWriter:
     Bound: at most ``Settings.max_pending_log_writes`` writes pending when a request is admitted
     (``full``, ``wait_for_room``); a write's future is held from its start until it ended."""
 
-    def __init__(self, settings: Settings, session_log: SessionLog, compactor: Compactor, metrics: Metrics,
-                 health: DatabaseHealth) -> None:
+    def __init__(self, settings: Settings, session_log: SessionLog, metrics: Metrics, health: DatabaseHealth) -> None:
         self.settings = settings
         self.log = session_log
-        self.compactor = compactor
         self.metrics = metrics
         self.health = health
         self._pending: set[asyncio.Future[Any]] = set()
@@ -157,7 +154,7 @@ class LogWriter:
             if earlier:  # (each resolves, never fails, once its write ended)
                 await asyncio.wait(earlier)
             gone = await self.log.finish_refused(ctx.session, record, logged, ctx.writes)
-            self.compactor.forget_refused(ctx.session.pk, ctx.tenant, gone, bool(ctx.writes.event_ids))
+            ctx.compactor.forget_refused(ctx.session.pk, ctx.tenant, gone, bool(ctx.writes.event_ids))
             return
         keep = _kept_reply(reply, status, partial, error)
         await self.log.finish(ctx.session, ctx.messages, ctx.chain, ctx.internal, keep, record,
@@ -173,7 +170,7 @@ class LogWriter:
             exc = write.exception()
             if exc is None:
                 try:
-                    if self.compactor.usage_observed(ctx, usage):
+                    if ctx.compactor.usage_observed(ctx, usage):
                         self.spawn(self._persist_observed(ctx))
                 except Exception as error:  # noqa: BLE001  (an odd ``usage``, say)
                     exc = error
@@ -184,7 +181,7 @@ class LogWriter:
 
     async def _persist_observed(self, ctx: ChatContext) -> None:
         try:
-            await self.compactor.persist_observed(ctx)
+            await ctx.compactor.persist_observed(ctx)
         except Exception as exc:  # noqa: BLE001  (as a write's failure: logged)
             self._log_failed(ctx, exc)
 

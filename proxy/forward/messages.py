@@ -1,19 +1,26 @@
-"""The Messages use case, first step: log each ``POST /v1/messages`` in its session, forward it as
-the client sent it, relay the answer, log the reply (issue 19; the defenses come next).
+"""The Messages use case: log each ``POST /v1/messages`` in its session, project it through the
+defenses, forward it, recover from the provider's overflow, relay the answer, log the reply (issue 19).
 
 Flow: parse the body (a JSON object with a ``messages`` list; anything else is forwarded
 unlogged, as it came: the provider judges it) -> hash the pieces (``MessagesCodec.pieces``: the
 ``system`` as a leading piece, then the turns; digests of ``messages_codec.hash_view``) -> name the
 session (``X-Claude-Code-Session-Id``, then ``X-Session-Id``, then derived from the tenant and the
-first user turn, as chat does) -> forward the client's bytes -> relay the answer (a stream byte
+first user turn, as chat does) -> prepare (the Messages compactor: ``ProjectingCompactor`` with
+``MESSAGES_API``; the client's bytes when nothing applies) -> forward -> on the provider's overflow
+(an error status in either wording, or an ``error`` event before a stream's first content block:
+a stream's start is held until then) learn, compact even below the trigger and retry, bounded by
+``max_overflow_retries``, before any byte reaches the client -> relay the answer (a stream byte
 for byte, reassembled on the side by ``messages_sse.MessagesAssembler``) -> log the client's new
 turns, the reply (``{"role": "assistant", "content": blocks}``, as ``hash_view`` reads it: no
-``null`` values, whole floats as ints, so its echo continues the branch) and a request record through the
-chat path's ``LogWriter`` (one backpressure bound, one drain at shutdown). A provider's 401/403 to
-the client's own key logs the record only, as chat does. The database down: 503, or with
-``database_failure_mode=open`` forwarded unlogged. A stream the upstream cuts short (the
-connection, or an end without ``message_stop``) ends with an Anthropic ``error`` event, as the API
-ends a failed stream, so the client's SDK raises instead of taking half a message as whole.
+``null`` values, whole floats as ints, so its echo continues the branch) and a request record
+through the chat path's ``LogWriter`` (one backpressure bound, one drain at shutdown). A
+provider's 401/403 to the client's own key logs the record only, as chat does. The database down:
+503, or with ``database_failure_mode=open`` forwarded unlogged. A stream the upstream cuts short
+(the connection, or an end without ``message_stop``) ends with an Anthropic ``error`` event, as
+the API ends a failed stream, so the client's SDK raises instead of taking half a message as whole.
+
+Not yet (issue 19): the read tool in Anthropic's shape (no tool of the proxy's is offered on
+Messages: stubs and summaries name the read API's URLs), ``count_tokens`` of the projected body.
 """
 
 from __future__ import annotations
@@ -21,10 +28,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from proxy.compaction.base import Compactor
+from proxy.compaction.overflow import Overflow, classify_error, classify_stream_event
 from proxy.conversation.canonical import digests_off_loop
 from proxy.conversation.digest_memo import DigestMemo
 from proxy.conversation.messages_codec import MESSAGES, hash_view
@@ -34,8 +44,9 @@ from proxy.forward.context import ChatContext
 from proxy.forward.db_health import DatabaseHealth
 from proxy.forward.log_writer import LogWriter
 from proxy.forward.messages_sse import MessagesAssembler
-from proxy.forward.pipeline import DEGRADED_WARNING
-from proxy.forward.session_ids import client_session_id, header_value
+from proxy.forward.pipeline import DEGRADED_WARNING, context_headers
+from proxy.forward.rounds import prepare_request
+from proxy.forward.session_ids import client_session_id
 from proxy.forward.session_log import SessionLog, new_id
 from proxy.forward.sse import SSESplitter
 from proxy.json_text import parse_json
@@ -86,12 +97,64 @@ def session_id_of(headers: Mapping[str, str]) -> str | None:
     return named or client_session_id(headers.get("x-session-id"))
 
 
+HOLD_MAX_BYTES = 1 << 20
+"""A stream's start is held (for an overflow ``error`` event to be retried unseen) until its first
+content block, an error, its end, or this many bytes."""
+_BEFORE_CONTENT = frozenset({"message_start", "ping"})
+"""Events that come before a stream's content: held while they come."""
+
+
+@dataclass(slots=True)
+class _StreamStart:
+    """A stream's start, read and held until its first content block (``read``): ``held`` the
+    bytes as they came, ``rest`` the stream after them, ``splitter``/``assembler`` what read them;
+    ``overflow`` when it began with the provider's overflow ``error`` event; ``ended``: the stream
+    ended within; ``failed``: the upstream failed within (raised where the relay reaches it)."""
+
+    held: list[bytes]
+    rest: AsyncIterator[bytes]
+    splitter: SSESplitter
+    assembler: MessagesAssembler
+    overflow: Overflow | None = None
+    ended: bool = False
+    failed: ProxyError | None = None
+
+    @classmethod
+    async def read(cls, resp: HeldResponse, max_bytes: int, sent: Mapping[str, Any]) -> _StreamStart:
+        """Read ``resp``'s start (``max_bytes``: the assembler's bound; ``sent``: the body that was
+        forwarded, which an error may quote). Raises nothing of the upstream's: a failure is kept."""
+        start = cls([], aiter(resp.aiter_raw()), SSESplitter(), MessagesAssembler(max_bytes))
+        size = 0
+        try:
+            while size <= HOLD_MAX_BYTES:
+                try:
+                    chunk = await anext(start.rest)
+                except StopAsyncIteration:
+                    start.ended = True
+                    return start
+                start.held.append(chunk)
+                size += len(chunk)
+                decided = False
+                for event in start.splitter.feed(chunk):
+                    start.assembler.add(event)
+                    if event.event == "error" and not decided:
+                        start.overflow = classify_stream_event(event.data, sent=sent)
+                    decided = decided or event.event not in _BEFORE_CONTENT
+                if decided:
+                    return start
+        except ProxyError as exc:
+            start.failed = exc
+        return start
+
+
 class MessagesPipeline:
     """``handle`` serves one ``POST /v1/messages`` (module docstring). One per app; shares the chat
-    pipeline's session log, log writer, database health and digest memo. ``upstream``: the Anthropic one."""
+    pipeline's session log, log writer, database health and digest memo. ``upstream``: the Anthropic
+    one; ``compactor``: the defenses over Messages (``ProjectingCompactor`` with ``MESSAGES_API``)."""
 
     def __init__(self, settings: Settings, session_log: SessionLog, upstream: Upstream, writer: LogWriter,
-                 health: DatabaseHealth, metrics: Metrics, digest_memo: DigestMemo | None = None) -> None:
+                 health: DatabaseHealth, metrics: Metrics, digest_memo: DigestMemo | None = None,
+                 compactor: Compactor | None = None) -> None:
         self.digest_memo = digest_memo
         """Digests of the histories seen (the chat pipeline's: one bound; the same values, computed once)."""
         self.settings = settings
@@ -100,12 +163,14 @@ class MessagesPipeline:
         self.writer = writer
         self.health = health
         self.metrics = metrics
+        self.compactor = compactor if compactor is not None else Compactor()
 
     async def handle(self, raw: bytes, target: str, headers: Mapping[str, str], header_items: list[tuple[str, str]],
                      tenant: str) -> Buffered | Streamed:
         """Serve one request: ``raw`` its body, ``target`` the upstream path (with its query),
         ``headers`` by lower-case name, ``header_items`` as sent. Raises ``BadRequest`` (a refused
         ``X-Session-Id``), ``StorageError`` (database down, ``database_failure_mode`` closed),
+        ``CannotFit`` (under an operator's window, a request no compaction makes fit),
         ``ProxyBusy``/``UpstreamError`` (before any answer)."""
         key = self.settings.anthropic_upstream_api_key
         forward_headers = forward_request_headers(header_items, upstream_api_key=key, identity=True,
@@ -136,25 +201,82 @@ class MessagesPipeline:
             return await self._forward_unlogged(raw, target, forward_headers, tenant, warn=True)
         ctx = ChatContext(request_id=new_id("req"), tenant=tenant, session=session, body=body, raw=raw,
                           messages=pieces, digests=digests, chain=chain, upstream_headers=forward_headers,
-                          stream=body.get("stream") is True, started=time.perf_counter(), session_log=self.log)
+                          stream=body.get("stream") is True, started=time.perf_counter(), session_log=self.log,
+                          compactor=self.compactor)
         bind(request_id=ctx.request_id, session_id=session.session_id, model=ctx.model)
         tracking = track_writes(ctx.writes)
         try:
-            resp = await self.upstream.send("POST", target, headers=forward_headers, content=raw, tenant=tenant)
-            out = self._client_headers(ctx, resp.headers)
-            if ctx.stream and resp.status_code < 400 and "text/event-stream" in resp.headers.get("content-type", ""):
-                return self._stream(ctx, resp, out)
-            try:
-                data = await resp.aread()
-            finally:
-                await resp.aclose()
-            self._finish_whole(ctx, resp.status_code, data)
-            return Buffered(resp.status_code, out, data)
+            return await self._run(ctx, target)
         except BaseException as exc:  # every path logs the client's turns, errors included
             self.writer.finish_failed(ctx, exc)
             raise
         finally:
             untrack_writes(tracking)
+
+    async def _run(self, ctx: ChatContext, target: str) -> Buffered | Streamed:
+        """Prepare (the defenses), forward, and on the provider's overflow (an error status, or an
+        ``error`` event before a stream's first content block) compact and retry, bounded by
+        ``max_overflow_retries``: the client sees only the attempt that answered."""
+        await self._prepare(ctx, None)
+        while True:
+            assert ctx.prepared is not None
+            sent = ctx.prepared.forwarded or ctx.body  # what an overflow error may quote back
+            resp = await self.upstream.send("POST", target, headers=ctx.upstream_headers, content=ctx.prepared.body,
+                                            tenant=ctx.tenant)
+            if resp.status_code >= 400:
+                try:
+                    data = await resp.aread()
+                finally:
+                    await resp.aclose()  # read whole: its pool slot is free for a summary call
+                overflow = classify_error(resp.status_code, data, resp.headers, sent=sent)
+                if overflow is not None and await self._retry(ctx, overflow):
+                    continue
+                self._finish_whole(ctx, resp.status_code, data)
+                return Buffered(resp.status_code, self._client_headers(ctx, resp.headers), data)
+            if ctx.stream and "text/event-stream" in resp.headers.get("content-type", ""):
+                try:
+                    start = await _StreamStart.read(resp, self.settings.stream_log_max_bytes, sent)
+                    retry = start.overflow is not None and await self._retry(ctx, start.overflow)
+                except BaseException:
+                    await resp.aclose()
+                    raise
+                if retry:
+                    await resp.aclose()
+                    continue
+                # (an overflow with no retry left: the provider's stream goes back as it came)
+                return self._stream(ctx, resp, self._client_headers(ctx, resp.headers), start)
+            try:
+                data = await resp.aread()
+            finally:
+                await resp.aclose()
+            self._finish_whole(ctx, resp.status_code, data)
+            return Buffered(resp.status_code, self._client_headers(ctx, resp.headers), data)
+
+    async def _prepare(self, ctx: ChatContext, overflow: Overflow | None) -> None:
+        """``rounds.prepare_request`` with the Messages compactor (a database failing with
+        ``database_failure_mode`` open forwards the client's bytes)."""
+        await prepare_request(ctx, overflow, self.compactor, self.settings, self.metrics, self.health)
+
+    async def _retry(self, ctx: ChatContext, overflow: Overflow) -> bool:
+        """After an overflow: learn from it and, when a retry is left and compacting changes what is
+        sent, prepare the retry (``True``); else ``False`` (``ctx.unrecovered``): the provider's
+        answer goes back as it came (the proxy never words an overflow of its own)."""
+        await self.compactor.learn(ctx, overflow)
+        if ctx.retries >= self.settings.max_overflow_retries or not self.compactor.can_retry(ctx, overflow):
+            return self._unrecovered(ctx, overflow)
+        assert ctx.prepared is not None
+        before = ctx.prepared.body
+        await self._prepare(ctx, overflow)
+        if ctx.prepared.body == before:
+            return self._unrecovered(ctx, overflow)
+        ctx.retries += 1
+        self.metrics.overflow("retried")
+        return True
+
+    def _unrecovered(self, ctx: ChatContext, overflow: Overflow) -> bool:
+        ctx.unrecovered = overflow
+        self.metrics.overflow("unrecoverable")
+        return False
 
     def _finish_whole(self, ctx: ChatContext, status: int, data: bytes) -> None:
         """Log a complete answer: the Message's ``content`` as the reply, its ``usage`` and
@@ -177,22 +299,29 @@ class MessagesPipeline:
         reply = hash_view({"role": "assistant", "content": message["content"]})
         self.writer.finish(ctx, status, reply, usage, finish_reason=stop)
 
-    def _stream(self, ctx: ChatContext, resp: HeldResponse, headers: dict[str, str]) -> Streamed:
-        """Relay ``resp`` byte for byte; the reply is reassembled beside it and logged when the
-        stream ends, however it ends (complete, cut by the upstream, or the client gone)."""
-        assembler = MessagesAssembler(self.settings.stream_log_max_bytes)
-        splitter = SSESplitter()
+    def _stream(self, ctx: ChatContext, resp: HeldResponse, headers: dict[str, str], start: _StreamStart) -> Streamed:
+        """Relay ``resp`` byte for byte (``start``'s held bytes first); the reply is reassembled
+        beside it and logged when the stream ends, however it ends (complete, cut by the upstream,
+        or the client gone)."""
+        assembler, splitter = start.assembler, start.splitter
         ended: str | None = DISCONNECTED  # how the stream ended, for the log (``None``: complete)
 
         async def chunks() -> AsyncGenerator[bytes, None]:
             nonlocal ended
             try:
-                async for chunk in resp.aiter_raw():
-                    for event in splitter.feed(chunk):
-                        assembler.add(event)
+                for chunk in start.held:
                     yield chunk
                     if ctx.append_task is None:  # once the first byte is out (the write would delay it)
                         ctx.start_append(self.writer.spawn)  # a long stream: the turns committed meanwhile
+                if start.failed is not None:
+                    raise start.failed
+                if not start.ended:
+                    async for chunk in start.rest:
+                        for event in splitter.feed(chunk):
+                            assembler.add(event)
+                        yield chunk
+                        if ctx.append_task is None:
+                            ctx.start_append(self.writer.spawn)
             except ProxyError as exc:  # the client has the stream's start: told in-band, as the API would
                 ended = f"the upstream failed mid-stream: {exc.message}"
                 yield stream_error_event(exc)
@@ -235,10 +364,7 @@ class MessagesPipeline:
         return out
 
     def _client_headers(self, ctx: ChatContext, upstream: Mapping[str, str]) -> dict[str, str]:
-        out = self._headers(upstream)
-        out["x-context-proxy-session-id"] = header_value(ctx.session.session_id)
-        out["x-context-proxy-request-id"] = ctx.request_id
-        return out
+        return context_headers(ctx, upstream, shared_key=self.settings.anthropic_upstream_api_key is not None)
 
     async def _forward_unlogged(self, raw: bytes, target: str, headers: list[tuple[str, str]], tenant: str, *,
                                 warn: bool) -> Buffered | Streamed:

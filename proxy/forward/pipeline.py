@@ -53,6 +53,34 @@ DEGRADED_WARNING = "database unavailable: this request was forwarded without log
 
 
 
+def context_headers(ctx: ChatContext, upstream: Mapping[str, str] | None, *, shared_key: bool) -> dict[str, str]:
+    """The headers of a logged request's answer: the upstream's a client uses
+    (``proxy.upstream.headers.response_headers``; the operator's account headers not under a
+    ``shared_key``; the length is the proxy's to set), then the proxy's own: the session and request
+    ids, the tokens the client sent and those forwarded (estimates), the defenses applied and the
+    events, the overflow retries and an overflow returned as the provider sent it, a degraded warning."""
+    out = response_headers(upstream, keep_encoding=False, shared_key=shared_key) if upstream is not None else {}
+    out.pop("content-length", None)
+    p = ctx.prepared
+    out["x-context-proxy-session-id"] = header_value(ctx.session.session_id)
+    out["x-context-proxy-request-id"] = ctx.request_id
+    if p is not None:
+        if p.tokens_client is not None:
+            out["x-context-proxy-tokens-client"] = str(p.tokens_client)
+        if p.tokens_forwarded is not None:
+            out["x-context-proxy-tokens-forwarded"] = str(p.tokens_forwarded)
+        out["x-context-proxy-defenses"] = ",".join(p.applied) or "none"
+        if p.event_ids:
+            out["x-context-proxy-events"] = ",".join(p.event_ids)
+    if ctx.retries or ctx.unrecovered is not None:
+        out["x-context-proxy-overflow-retries"] = str(ctx.retries)
+    if ctx.unrecovered is not None:  # the provider's overflow, returned as it sent it
+        out["x-context-proxy-overflow"] = ctx.unrecovered.provider_style
+    if ctx.degraded:
+        out["x-context-proxy-warning"] = DEGRADED_WARNING
+    return out
+
+
 class ChatPipeline:
     """The chat use case, one per app; safe for concurrent requests. Owns no connections: the
     store and upstream are injected. Its parts: ``loop`` (the round loop), ``writer`` (the log
@@ -70,7 +98,7 @@ class ChatPipeline:
         """Digests of the histories seen (bounded: ``digest_memo.MEMO_MAX_BYTES``)."""
         tools = ToolRounds(settings, session_log.store, compactor, counter)
         self.loop = RoundLoop(settings, upstream, compactor, tools, self.metrics, self.health)
-        self.writer = LogWriter(settings, session_log, compactor, self.metrics, self.health)
+        self.writer = LogWriter(settings, session_log, self.metrics, self.health)
 
     async def handle(self, raw: bytes, headers: Mapping[str, str], header_items: list[tuple[str, str]],
                      tenant: str) -> Buffered | Streamed:
@@ -118,6 +146,7 @@ class ChatPipeline:
             stream=bool(body.get("stream")),
             started=time.perf_counter(),
             session_log=self.log,
+            compactor=self.compactor,
             compact_tool=(headers.get("x-context-proxy-compact-tool") or "").lower() in ("1", "on", "true", "yes"),
             expanded=expanded is not None,
         )
@@ -169,26 +198,7 @@ class ChatPipeline:
 
     def _client_headers(self, ctx: ChatContext, upstream: Mapping[str, str] | None) -> dict[str, str]:
         shared_key = self.settings.upstream_api_key is not None  # the operator's account headers stay here
-        out = response_headers(upstream, keep_encoding=False, shared_key=shared_key) if upstream is not None else {}
-        out.pop("content-length", None)
-        p = ctx.prepared
-        out["x-context-proxy-session-id"] = header_value(ctx.session.session_id)
-        out["x-context-proxy-request-id"] = ctx.request_id
-        if p is not None:
-            if p.tokens_client is not None:
-                out["x-context-proxy-tokens-client"] = str(p.tokens_client)
-            if p.tokens_forwarded is not None:
-                out["x-context-proxy-tokens-forwarded"] = str(p.tokens_forwarded)
-            out["x-context-proxy-defenses"] = ",".join(p.applied) or "none"
-            if p.event_ids:
-                out["x-context-proxy-events"] = ",".join(p.event_ids)
-        if ctx.retries or ctx.unrecovered is not None:
-            out["x-context-proxy-overflow-retries"] = str(ctx.retries)
-        if ctx.unrecovered is not None:  # the provider's overflow, returned as it sent it
-            out["x-context-proxy-overflow"] = ctx.unrecovered.provider_style
-        if ctx.degraded:
-            out["x-context-proxy-warning"] = DEGRADED_WARNING
-        return out
+        return context_headers(ctx, upstream, shared_key=shared_key)
 
     async def _forward_unlogged(self, raw: bytes, stream: bool, header_items: list[tuple[str, str]],
                                 tenant: str) -> Buffered | Streamed:

@@ -47,6 +47,28 @@ COMPACTING = b": context-proxy is compacting after an overflow\n\n"
 """Keep-alive comment of a stream whose later round overflowed (summary calls take a while)."""
 
 
+async def prepare_request(ctx: ChatContext, overflow: Overflow | None, compactor: Compactor, settings: Settings,
+                          metrics: Metrics, health: DatabaseHealth) -> None:
+    """Set ``ctx.prepared``: what to forward (``compactor``'s defenses; forced after an
+    ``overflow``). A database failure with ``database_failure_mode`` open marks ``ctx.degraded`` and
+    forwards the request as it came; closed, it raises (``storage.errors.StorageError``). Raises the
+    400 of a body nested too deep to serialize, and ``proxy.errors.CannotFit``. The one way a
+    request of either API is prepared (chat's round loop, the Messages pipeline)."""
+    try:
+        ctx.prepared = await compactor.prepare(ctx, overflow=overflow)
+    except orjson.JSONEncodeError as exc:  # ``TypeError`` itself: only the depth limit is the client's
+        if not is_too_deep(exc):
+            raise
+        raise too_deep() from None
+    except StorageError as exc:
+        health.saw(exc)
+        if settings.database_failure_mode != "open":
+            raise
+        metrics.database_error("fail_open")
+        ctx.degraded = True
+        ctx.prepared = Prepared(orjson.dumps(ctx.body | {"messages": ctx.messages}) if ctx.expanded else ctx.raw)
+
+
 class RoundLoop:
     """Runs the exchanges of the pipeline's requests (one per pipeline; no per-request state)."""
 
@@ -60,23 +82,8 @@ class RoundLoop:
         self.health = health
 
     async def prepare(self, ctx: ChatContext, overflow: Overflow | None) -> None:
-        """Set ``ctx.prepared``: what to forward (the defenses; forced after an ``overflow``). A
-        database failure with ``database_failure_mode`` open marks ``ctx.degraded`` and forwards the
-        request as it came; closed, it raises (``storage.errors.StorageError``). Raises the 400 of a
-        body nested too deep to serialize, and ``proxy.errors.CannotFit``."""
-        try:
-            ctx.prepared = await self.compactor.prepare(ctx, overflow=overflow)
-        except orjson.JSONEncodeError as exc:  # ``TypeError`` itself: only the depth limit is the client's
-            if not is_too_deep(exc):
-                raise
-            raise too_deep() from None
-        except StorageError as exc:
-            self.health.saw(exc)
-            if self.settings.database_failure_mode != "open":
-                raise
-            self.metrics.database_error("fail_open")
-            ctx.degraded = True
-            ctx.prepared = Prepared(orjson.dumps(ctx.body | {"messages": ctx.messages}) if ctx.expanded else ctx.raw)
+        """``prepare_request`` with this loop's compactor."""
+        await prepare_request(ctx, overflow, self.compactor, self.settings, self.metrics, self.health)
 
     async def exchanges(self, ctx: ChatContext, turn: Turn) -> AsyncGenerator[Segment, None]:
         """The loop (module docstring), after ``prepare``. Yields what a stream's client is sent, as

@@ -17,7 +17,7 @@ import httpx
 import orjson
 import pytest
 
-from proxy.compaction.summarizer import summary_request_body
+from proxy.compaction.apis import summary_request_body
 from proxy.conversation.chat_codec import CHAT
 from proxy.defenses.summarize import render_transcript
 from proxy.offline.replay import ReplaySession, areplay, load_trace, request_indices

@@ -6,12 +6,17 @@ from typing import Any
 
 import pytest
 
+from proxy.compaction.apis import (
+    messages_prompt_usage,
+    messages_reply_text,
+    messages_summary_body,
+    summary_request_body,
+)
 from proxy.compaction.summarizer import (
     SUMMARY_ATTEMPTS,
     Summarizer,
     SummaryFailed,
     SummaryOverflow,
-    summary_request_body,
 )
 from proxy.conversation.chat_codec import CHAT
 from proxy.defenses.plans import SummaryPlan
@@ -100,3 +105,29 @@ def test_the_summary_call_uses_the_clients_token_limit_field_and_never_streams()
     assert summary_request_body("m", {"max_tokens": 5}, "prev", "t", 300)["max_tokens"] == 300
     plain = summary_request_body("m", {"stream": True, "stream_options": {}}, None, "t", 300)
     assert set(plain) == {"model", "messages"}
+
+
+def test_the_messages_summary_call_is_one_user_turn_with_max_tokens_and_nothing_else_of_the_clients() -> None:
+    client = {"model": "claude-x", "max_tokens": 32000, "stream": True, "system": "You are Claude Code",
+              "thinking": {"type": "adaptive"}, "tools": [{"name": "Bash", "input_schema": {}}],
+              "metadata": {"user_id": "u"}}
+    body = messages_summary_body("claude-x", client, "prev", "### user\nhi", 300)
+    assert set(body) == {"model", "max_tokens", "messages"}
+    assert body["max_tokens"] == 300
+    [turn] = body["messages"]
+    assert turn["role"] == "user" and "summarize the conversation" in turn["content"] and "prev" in turn["content"]
+
+
+def test_a_messages_summary_reply_is_read_from_its_text_blocks() -> None:
+    data = b'{"type":"message","content":[{"type":"thinking","thinking":"t","signature":"s"},' \
+           b'{"type":"text","text":"## Session intent"},{"type":"text","text":"FACT: a=1"}]}'
+    assert messages_reply_text(data) == "## Session intent\nFACT: a=1"
+
+
+def test_a_messages_usage_states_the_whole_prompt_with_its_cached_parts() -> None:
+    usage = {"input_tokens": 10, "cache_creation_input_tokens": 200, "cache_read_input_tokens": 3000,
+             "output_tokens": 5}
+    assert messages_prompt_usage(usage) == {"prompt_tokens": 3210}
+    assert messages_prompt_usage({"input_tokens": 7}) == {"prompt_tokens": 7}
+    assert messages_prompt_usage({"output_tokens": 7}) is None
+    assert messages_prompt_usage(None) is None

@@ -3,6 +3,7 @@ over a Messages conversation (issue 18, item 1: Messages fits without changing t
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import orjson
@@ -105,8 +106,16 @@ def test_the_defenses_plan_and_apply_over_a_messages_conversation(counter: Token
     assert isinstance(plan, SummaryPlan) and plan.first_index == 1  # the system piece stays first
     tail = conv.items[plan.cutoff_index + 1]
     assert tail.kind in (USER, ASSISTANT), tail  # the cut never separates a tool_result turn from its call
+    # a tail long enough to keep earlier signed turns (a third of the window)
+    keep = dataclasses.replace(cfg, keep_fraction=0.35)
+    plan = _project(conv, counter, keep, [], ProjectionMemos()).plan
+    assert isinstance(plan, SummaryPlan)
     event = fabricate_event(plan)
-    second = _project(conv, counter, cfg, [event], memos)
+    # planned by the request that ended with "Go on with step 6.": the last cycle was made after it
+    planned_at = len(conv.pieces) - 3
+    assert conv.pieces[planned_at]["content"] == "Go on with step 6."
+    event.payload["planned_at_hash"] = conv.chain[planned_at]
+    second = _project(conv, counter, keep, [event], memos)
     assert second.plan is None and "summary" in second.applied and second.fits
     assert second.tokens_forwarded < untouched.tokens_client
     sent, forwarded = MESSAGES.apply(conv.body, conv.raw, second.messages)
@@ -116,9 +125,32 @@ def test_the_defenses_plan_and_apply_over_a_messages_conversation(counter: Token
     out = forwarded["messages"]
     assert out[0]["role"] == "user" and "[context-proxy]" in out[0]["content"]
     _valid_pairs(out)
-    kept = [m for m in out if m.get("role") == "assistant" and any(b.get("type") == "thinking" for b in m["content"])]
-    originals = [id(m) for m in body["messages"]]
-    assert kept and all(id(m) in originals for m in kept)  # sealed turns forwarded as the client sent them
+    signed = [m for m in out if m.get("role") == "assistant" and any(b.get("type") == "thinking" for b in m["content"])]
+    # the turn made after the event keeps its thinking, forwarded as the client sent it
+    assert signed == [body["messages"][-2]] and signed[0] is body["messages"][-2]
+    # those made before it, whose prefix the summary changed, are forwarded without their thinking
+    # (the API binds it to the conversation before it), their tool calls unchanged
+    earlier = [m for m in out[1:-2] if m.get("role") == "assistant" and any(b.get("type") == "tool_use"
+                                                                               for b in m["content"])]
+    assert earlier and all([b["type"] for b in m["content"]] == ["tool_use"] for m in earlier)
+    assert "unsign" in second.applied
+
+
+def test_without_a_planned_at_hash_every_kept_thinking_is_left_out_and_a_thinking_only_turn_says_so(
+        counter: TokenCounter) -> None:
+    body = _body(6)
+    body["messages"][-4] = {"role": "assistant", "content": [THINKING | {"thinking": "only this"}]}
+    conv = _conversation(body)
+    memos = ProjectionMemos()
+    untouched = _project(conv, counter, DefenseConfig(context_window_tokens=1_000_000), [], memos)
+    cfg = DefenseConfig(context_window_tokens=int(untouched.tokens_client / 0.85 * 0.9))
+    plan = _project(conv, counter, cfg, [], memos).plan
+    assert isinstance(plan, SummaryPlan)
+    out = _project(conv, counter, cfg, [fabricate_event(plan)], memos).messages
+    blocks = [b for m in out if isinstance(m.get("content"), list) for b in m["content"]]
+    assert not [b for b in blocks if b.get("type") == "thinking"]
+    assert {"type": "text", "text": "[context-proxy] (this turn's thinking was left out)"} in blocks
+    assert all(b.get("text") != "" for b in blocks if b.get("type") == "text")
 
 
 def test_a_dangling_tool_use_is_answered_inside_the_next_user_turn(counter: TokenCounter) -> None:

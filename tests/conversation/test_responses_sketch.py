@@ -190,6 +190,9 @@ class ResponsesSketch:
         texts = [p.get("text") for p in content or [] if isinstance(p, dict) and p.get("type") == "input_text"]
         return "\n".join(t for t in texts if isinstance(t, str))
 
+    def unsigned(self, piece: Piece) -> Piece | None:
+        return None  # (a ``reasoning`` item is a piece of its own, bound to the next)
+
     def insert_answers(self, pieces: list[Piece], found: list[tuple[int, list[str]]], text: str) -> list[Piece]:
         out = list(pieces)
         for at, ids in reversed(found):

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from proxy.compaction.base import Compactor
 from proxy.conversation.canonical import digests_and_chain
 from proxy.forward.context import ChatContext
 from proxy.forward.db_health import DatabaseHealth
@@ -39,7 +38,7 @@ async def log(database_url: str) -> AsyncIterator[SessionLog]:
 
 
 def _writer(log: SessionLog, **settings: Any) -> LogWriter:
-    return LogWriter(Settings(**settings), log, Compactor(), Metrics(), DatabaseHealth(log.store))
+    return LogWriter(Settings(**settings), log, Metrics(), DatabaseHealth(log.store))
 
 
 async def _ctx(log: SessionLog, session_id: str, text: str = "hello", *, request_id: str | None = None) -> ChatContext:

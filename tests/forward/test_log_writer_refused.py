@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from proxy.compaction.base import Compactor
 from proxy.conversation.canonical import digests_and_chain
 from proxy.forward.context import ChatContext
 from proxy.forward.db_health import DatabaseHealth
@@ -46,7 +45,7 @@ async def _ctx(log: SessionLog, *, refused: bool = False) -> ChatContext:
 
 
 async def test_a_refused_requests_cleanup_starts_after_the_writes_pending_when_it_finished(log: SessionLog) -> None:
-    writer = LogWriter(Settings(), log, Compactor(), Metrics(), DatabaseHealth(log.store))
+    writer = LogWriter(Settings(), log, Metrics(), DatabaseHealth(log.store))
     order: list[str] = []
     gate = asyncio.Event()
 
@@ -75,7 +74,7 @@ async def test_a_refused_requests_cleanup_starts_after_the_writes_pending_when_i
 
 
 async def test_a_refused_request_with_nothing_pending_is_recorded_at_once(log: SessionLog) -> None:
-    writer = LogWriter(Settings(), log, Compactor(), Metrics(), DatabaseHealth(log.store))
+    writer = LogWriter(Settings(), log, Metrics(), DatabaseHealth(log.store))
     ctx = await _ctx(log, refused=True)
     await asyncio.wait_for(writer.finish(ctx, 401, None, None, error="refused"), 10)
     session = await log.store.find_session("s", "t")

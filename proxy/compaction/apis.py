@@ -1,0 +1,121 @@
+"""What the defenses' shell needs to know of each provider API: its codec, how a summary call is
+made and read, how its ``usage`` states the prompt's size.
+
+One ``ProviderApi`` per API the proxy compacts (``CHAT_API``: ``POST /chat/completions``;
+``MESSAGES_API``: Anthropic's ``POST /v1/messages``); a ``ProjectingCompactor`` is built for one
+(``proxy.app``: one per upstream). Pure: no I/O (``proxy.compaction.summarizer`` makes the call).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.conversation.chat_codec import CHAT
+from proxy.conversation.codec import Codec
+from proxy.conversation.messages_codec import MESSAGES
+from proxy.defenses.summarize import build_summary_request_messages
+from proxy.json_text import parse_json
+from proxy.upstream.urls import UPSTREAM_CHAT_PATH
+
+MESSAGES_PATH = "/v1/messages"
+"""Where an Anthropic summary call goes (the upstream URL has no ``/v1``: Anthropic's clients add it)."""
+
+
+class UnusableReply(ValueError):
+    """A summary call's reply holds no text the proxy can use (``args[0]`` says why)."""
+
+
+def summary_request_body(model: str, client_body: Mapping[str, Any], previous: str | None, transcript: str,
+                         reply_tokens: int) -> dict[str, Any]:
+    """The body of one chat summary call: ``model``, the summary prompt, and ``reply_tokens`` under
+    the token-limit field the client used (``max_completion_tokens`` or ``max_tokens``; neither when
+    the client set neither, case 028). Never ``stream``/``stream_options`` (case 029)."""
+    body: dict[str, Any] = {"model": model, "messages": build_summary_request_messages(previous, transcript)}
+    if "max_completion_tokens" in client_body:
+        body["max_completion_tokens"] = reply_tokens
+    elif "max_tokens" in client_body:
+        body["max_tokens"] = reply_tokens
+    return body
+
+
+def messages_summary_body(model: str, client_body: Mapping[str, Any], previous: str | None, transcript: str,
+                          reply_tokens: int) -> dict[str, Any]:
+    """The body of one Messages summary call: ``model``, ``max_tokens`` (the API requires it:
+    ``reply_tokens``) and the summary prompt as the one ``user`` turn. Nothing else of the
+    client's: no ``system`` (its instructions are not the summarizer's), no ``thinking`` (a summary
+    needs none, and its signed blocks would only cost), no ``tools``, never ``stream``."""
+    return {"model": model, "max_tokens": reply_tokens,
+            "messages": [{"role": m["role"], "content": m["content"]}
+                         for m in build_summary_request_messages(previous, transcript)]}
+
+
+def chat_reply_text(data: bytes) -> str:
+    """The text of a ``chat.completion`` (choice 0's ``message.content``). Raises ``UnusableReply``."""
+    try:
+        text = parse_json(data)["choices"][0]["message"]["content"]
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
+        raise UnusableReply("unusable summary reply") from exc
+    if not isinstance(text, str):
+        raise UnusableReply("unusable summary reply")
+    return text
+
+
+def messages_reply_text(data: bytes) -> str:
+    """The text of a Message: its ``text`` blocks joined by newlines (a ``thinking`` block, if a
+    model adds one, is not the summary). Raises ``UnusableReply``."""
+    try:
+        content = parse_json(data)["content"]
+    except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+        raise UnusableReply("unusable summary reply") from exc
+    if not isinstance(content, list):
+        raise UnusableReply("unusable summary reply")
+    return "\n".join(b["text"] for b in content
+                     if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str))
+
+
+def chat_prompt_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A chat ``usage`` as it is (``prompt_tokens``: the whole prompt)."""
+    return usage
+
+
+def messages_prompt_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A Messages ``usage`` as ``{"prompt_tokens": N}``: the whole prompt is ``input_tokens`` plus
+    ``cache_creation_input_tokens`` plus ``cache_read_input_tokens`` (Anthropic counts the cached
+    parts apart); ``None`` without an integer ``input_tokens``."""
+    if not isinstance(usage, dict):
+        return None
+    total = 0
+    for name in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"):
+        value = usage.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            total += value
+        elif name == "input_tokens":
+            return None
+    return {"prompt_tokens": total}
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderApi:
+    """One provider API as the defenses' shell sees it.
+
+    ``name``: ``chat`` or ``messages``; ``codec``: its pieces; ``summary_path``: the upstream path
+    of a summary call, ``summary_body(model, client_body, previous, transcript, reply_tokens)`` its
+    body and ``reply_text(data)`` the text of its answer (raises ``UnusableReply``);
+    ``prompt_usage(usage)``: a reply's ``usage`` as ``{"prompt_tokens": N, ...}`` (what the
+    learned limits read)."""
+
+    name: str
+    codec: Codec
+    summary_path: str
+    summary_body: Callable[[str, Mapping[str, Any], str | None, str, int], dict[str, Any]]
+    reply_text: Callable[[bytes], str]
+    prompt_usage: Callable[[dict[str, Any] | None], dict[str, Any] | None]
+
+
+CHAT_API = ProviderApi("chat", CHAT, UPSTREAM_CHAT_PATH, summary_request_body, chat_reply_text, chat_prompt_usage)
+MESSAGES_API = ProviderApi("messages", MESSAGES, MESSAGES_PATH, messages_summary_body, messages_reply_text,
+                           messages_prompt_usage)

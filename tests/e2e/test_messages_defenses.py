@@ -1,0 +1,206 @@
+"""The defenses on Anthropic Messages (issue 19, item 3): the official ``anthropic`` SDK through the
+proxy to the strict fake Anthropic provider, which verifies thinking signatures (bound to the
+conversation before them), tool pairing and breakpoints, and answers overflows in the API's words.
+
+- an agent's long tool session with thinking, at a window small enough that the proxy must
+  summarize (streamed and not): every request accepted, the summary written by a ``/v1/messages``
+  call of the client's own model, the facts of the summarized turns in it, the offloaded result
+  readable through the read API;
+- the provider's overflow (both 400 wordings, and an ``error`` event opening a 200 stream):
+  compacted and retried before the client sees anything; other errors unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+
+from proxy.defenses.summarize import SUMMARY_PHRASE
+from tests.fakes.anthropic import FakeAnthropicState, reply, text, thinking, tool_use
+from tests.fakes.anthropic.replies import Reply, last_user_text
+from tests.support.anthropic_server import ANTHROPIC_KEY, anthropic_client
+
+MODEL = "claude-small-test"
+READ: Any = {"name": "read_file", "description": "Read a file",
+             "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}
+SYSTEM: Any = [{"type": "text", "text": "You are a careful engineer.", "cache_control": {"type": "ephemeral"}}]
+TASK = "Read every file of the project, one by one, and remember the facts in them."
+
+
+def models_file(tmp_path: Path, windows: dict[str, int]) -> str:
+    path = tmp_path / "models.yaml"
+    path.write_text("".join(f'"{m}":\n  context_window_tokens: {w}\n' for m, w in windows.items()))
+    return str(path)
+
+
+def file_text(k: int, lines: int = 110) -> str:
+    """A file's content (about 12 tokens a line) with one fact in its middle."""
+    body = [f"line {i} of src/f{k}.py: total = compute({k * 1000 + i}, mode='fast')" for i in range(lines)]
+    body.insert(lines // 2, f"FACT: f{k}=secret-{k * 7919}")
+    return "\n".join(body)
+
+
+def is_summary_call(body: Any) -> bool:
+    return SUMMARY_PHRASE in last_user_text(body)
+
+
+class Agent:
+    """The scripted model: step ``k`` thinks and reads ``src/f{k}.py``, then answers; a summary
+    call is answered with the facts its transcript holds (as a model quoting them would)."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps, self.step = steps, 0
+
+    def __call__(self, request: Any) -> Reply:
+        if is_summary_call(request.json):
+            facts = sorted(set(re.findall(r"FACT: \S+", last_user_text(request.json))))
+            return reply(text("## Session intent\nRead every file.\n## Summary and decisions\n" + "\n".join(facts)))
+        k, self.step = self.step, self.step + 1
+        if k < self.steps:
+            return reply(thinking(f"File {k} is next."), tool_use("read_file", {"path": f"src/f{k}.py"}))
+        return reply(thinking("All read."), text("All files read."))
+
+
+def run_agent(url: str, steps: int, *, stream: bool, session: str, big: int | None = None) -> list[Any]:
+    """The client's loop through the SDK: ask, run the tool, echo the reply back; the messages sent
+    last. ``big``: the step whose file is big enough to be offloaded."""
+    messages: list[Any] = [{"role": "user", "content": TASK}]
+    with anthropic_client(url, default_headers={"x-claude-code-session-id": session}) as c:
+        for _ in range(steps + 1):
+            args: Any = {"model": MODEL, "max_tokens": 1024, "system": SYSTEM, "tools": [READ],
+                         "thinking": {"type": "adaptive"}, "messages": messages}
+            if stream:
+                with c.messages.stream(**args) as s:
+                    message = s.get_final_message()
+            else:
+                message = c.messages.create(**args)
+            messages = [*messages, {"role": "assistant", "content": [b.model_dump() for b in message.content]}]
+            if message.stop_reason != "tool_use":
+                return messages
+            (call,) = [b for b in message.content if b.type == "tool_use"]
+            k = int(call.input["path"][5:-3])
+            content = file_text(k, 700 if k == big else 110)
+            messages = [*messages, {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": call.id, "content": content}]}]
+    raise AssertionError("the agent did not finish")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_long_tool_session_with_thinking_is_summarized_and_every_request_is_accepted(
+        anthropic_proxy: Callable[..., str], anthropic_state: FakeAnthropicState, tmp_path: Path, stream: bool) -> None:
+    steps = 14
+    anthropic_state.windows[MODEL] = 12_000
+    anthropic_state.responder = Agent(steps)
+    url = anthropic_proxy(models_file=models_file(tmp_path, {MODEL: 12_000}))
+    session = "0f6a3a5e-1d52-4c1e-9a52-5b8a3f0c9d11"
+    final = run_agent(url, steps, stream=stream, session=session, big=2)
+    assert final[-1]["content"][-1]["text"] == "All files read."
+
+    seen = anthropic_state.message_requests
+    rejected = [(r.status, r.error) for r in seen if r.status != 200]
+    assert rejected == [], rejected  # signatures, pairing, breakpoints, windows: all accepted
+    summaries = [r for r in seen if is_summary_call(r.json)]
+    assert summaries, "a 14-step session of 1,300-token results at a 12k window must be summarized"
+    for call in summaries:  # the client's own model, one user turn, nothing of the client's added
+        assert call.path == "/v1/messages" and call.json["model"] == MODEL
+        assert set(call.json) == {"model", "max_tokens", "messages"}
+        assert ANTHROPIC_KEY in (call.headers.get("x-api-key"), call.headers.get("authorization", "")[7:])
+    turns = [r for r in seen if not is_summary_call(r.json)]
+    assert len(turns) == steps + 1  # every turn answered once: no retry was needed
+    last = turns[-1].json["messages"]
+    summary_turn = last[0]
+    assert summary_turn["role"] == "user" and "[context-proxy]" in str(summary_turn["content"])
+    assert "FACT: f0=secret-0" in str(summary_turn["content"])  # the summarized turns' facts, kept
+    assert "system" in turns[-1].json and turns[-1].json["system"] == SYSTEM  # never rewritten
+    assert last[-1] == final[-2]  # the latest tool result as sent
+    # Thinking is bound to the conversation before it: the turns made before a summary took effect
+    # are forwarded without theirs (in the request that applied it, the latest one too); every
+    # turn made since, over the projected prefix, is forwarded as the client sent it.
+    by_id = {b["id"]: m for m in final if m["role"] == "assistant" for b in m["content"] if b["type"] == "tool_use"}
+    first = min(i for i, r in enumerate(seen) if is_summary_call(r.json))
+    after = [r for i, r in enumerate(seen) if i > first + 1 and not is_summary_call(r.json)
+             and not is_summary_call(seen[i - 1].json)]
+    assert len(after) >= 3, str([("S" if is_summary_call(r.json) else r.input_tokens) for r in seen])
+    for r in after:
+        latest = [m for m in r.json["messages"] if m["role"] == "assistant"][-1]
+        (call,) = [b["id"] for b in latest["content"] if b["type"] == "tool_use"] or [None]
+        if call is not None:
+            assert latest == by_id[call] and latest["content"][0]["type"] == "thinking"
+
+    # the offloaded result (step 2) is named by a stub and readable through the read API
+    stubs = [b["content"] for r in turns for m in r.json["messages"] if isinstance(m["content"], list)
+             for b in m["content"] if b.get("type") == "tool_result" and "[context-proxy]" in str(b["content"])]
+    assert stubs, "the 8,000-token result must be offloaded"
+    artifact = re.search(r"/artifacts/([A-Za-z0-9_]+)", str(stubs[0]))
+    assert artifact is not None, stubs[0]
+    with httpx.Client(base_url=url, headers={"x-api-key": ANTHROPIC_KEY}, timeout=30) as http:
+        r = http.get(f"/artifacts/{artifact.group(1)}")
+        assert r.status_code == 200 and "FACT: f2=secret-15838" in r.text
+        logged = http.get(f"/sessions/{session}").json()
+        assert logged["api"] == "messages" and logged["request_count"] == steps + 1, logged  # summary calls apart
+        events = http.get(f"/sessions/{session}/events").json()["data"]
+        assert len(events) == len(summaries) and {e["kind"] for e in events} == {"summary"}
+
+
+def _history(cycles: int) -> list[Any]:
+    messages: list[Any] = [{"role": "user", "content": TASK}]
+    for k in range(cycles):
+        messages.append({"role": "assistant", "content": [
+            {"type": "tool_use", "id": f"toolu_{k:02d}", "name": "read_file", "input": {"path": f"src/f{k}.py"}}]})
+        messages.append({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": f"toolu_{k:02d}", "content": file_text(k)}]})
+    return messages
+
+
+@pytest.mark.parametrize(("wording", "stream"), [("prompt", False), ("prompt", True), ("max_tokens", False),
+                                                ("max_tokens", True), ("stream_event", True)])
+def test_an_overflow_is_compacted_and_retried_before_the_client_sees_it(
+        anthropic_proxy: Callable[..., str], anthropic_state: FakeAnthropicState, wording: str, stream: bool) -> None:
+    model = "claude-sonnet-4-5"  # the proxy believes its 200k window; the provider has less
+    history = _history(8)  # about 11,000 tokens
+    max_tokens = 1024
+    if wording == "prompt":
+        anthropic_state.windows[model] = 8_000
+    elif wording == "max_tokens":  # the prompt fits, not with the reply's room
+        anthropic_state.windows[model] = 12_000
+        max_tokens = 4_000
+    else:  # the provider says it in a 200 stream's first event (only a stream carries it)
+        anthropic_state.fail_next.append(("stream_error", "invalid_request_error",
+                                          "prompt is too long: 211000 tokens > 200000 maximum"))
+    url = anthropic_proxy()
+    with anthropic_client(url) as c:
+        args: Any = {"model": model, "max_tokens": max_tokens, "tools": [READ], "messages": history}
+        if stream:
+            with c.messages.with_streaming_response.create(**args, stream=True) as raw:
+                headers = raw.headers
+                body = b"".join(raw.iter_bytes())
+            assert b"event: error" not in body and b"event: message_stop" in body
+        else:
+            resp = c.messages.with_raw_response.create(**args)
+            headers, message = resp.headers, resp.parse()
+            assert message.content[0].type == "text"
+    assert headers["x-context-proxy-overflow-retries"] == "1", dict(headers)
+    assert "summary" in headers["x-context-proxy-defenses"]
+    seen = anthropic_state.message_requests
+    outcomes = [("summary" if is_summary_call(r.json) else r.outcome) for r in seen]
+    assert outcomes[0] in ("overflow", "fault") and outcomes[-1] == "ok" and "summary" in outcomes, outcomes
+    retried = seen[-1].json
+    assert retried["messages"][0]["role"] == "user" and "[context-proxy]" in str(retried["messages"][0]["content"])
+    assert retried["max_tokens"] == max_tokens and retried["tools"] == [READ]
+
+
+def test_an_error_that_is_not_an_overflow_goes_back_as_the_provider_sent_it(
+        anthropic_proxy: Callable[..., str], anthropic_state: FakeAnthropicState) -> None:
+    url = anthropic_proxy()
+    history = _history(2)
+    history[-1]["content"][0]["tool_use_id"] = "toolu_nobody"  # a result answering no call
+    with anthropic_client(url) as c, pytest.raises(anthropic.BadRequestError) as err:
+        c.messages.create(model="claude-sonnet-4-5", max_tokens=100, messages=history)
+    assert "tool_result" in str(err.value) and err.value.response.headers.get("x-context-proxy-overflow-retries") is None
+    assert len(anthropic_state.message_requests) == 1  # not retried
