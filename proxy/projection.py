@@ -51,7 +51,7 @@ from proxy.conversation.codec import Codec
 from proxy.conversation.model import Item, Piece
 from proxy.conversation.prefix import PrefixState, PrefixStates
 from proxy.defenses.config import DefenseConfig
-from proxy.defenses.cutoff import leading_system_count
+from proxy.defenses.cutoff import last_user_turn, leading_system_count
 from proxy.defenses.media import offload_media
 from proxy.defenses.offload import ArtifactToStore, offload_message
 from proxy.defenses.overflow_clip import clip_trailing_results
@@ -245,6 +245,7 @@ def project(
     limit_override_tokens: int | None = None,
     unavailable_artifacts: frozenset[str] = frozenset(),
     truncate_first: bool = True,
+    new_events: bool = True,
 ) -> Projection:
     """Project the client's ``messages`` through the stored ``events`` and the defenses.
 
@@ -259,7 +260,11 @@ def project(
     after storing the planned event, re-project with ``force=False``; a forced projection may
     plan a summary that keeps only the last turn; as over the trigger, old tool arguments are
     truncated first when that alone fits, unless ``truncate_first`` is false: the manual compaction
-    tool asks for a summary). ``force_media``: a body-size
+    tool asks for a summary); a tool cycle under way with signed turns (``signed_cycle``) plans
+    no event (they were made over the prefix as it is) unless clipping its trailing results
+    leaves it over the window.
+    ``new_events``: ``False`` plans none at all (the client's own compaction request: it is
+    forwarded as it came, only its trailing results clipped if it does not fit). ``force_media``: a body-size
     overflow (413), plan offloading inline images of all but the newest user message.
     ``limit_override_tokens``: a window learned from an overflow error (the smaller window wins).
     ``unavailable_artifacts``: ids the pipeline failed to store; never referenced (the original
@@ -284,7 +289,7 @@ def project(
             return Projection(messages, tokens_client, tokens_client, (), (), (), None, fits, None)
         return _project_counted(messages, digests, chain_hashes, events, cfg, priced, session_id, window, fixed,
                                 tools_tokens, reserved_output_tokens, client_counts, tokens_client, force,
-                                force_media, unavailable_artifacts, truncate_first, state, memos, codec)
+                                force_media, unavailable_artifacts, truncate_first, new_events, state, memos, codec)
     finally:
         memos.prefixes.keep(chain_hashes, state)
 
@@ -293,7 +298,7 @@ def _project_counted(messages: list[Piece], digests: list[str], chain_hashes: li
                      cfg: DefenseConfig, counter: MessageCounter, session_id: str, window: int | None, fixed: int,
                      tools_tokens: int, reserved_output_tokens: int, client_counts: list[int], tokens_client: int,
                      force: bool, force_media: bool, unavailable_artifacts: frozenset[str], truncate_first: bool,
-                     state: PrefixState, memos: ProjectionMemos, codec: Codec) -> Projection:
+                     new_events: bool, state: PrefixState, memos: ProjectionMemos, codec: Codec) -> Projection:
     """``project`` once the client's messages are counted: its shortcut, else ``_project``."""
     if (not events and not force and not force_media and tokens_client <= cfg.trigger_tokens
             and (window is None or tokens_client <= window) and cfg.patch_dangling_tool_calls != "always"
@@ -304,14 +309,14 @@ def _project_counted(messages: list[Piece], digests: list[str], chain_hashes: li
         return Projection(messages, tokens_client, tokens_client, (), (), (), None, True, None)
     return _project(messages, digests, chain_hashes, events, cfg, counter, session_id, window, fixed, tools_tokens,
                     reserved_output_tokens, client_counts, tokens_client, force, force_media, unavailable_artifacts,
-                    truncate_first, state, memos, codec)
+                    truncate_first, new_events, state, memos, codec)
 
 
 def _project(messages: list[Piece], digests: list[str], chain_hashes: list[str], events: Sequence[Event],
              cfg: DefenseConfig, counter: MessageCounter, session_id: str, window: int | None, fixed: int,
              tools_tokens: int, reserved_output_tokens: int, client_counts: list[int], tokens_client: int,
              force: bool, force_media: bool, unavailable_artifacts: frozenset[str], truncate_first: bool,
-             state: PrefixState, memos: ProjectionMemos, codec: Codec) -> Projection:
+             new_events: bool, state: PrefixState, memos: ProjectionMemos, codec: Codec) -> Projection:
     """``project`` past its shortcut for a request with nothing to do (same arguments, counted)."""
     items = _items(state, codec, messages)
     p = _Projector(messages, items, digests, chain_hashes, client_counts, cfg, counter, unavailable_artifacts,
@@ -376,11 +381,15 @@ def _project(messages: list[Piece], digests: list[str], chain_hashes: list[str],
         return _finish(p, messages, first, lo, summary_msg, total, tokens_client, event_ids, None, window, reason)
 
     plan: Plan | None = None
-    if force_media:
+    # a tool cycle under way with signed turns: they were made over the prefix as it is, so a new
+    # event (which would rewrite it) waits for the cycle's end, unless nothing else makes the
+    # request fit the window; only what follows the latest turn (its results) is cut meanwhile
+    held = new_events and codec.binds_prefix and signed_cycle(items)
+    if force_media and new_events:
         plan = media_plan(p, lo, m_bound, total)
     too_big = window is not None and total > window
-    if plan is None and (force or too_big or total > cfg.trigger_tokens):
-        planner = Planner(p, first, lo, c_prev, t_bound, fixed + head_tokens, total, sev)
+    planner = Planner(p, first, lo, c_prev, t_bound, fixed + head_tokens, total, sev)
+    if plan is None and new_events and not held and (force or too_big or total > cfg.trigger_tokens):
         plan = planner.plan(aggressive=force or too_big, allow_truncate=truncate_first or not force)
     if plan is None and (force or too_big):
         clipped, idx, arts = clip_trailing_results(
@@ -393,10 +402,20 @@ def _project(messages: list[Piece], digests: list[str], chain_hashes: list[str],
             p.artifacts.update((a.id, a) for a in arts)
             p.kinds.add("clip")
             total = fixed + head_tokens + summary_tokens + sum(p.counts[lo:])
-        if window is not None and total > window:
+        if held and window is not None and total > window:  # the last resort: the cycle's prefix goes
+            planner.total = total
+            plan = planner.plan(aggressive=True, allow_truncate=truncate_first)
+        elif window is not None and total > window and not held:
             total += truncate_tail(p, lo)
     total += _unsign_stale(p, lo, applied, index)
     return _finish(p, messages, first, lo, summary_msg, total, tokens_client, event_ids, plan, window, None)
+
+
+def signed_cycle(items: Sequence[Item]) -> bool:
+    """The tool cycle under way (the items after the user's latest turn) holds a sealed item: a
+    turn with content the provider signed against the prefix before it."""
+    u = last_user_turn(items)
+    return any(item.sealed for item in items[(u + 1 if u is not None else 0):])
 
 
 def _unsign_stale(p: _Projector, lo: int, applied: Sequence[tuple[Event, int]], index: Mapping[str, int]) -> int:

@@ -98,6 +98,53 @@ def messages_prompt_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None
     return {"prompt_tokens": total}
 
 
+CLIENT_COMPACTION_ASKS = ("detailed summary of the conversation",)
+"""What the last user turn of Claude Code's own compaction request asks (its wording, as sent:
+"Your task is to create a detailed summary of the conversation so far, ...")."""
+CLIENT_COMPACTION_SYSTEMS = ("tasked with summarizing conversations",)
+"""What the system prompt of Claude Code's compaction request says ("You are a helpful AI assistant
+tasked with summarizing conversations.")."""
+MAX_MATCHED_CHARS = 20_000
+"""Only this much of the last user text and of the system prompt is searched (bounded work per request)."""
+
+
+def never_client_compaction(body: Mapping[str, Any]) -> bool:
+    """Chat: no client compaction is recognized (every request is the proxy's to compact)."""
+    return False
+
+
+def messages_client_compaction(body: Mapping[str, Any]) -> bool:
+    """The request is the client's own compaction (Claude Code's: an ordinary ``/v1/messages``
+    request whose last user text asks for a detailed summary of the conversation, or whose system
+    prompt is a summarizer's): forwarded as it came, never summarized again, not counted toward
+    the proxy's trigger. Reads at most ``MAX_MATCHED_CHARS`` of each text."""
+    messages = body.get("messages")
+    last = messages[-1] if isinstance(messages, list) and messages and isinstance(messages[-1], dict) else {}
+    asked = last.get("role") == "user" and _found(_texts(last.get("content")), CLIENT_COMPACTION_ASKS)
+    return asked or _found(_texts(body.get("system")), CLIENT_COMPACTION_SYSTEMS)
+
+
+def _texts(content: Any) -> str:
+    if isinstance(content, str):
+        return content[:MAX_MATCHED_CHARS]
+    if not isinstance(content, list):
+        return ""
+    out: list[str] = []
+    size = 0
+    for block in content:
+        if isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str):
+            out.append(block["text"][:MAX_MATCHED_CHARS - size])
+            size += len(out[-1])
+            if size >= MAX_MATCHED_CHARS:
+                break
+    return "\n".join(out)
+
+
+def _found(text: str, phrases: tuple[str, ...]) -> bool:
+    lowered = text.lower()
+    return any(p in lowered for p in phrases)
+
+
 @dataclass(frozen=True, slots=True)
 class ProviderApi:
     """One provider API as the defenses' shell sees it.
@@ -106,7 +153,8 @@ class ProviderApi:
     of a summary call, ``summary_body(model, client_body, previous, transcript, reply_tokens)`` its
     body and ``reply_text(data)`` the text of its answer (raises ``UnusableReply``);
     ``prompt_usage(usage)``: a reply's ``usage`` as ``{"prompt_tokens": N, ...}`` (what the
-    learned limits read)."""
+    learned limits read); ``client_compaction(body)``: the request is the client's own compaction
+    (no event is planned for it)."""
 
     name: str
     codec: Codec
@@ -114,8 +162,10 @@ class ProviderApi:
     summary_body: Callable[[str, Mapping[str, Any], str | None, str, int], dict[str, Any]]
     reply_text: Callable[[bytes], str]
     prompt_usage: Callable[[dict[str, Any] | None], dict[str, Any] | None]
+    client_compaction: Callable[[Mapping[str, Any]], bool]
 
 
-CHAT_API = ProviderApi("chat", CHAT, UPSTREAM_CHAT_PATH, summary_request_body, chat_reply_text, chat_prompt_usage)
+CHAT_API = ProviderApi("chat", CHAT, UPSTREAM_CHAT_PATH, summary_request_body, chat_reply_text, chat_prompt_usage,
+                       never_client_compaction)
 MESSAGES_API = ProviderApi("messages", MESSAGES, MESSAGES_PATH, messages_summary_body, messages_reply_text,
-                           messages_prompt_usage)
+                           messages_prompt_usage, messages_client_compaction)

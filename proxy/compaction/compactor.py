@@ -103,7 +103,8 @@ class ProjectingCompactor(Compactor):
                 window = retry if window is None else min(window, retry)
         events = await self._events_of(ctx.session.pk, refresh=False)
         planned = await self.plans.prepare(ctx, window, events, _LiveEffects(self, ctx), force=overflow is not None,
-                                           force_media=overflow is not None and overflow.kind == "body_size")
+                                           force_media=overflow is not None and overflow.kind == "body_size",
+                                           new_events=not self.api.client_compaction(ctx.body))
         reason = planned.projection.reason_unfittable
         if reason and view.source == "config" and view.ratio <= 1.0 and overflow is None:
             # only an operator's own limit refuses a request, and only by the estimate at face

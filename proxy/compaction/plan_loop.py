@@ -165,10 +165,11 @@ class PlanLoop:
         return cfg
 
     async def prepare(self, req: PlanInput, window: int | None, events: list[EventRecord], effects: PlanEffects, *,
-                      force: bool, force_media: bool) -> Planned:
+                      force: bool, force_media: bool, new_events: bool = True) -> Planned:
         """What to forward for ``req`` sized for ``window`` (estimated tokens; ``None``: unknown),
         given the session's ``events``. ``force``: plan a compaction even under the trigger (after
-        an overflow); ``force_media``: offload media too (after a body-size error). Raises what
+        an overflow); ``force_media``: offload media too (after a body-size error); ``new_events``:
+        ``False`` plans no compaction (the client's own compaction request). Raises what
         ``effects`` raise (``StorageError``) and ``TypeError`` for a body too deep to serialize."""
         offer = self.offer.offerable(req.body, req.compact_tool)
         cfg = self.config(window, offer.has(self.settings.read_tool_name))
@@ -177,19 +178,26 @@ class PlanLoop:
         # read tool when stored content may be named: a session with events, or a read URL)
         expected = self.offer.expected(offer, bool(events), req.raw, req.messages, req.chain, req.expanded)
         count_tools = [*(client_tools or []), *expected] or None
-        proj = await self.run(req, cfg, count_tools, events, effects, force=force, force_media=force_media)
+        proj = await self.run(req, cfg, count_tools, events, effects, force=force, force_media=force_media,
+                              new_events=new_events)
         return Planned(self._assemble(req, proj, offer, client_tools, expected, count_tools, window), proj)
 
     async def run(self, req: PlanInput, cfg: DefenseConfig, count_tools: list[dict[str, Any]] | None,
-                  events: list[EventRecord], effects: PlanEffects, *, force: bool, force_media: bool) -> Projection:
+                  events: list[EventRecord], effects: PlanEffects, *, force: bool, force_media: bool,
+                  new_events: bool = True) -> Projection:
         """The loop itself: project, store artifacts, execute a plan, project again (at most
         ``MAX_PLAN_ROUNDS`` rounds); the last projection."""
         unavailable: set[str] = set()
-        proj = await self.project(req, cfg, count_tools, events, force, force_media, unavailable)
+
+        async def again() -> Projection:  # (with the loop's events, force and unavailable as they are now)
+            return await self.project(req, cfg, count_tools, events, force, force_media, unavailable,
+                                      new_events=new_events)
+
+        proj = await again()
         for _ in range(MAX_PLAN_ROUNDS):
             if proj.artifacts and not await effects.store_artifacts(proj.artifacts):
                 unavailable.update(a.id for a in proj.artifacts)
-                proj = await self.project(req, cfg, count_tools, events, force, force_media, unavailable)
+                proj = await again()
                 continue
             if proj.plan is None:
                 break
@@ -197,32 +205,34 @@ class PlanLoop:
                 # under the lock, re-read: another request or replica may have compacted already
                 if [e.id for e in fresh] != [e.id for e in events]:
                     events = fresh
-                    proj = await self.project(req, cfg, count_tools, events, force, force_media, unavailable)
+                    proj = await again()
                     continue
                 event = await self.execute(req, cfg, proj, events, effects)
             if event is None:
                 break
             events = [*events, event]
             force = False
-            proj = await self.project(req, cfg, count_tools, events, force, force_media, unavailable)
+            proj = await again()
         return proj
 
     async def project(
         self, req: PlanInput, cfg: DefenseConfig, count_tools: list[dict[str, Any]] | None, events: list[EventRecord],
         force: bool, force_media: bool, unavailable: set[str], *, truncate_first: bool = True,
+        new_events: bool = True,
     ) -> Projection:
         """``proxy.projection.project`` of ``req``; for a big request (a body of ``OFF_LOOP_BYTES``
         or more) in a worker thread, so that counting and transforming it does not stall the
         event loop's other requests (the projection's memos and the counter's are locked; the
         result is the same)."""
         if len(req.raw) < OFF_LOOP_BYTES:
-            return self._project(req, cfg, count_tools, events, force, force_media, unavailable, truncate_first)
+            return self._project(req, cfg, count_tools, events, force, force_media, unavailable, truncate_first,
+                                 new_events)
         return await asyncio.to_thread(self._project, req, cfg, count_tools, events, force, force_media, unavailable,
-                                       truncate_first)
+                                       truncate_first, new_events)
 
     def _project(self, req: PlanInput, cfg: DefenseConfig, count_tools: list[dict[str, Any]] | None,
                  events: list[EventRecord], force: bool, force_media: bool, unavailable: set[str],
-                 truncate_first: bool) -> Projection:
+                 truncate_first: bool, new_events: bool) -> Projection:
         return project(
             req.messages,
             digests=req.digests,
@@ -238,6 +248,7 @@ class PlanLoop:
             force_media=force_media,
             unavailable_artifacts=frozenset(unavailable),
             truncate_first=truncate_first,
+            new_events=new_events,
             codec=self.codec,
         )
 

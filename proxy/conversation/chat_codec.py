@@ -128,6 +128,7 @@ class ChatCodec:
     """The codec of ``POST /chat/completions`` (see the module docstring). Stateless."""
 
     name = "chat"
+    binds_prefix = False
 
     def pieces(self, body: Mapping[str, Any]) -> list[Piece]:
         """The body's ``messages`` (the list itself)."""

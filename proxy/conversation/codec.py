@@ -39,9 +39,10 @@ body. The contract (``tests/conversation/test_codec_contract.py`` checks it for 
   summarizer sees what the provider saw), ``text_piece(piece, text)`` (a stand-in for an
   oversized piece: its header, ``text`` as its whole content); ``user_text(piece)`` (the text of a
   user turn a summary pins: its text parts joined by newlines, ``""`` for none).
-- Signed content: ``unsigned(piece)`` (the piece without the parts a provider signed against the
-  conversation before them, Messages ``thinking``/``redacted_thinking``: what a turn whose prefix
-  the proxy changed after it was made is forwarded as; ``None`` when it holds none).
+- Signed content: ``binds_prefix`` (see ``Codec``); ``unsigned(piece)`` (the piece without the
+  parts a provider signed against the conversation before them, Messages ``thinking``/
+  ``redacted_thinking``: what a turn whose prefix the proxy changed after it was made is
+  forwarded as; ``None`` when it holds none).
 
 Adding an API: write its codec (parse, item, parts, the part accessors, apply), register nothing
 else: the defenses and the projection read only ``Item``/``Part``, the accessors and the pieces'
@@ -122,6 +123,10 @@ class Codec(Protocol):
     """One API's codec (see the module docstring for the contract)."""
 
     name: str
+    binds_prefix: bool
+    """A sealed item's signed content is bound to the conversation before it (Messages thinking:
+    ``True``; Responses reasoning is bound to its own item only): rewrites before a tool cycle's
+    signed turns wait for the cycle's end (``proxy.projection.signed_cycle``)."""
 
     def pieces(self, body: Mapping[str, Any]) -> list[Piece]: ...
 

@@ -148,6 +148,7 @@ class MessagesCodec:
     """The Messages codec (see the module docstring). Stateless."""
 
     name = "messages"
+    binds_prefix = True
 
     def pieces(self, body: Mapping[str, Any]) -> list[Piece]:
         """``[{"role": "system", "content": body["system"]}]`` when a ``system`` is set, then the

@@ -101,14 +101,21 @@ def test_the_defenses_plan_and_apply_over_a_messages_conversation(counter: Token
     assert untouched.messages is conv.pieces and MESSAGES.apply(conv.body, conv.raw, untouched.messages) == (conv.raw, None)
 
     cfg = DefenseConfig(context_window_tokens=int(untouched.tokens_client / 0.85 * 0.9))
-    first = _project(conv, counter, cfg, [], memos)
+    # over the trigger, under the window, mid-cycle: the cycle's signed turn was made over this
+    # prefix, so nothing before it is rewritten until the cycle ends
+    held = _project(conv, counter, cfg, [], memos)
+    assert held.plan is None and held.messages is conv.pieces
+    # the request at the cycle's boundary (it ended with "Go on with step 6.") plans the summary
+    boundary = _conversation({**body, "messages": body["messages"][:-2]})
+    assert boundary.chain == conv.chain[:-2]
+    first = _project(boundary, counter, cfg, [], memos)
     plan = first.plan
     assert isinstance(plan, SummaryPlan) and plan.first_index == 1  # the system piece stays first
     tail = conv.items[plan.cutoff_index + 1]
     assert tail.kind in (USER, ASSISTANT), tail  # the cut never separates a tool_result turn from its call
     # a tail long enough to keep earlier signed turns (a third of the window)
     keep = dataclasses.replace(cfg, keep_fraction=0.35)
-    plan = _project(conv, counter, keep, [], ProjectionMemos()).plan
+    plan = _project(boundary, counter, keep, [], ProjectionMemos()).plan
     assert isinstance(plan, SummaryPlan)
     event = fabricate_event(plan)
     # planned by the request that ended with "Go on with step 6.": the last cycle was made after it
@@ -144,7 +151,8 @@ def test_without_a_planned_at_hash_every_kept_thinking_is_left_out_and_a_thinkin
     memos = ProjectionMemos()
     untouched = _project(conv, counter, DefenseConfig(context_window_tokens=1_000_000), [], memos)
     cfg = DefenseConfig(context_window_tokens=int(untouched.tokens_client / 0.85 * 0.9))
-    plan = _project(conv, counter, cfg, [], memos).plan
+    boundary = _conversation({**body, "messages": body["messages"][:-2]})  # planned at the cycle's boundary
+    plan = _project(boundary, counter, cfg, [], memos).plan
     assert isinstance(plan, SummaryPlan)
     out = _project(conv, counter, cfg, [fabricate_event(plan)], memos).messages
     blocks = [b for m in out if isinstance(m.get("content"), list) for b in m["content"]]

@@ -54,6 +54,7 @@ class ResponsesSketch:
     their accessors, answers (no apply: the route is issue 19's)."""
 
     name = "responses-sketch"
+    binds_prefix = False  # (encrypted reasoning is bound to its own item, not to what came before)
 
     def pieces(self, body: Mapping[str, Any]) -> list[Piece]:
         items = body.get("input")

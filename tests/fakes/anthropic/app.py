@@ -120,14 +120,14 @@ class FakeAnthropic:
         if body is None:
             raise invalid("There was an issue with the format or content of your request: the body is not valid JSON.")
         beta = "beta=true" in request.query or "anthropic-beta" in request.headers
-        check_body(body, endpoint, beta, state.extra_fields)
+        check_body(body, endpoint, beta, state.extra_fields, output_room=state.output_room_checked)
         turns = merge_turns(body["messages"])
         check_tool_pairing(turns)
-        verify_thinking(body, turns, state.signer)
+        verify_thinking(body, turns, state.signer, state.issued)
         segments = prompt_segments(body)
         input_tokens = count_input_tokens(segments)
         request.input_tokens = input_tokens
-        _check_window(request, body, endpoint, input_tokens, state.window_for(body["model"]))
+        _check_window(request, body, endpoint, input_tokens, state.window_for(body["model"]), state)
         if endpoint == "count_tokens":
             request.status, request.outcome, request.response = 200, "ok", {"input_tokens": input_tokens}
             return await send_json(send, 200, request.response, headers)
@@ -176,11 +176,12 @@ def _check_headers(request: ReceivedRequest, state: FakeAnthropicState) -> None:
         raise invalid("anthropic-version: header is required")
 
 
-def _check_window(request: ReceivedRequest, body: dict[str, Any], endpoint: str, input_tokens: int, window: int) -> None:
+def _check_window(request: ReceivedRequest, body: dict[str, Any], endpoint: str, input_tokens: int, window: int,
+                  state: FakeAnthropicState) -> None:
     if input_tokens > window:
         request.outcome = "overflow"
         raise invalid(f"prompt is too long: {input_tokens} tokens > {window} maximum")
-    max_tokens = body.get("max_tokens", 0) if endpoint == "messages" else 0
+    max_tokens = body.get("max_tokens", 0) if endpoint == "messages" and state.output_room_checked else 0
     if input_tokens + max_tokens > window:
         request.outcome = "overflow"
         raise invalid(

@@ -82,6 +82,12 @@ class FakeAnthropicState:
     chunk_delay_s: float = 0.0
     thinking_secret: bytes = field(default_factory=lambda: os.urandom(32), repr=False)
     cache: PromptCache = field(default_factory=PromptCache, repr=False)
+    output_room_checked: bool = True
+    """The API's checks of the reply's room: input + ``max_tokens`` within the window, ``max_tokens``
+    above a thinking budget (``False``: the shared cases' fake checks the prompt alone)."""
+    issued: dict[str, bytes] = field(default_factory=dict, repr=False)
+    """Thinking blocks of the shared cases' convention (``thinking.issue_case_blocks``): signature
+    (or redacted ``data``) -> the prefix it was issued against."""
 
     def reset(self) -> None:
         """Forget requests, script and cache; restore every control (a new secret too)."""

@@ -84,6 +84,24 @@ def test_earlier_turns_may_drop_their_thinking(client: anthropic.Anthropic, stat
     assert send(client, longer).content
 
 
+def test_an_earlier_turns_thinking_after_a_changed_prefix_is_rejected(client: anthropic.Anthropic,
+                                                                       state: FakeAnthropicState) -> None:
+    """A kept turn whose prefix changed (a compaction rewrote what came before it) may not keep its
+    thinking, in any turn (the binding the API enforces: openclaw/openclaw#90108); left out, it passes."""
+    history: Any = first_turn(client, state, thinking("First thought."))
+    state.script.append(reply(thinking("Second thought."), text("Done.")))
+    second: Any = send(client, history)
+    longer = [*history, {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in second.content]},
+              {"role": "user", "content": "Thanks, and 'transient'?"}]
+    longer[0] = {"role": "user", "content": "[summary] The user asked about 'ephemeral'."}  # the prefix rewritten
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        send(client, longer)
+    assert err(caught.value)["error"]["message"] == "messages.1.content.0: Invalid `signature` in `thinking` block"
+    longer[1] = {"role": "assistant", "content": longer[1]["content"][1:]}
+    longer[3] = {"role": "assistant", "content": longer[3]["content"][1:]}
+    assert send(client, longer).content
+
+
 def cached_request(client: anthropic.Anthropic, system_text: str, question: str, **kwargs: Any) -> Any:
     system: Any = [{"type": "text", "text": system_text, "cache_control": {"type": "ephemeral"}}]
     return client.messages.create(model="m", max_tokens=16, system=system, messages=[{"role": "user", "content": question}], **kwargs)

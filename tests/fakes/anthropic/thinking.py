@@ -21,7 +21,10 @@ Checks, only when ``thinking.type`` is ``enabled`` or ``adaptive``; wording as t
 it in public reports:
 
 - a signature that does not decode, or whose ``mac_text`` fails in an earlier turn, or whose
-  ``mac_bound`` fails (the block moved to another conversation) (ding113/claude-code-hub#518)::
+  ``mac_bound`` fails in any turn (the block moved to another conversation, or what came before
+  it changed: ding113/claude-code-hub#518; openclaw/openclaw#90108, rejected on every call after
+  a compaction kept a tail's stale blocks; the API's newer ``drop_block`` behaviour drops them
+  instead, earendil-works/pi#9391: either way a proxy must not send them)::
 
     messages.{i}.content.{j}: Invalid `signature` in `thinking` block
 - a latest-turn block whose text changed, or a latest-turn ``redacted_thinking`` whose ``data``
@@ -118,8 +121,39 @@ def thinking_mode(body: dict[str, Any]) -> str | None:
     return config.get("type") if isinstance(config, dict) else None
 
 
-def verify_thinking(body: dict[str, Any], turns: list[Turn], signer: ThinkingSigner) -> None:
-    """Raise the API's 400 for a thinking block that did not come back as it was made."""
+def case_signature(thinking: str) -> str:
+    """The signature of the shared cases' convention (``../shared/cases``): ``sig-`` + the first 32
+    hex digits of sha256 of the thinking text."""
+    return "sig-" + hashlib.sha256(thinking.encode()).hexdigest()[:32]
+
+
+def issue_case_blocks(body: dict[str, Any], turns: list[Turn], issued: dict[str, bytes]) -> None:
+    """Record the prefix each thinking block of a client's request was issued against (its own
+    request's: the shared cases' convention), by its ``signature`` (or ``data``), in ``issued``."""
+    for t, turn in enumerate(turns):
+        for j, (_, _, block) in enumerate(turn.blocks):
+            if _is_thinking(block):
+                key = block.get("signature") if block.get("type") == "thinking" else block.get("data")
+                if isinstance(key, str):
+                    issued[key] = conversation_prefix(body.get("system"), turns, t, j)
+
+
+def _case_verdict(block: dict[str, Any], prefix: bytes, issued: dict[str, bytes]) -> str | None:
+    """The verdict on a block issued by the shared cases' convention (``None``: not one of them)."""
+    key = block.get("signature") if block.get("type") == "thinking" else block.get("data")
+    if not isinstance(key, str) or key not in issued:
+        return None
+    if block.get("type") == "thinking" and key != case_signature(str(block.get("thinking", ""))):
+        return "modified"
+    return "ok" if hmac.compare_digest(issued[key], prefix) else "rebound"
+
+
+def verify_thinking(body: dict[str, Any], turns: list[Turn], signer: ThinkingSigner,
+                    issued: dict[str, bytes] | None = None) -> None:
+    """Raise the API's 400 for a thinking block that did not come back as it was made, or that
+    comes after a prefix other than the one it was made over (in any turn: the binding the API
+    enforces, openclaw/openclaw#90108 "Invalid signature in thinking block" on every call after a
+    compaction kept stale blocks; ``issued``: blocks of the shared cases' convention)."""
     mode = thinking_mode(body)
     if mode not in ("enabled", "adaptive"):
         return
@@ -129,9 +163,8 @@ def verify_thinking(body: dict[str, Any], turns: list[Turn], signer: ThinkingSig
         for j, (i, k, block) in enumerate(turns[t].blocks):
             if not _is_thinking(block):
                 continue
-            verdict = signer.check(block, conversation_prefix(body.get("system"), turns, t, j))
-            if t != latest and verdict == "rebound":
-                continue  # earlier turns are stripped by the API; only their own text is checked
+            prefix = conversation_prefix(body.get("system"), turns, t, j)
+            verdict = _case_verdict(block, prefix, issued or {}) or signer.check(block, prefix)
             redacted_in_latest = t == latest and block.get("type") == "redacted_thinking" and verdict != "ok"
             if (t == latest and verdict == "modified") or redacted_in_latest:
                 raise invalid(

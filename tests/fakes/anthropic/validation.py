@@ -73,8 +73,11 @@ MIN_THINKING_BUDGET_TOKENS = 1024
 ROLES = ("user", "assistant", "system")
 
 
-def check_body(body: Any, endpoint: str, beta: bool, extra_fields: Iterable[str] = ()) -> None:
-    """Raise the API's 400 for the first fault of ``body`` (see the module docstring)."""
+def check_body(body: Any, endpoint: str, beta: bool, extra_fields: Iterable[str] = (), *,
+               output_room: bool = True) -> None:
+    """Raise the API's 400 for the first fault of ``body`` (see the module docstring).
+    ``output_room``: ``max_tokens`` must exceed a thinking budget (``False``: a case whose rules
+    do not check it)."""
     if not isinstance(body, dict):
         raise invalid("Input should be a valid dictionary or object to extract fields from")
     allowed = (MESSAGES_FIELDS if endpoint == "messages" else COUNT_TOKENS_FIELDS) | set(extra_fields)
@@ -100,7 +103,7 @@ def check_body(body: Any, endpoint: str, beta: bool, extra_fields: Iterable[str]
     _check_system(body.get("system"))
     _check_messages(body["messages"])
     _check_cache_breakpoints(body)
-    _check_thinking(body, endpoint)
+    _check_thinking(body, endpoint if output_room else "count_tokens")  # (count_tokens has no max_tokens)
 
 
 def _check_text(block: dict[str, Any], where: str) -> None:
