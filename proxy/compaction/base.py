@@ -121,6 +121,12 @@ class Compactor:
             return Prepared(orjson.dumps(forwarded), forwarded=forwarded)
         return Prepared(ctx.raw)
 
+    async def counted(self, ctx: CompactionInput) -> bytes:
+        """The body a token count of ``ctx`` is asked for: what ``prepare`` would forward now,
+        planning nothing and storing nothing (Anthropic's ``count_tokens``: a client sizing its
+        context sees the projected size). Raises ``storage.errors.StorageError``."""
+        return ctx.raw
+
     async def compact_now(self, ctx: CompactionInput) -> str:
         """Serve the manual compaction tool: the text of its result (never raises)."""
         return "[context-proxy] Compaction is disabled on this proxy; nothing was removed."

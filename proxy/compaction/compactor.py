@@ -113,6 +113,16 @@ class ProjectingCompactor(Compactor):
             raise CannotFit(reason)
         return planned.prepared
 
+    async def counted(self, ctx: CompactionInput) -> bytes:
+        """The body ``prepare`` would forward for ``ctx`` now (its window, the session's events, the
+        defenses), with no event planned and no artifact stored: the stubs a count sees are the
+        ones the next forward stores. A session not stored yet (``pk`` 0) has no events."""
+        window = (await self.window(ctx)).estimate_window(reserved_output_tokens(ctx.body))
+        events = await self._events_of(ctx.session.pk, refresh=False) if ctx.session.pk else []
+        planned = await self.plans.prepare(ctx, window, events, _CountEffects(), force=False, force_media=False,
+                                           new_events=False)
+        return planned.prepared.body
+
     @contextlib.asynccontextmanager
     async def _lock(self, session_pk: int) -> AsyncIterator[None]:
         """One compaction at a time per session in this process (the store locks across processes)."""
@@ -278,6 +288,25 @@ class _LiveEffects:
         model = (compactor.settings.summary_model if compactor.api is CHAT_API else None) or ctx.model
         return UpstreamSummaryModel(compactor.upstream, model, ctx.body, ctx.upstream_headers, ctx.tenant,
                                     compactor.api)
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+
+class _CountEffects:
+    """The plan loop's I/O for a token count: nothing is stored (no event is planned for one)."""
+
+    async def store_artifacts(self, artifacts: Sequence[ArtifactToStore]) -> bool:
+        return True  # (counted as the stubs the next forward stores)
+
+    def exclusive(self) -> contextlib.AbstractAsyncContextManager[list[EventRecord]]:
+        raise AssertionError("a count plans no event")
+
+    async def add_event(self, event: EventRecord, events: list[EventRecord]) -> EventRecord:
+        raise AssertionError("a count plans no event")
+
+    def summary_model(self) -> SummaryModel:
+        raise AssertionError("a count plans no event")
 
     def now(self) -> datetime:
         return datetime.now(UTC)

@@ -19,8 +19,10 @@ provider's 401/403 to the client's own key logs the record only, as chat does. T
 (the connection, or an end without ``message_stop``) ends with an Anthropic ``error`` event, as
 the API ends a failed stream, so the client's SDK raises instead of taking half a message as whole.
 
+``counted_body``: a ``count_tokens`` request counted as the proxy would forward it now.
+
 Not yet (issue 19): the read tool in Anthropic's shape (no tool of the proxy's is offered on
-Messages: stubs and summaries name the read API's URLs), ``count_tokens`` of the projected body.
+Messages: stubs and summaries name the read API's URLs).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -56,6 +59,7 @@ from proxy.telemetry.metrics import Metrics
 from proxy.upstream.client import HeldResponse, Upstream
 from proxy.upstream.headers import forward_request_headers, response_headers
 from storage.errors import StorageError, StorageUnavailable
+from storage.records import SessionRecord
 from storage.refused import track_writes, untrack_writes
 
 log = logging.getLogger("context_proxy.messages")
@@ -212,6 +216,34 @@ class MessagesPipeline:
             raise
         finally:
             untrack_writes(tracking)
+
+    async def counted_body(self, raw: bytes, headers: Mapping[str, str], tenant: str) -> bytes:
+        """The body to count for a ``count_tokens`` request (``raw``): what the proxy would forward
+        for it now, in its session (named as ``handle`` names it; ``Compactor.counted``), or ``raw``
+        itself for a body it cannot read, a database that does not answer, compaction disabled.
+        Logs nothing, stores nothing. Raises ``BadRequest`` (a refused ``X-Session-Id``)."""
+        body = parse_messages_body(raw)
+        pieces = MESSAGES.pieces(body) if body is not None else []
+        if body is None or not pieces:
+            return raw
+        try:
+            digests, chain = await digests_off_loop([hash_view(p) for p in pieces], len(raw), self.digest_memo)
+        except (orjson.JSONEncodeError, RecursionError):
+            return raw
+        session_id = session_id_of(headers) or self.log.derive_session_id(tenant, pieces, chain)
+        try:
+            session = await self.log.store.find_session(session_id, tenant)
+            now = datetime.now(UTC)  # (pk 0: a session not stored yet, no event applies)
+            ctx = ChatContext(request_id=new_id("req"), tenant=tenant,
+                              session=session or SessionRecord(0, session_id, tenant, now, now, "messages"),
+                              body=body, raw=raw, messages=pieces, digests=digests, chain=chain,
+                              upstream_headers=[], stream=False, started=time.perf_counter(), session_log=self.log)
+            return await self.compactor.counted(ctx)
+        except StorageError as exc:
+            self.health.saw(exc)
+            return raw
+        except orjson.JSONEncodeError:  # (nested deeper than it serializes: counted as sent)
+            return raw
 
     async def _run(self, ctx: ChatContext, target: str) -> Buffered | Streamed:
         """Prepare (the defenses), forward, and on the provider's overflow (an error status, or an

@@ -37,7 +37,7 @@ from proxy.errors import Forbidden
 from proxy.forward.messages import CLAUDE_CODE_SESSION_HEADER
 from proxy.forward.session_ids import header_text
 from proxy.routes.answer import STATUS_KEY, CountedEndpoint, send_outcome, send_whole
-from proxy.routes.body import read_asgi_body
+from proxy.routes.body import read_asgi_body, read_body
 from proxy.routes.errors import client_error
 from proxy.routes.relay import relay
 from proxy.upstream.urls import passthrough_target
@@ -83,7 +83,7 @@ def anthropic_target(scope: Scope, method: str) -> str:
     return "/v1" + passthrough_target(raw_path, scope.get("query_string", b"").decode("latin-1"), method)
 
 
-async def relay_anthropic(request: Request) -> StreamingResponse:
+async def relay_anthropic(request: Request, content: bytes | None = None) -> StreamingResponse:
     """Relay ``request`` (any ``/v1/`` path) to the Anthropic upstream, as the module docstring says.
     Raises ``Unauthorized``/``Forbidden`` (``Authenticator.messages_tenant``), ``Forbidden`` for an
     account-wide path under the proxy's key, ``BadRequest`` for a path that could leave the upstream
@@ -97,7 +97,7 @@ async def relay_anthropic(request: Request) -> StreamingResponse:
         raise Forbidden(f"{request.method} {request.url.path} is not available through this proxy's shared Anthropic "
                         "key (it would reach account-wide state); ask an admin.")
     return await relay(request, state.anthropic_upstream, target, tenant=tenant, upstream_api_key=key,
-                       key_header="x-api-key")
+                       key_header="x-api-key", content=content)
 
 
 class _MessagesRoute:
@@ -170,7 +170,13 @@ OPENAPI_PATH_ITEM: dict[str, Any] = {
 
 
 async def count_tokens(request: Request) -> StreamingResponse:
-    return await relay_anthropic(request)
+    """The count of the request the proxy would forward (``MessagesPipeline.counted_body``: its
+    session's events and the defenses applied), relayed as ``relay_anthropic`` relays."""
+    state = request.app.state.proxy
+    tenant = state.auth.messages_tenant(request.headers)
+    raw = await read_body(request, state.settings.max_body_bytes)
+    headers = {k: header_text(v) if k in SESSION_HEADERS else v for k, v in request.headers.items()}
+    return await relay_anthropic(request, await state.messages.counted_body(raw, headers, tenant))
 
 
 router.add_api_route(COUNT_TOKENS_ROUTE, count_tokens, methods=["POST"], tags=["anthropic"],

@@ -204,3 +204,37 @@ def test_an_error_that_is_not_an_overflow_goes_back_as_the_provider_sent_it(
         c.messages.create(model="claude-sonnet-4-5", max_tokens=100, messages=history)
     assert "tool_result" in str(err.value) and err.value.response.headers.get("x-context-proxy-overflow-retries") is None
     assert len(anthropic_state.message_requests) == 1  # not retried
+
+
+def test_count_tokens_counts_the_request_the_proxy_would_forward(
+        anthropic_proxy: Callable[..., str], anthropic_state: FakeAnthropicState,
+        anthropic_fake: tuple[str, FakeAnthropicState], tmp_path: Path) -> None:
+    steps = 10
+    anthropic_state.windows[MODEL] = 12_000
+    anthropic_state.responder = Agent(steps)
+    url = anthropic_proxy(models_file=models_file(tmp_path, {MODEL: 12_000}))
+    session = "4e0c5e3e-7d52-4c1e-9a52-5b8a3f0c9d22"
+    final = run_agent(url, steps, stream=False, session=session)
+    history = final[:-1]  # what the last request sent
+    last = [r for r in anthropic_state.message_requests if not is_summary_call(r.json)][-1]
+    args: Any = {"model": MODEL, "system": SYSTEM, "tools": [READ], "thinking": {"type": "adaptive"},
+                 "messages": history}
+    with anthropic_client(url, default_headers={"x-claude-code-session-id": session}) as c:
+        counted = c.messages.count_tokens(**args).input_tokens
+    # the client's history as it stands (without thinking: its later turns were made, and signed,
+    # over the proxy's projection, and the provider binds them to that)
+    unchecked = {k: v for k, v in args.items() if k != "thinking"} | {"model": "claude-wide"}  # (a 200k window)
+    with anthropic_client(anthropic_fake[0]) as direct:
+        whole = direct.messages.count_tokens(**unchecked).input_tokens
+    count = [r for r in anthropic_state.requests if r.path == "/v1/messages/count_tokens"][0]  # (through the proxy)
+    assert count.input_tokens == counted and "max_tokens" not in count.json
+    # what the last request forwarded: the summary, the stale thinking left out; only its trailing
+    # results may differ (the count reserves no reply's room: it names no max_tokens, so the
+    # results a reply's room had clipped fit)
+    assert count.json["messages"][:-1] == last.json["messages"][:-1]
+    assert "[context-proxy]" in str(count.json["messages"][0]["content"])
+    assert counted < whole and whole > 12_000
+    with anthropic_client(url) as c:  # another session (none stored under this id): the client's own size
+        assert c.messages.count_tokens(**unchecked, extra_headers={"x-claude-code-session-id": "nobody"}
+                                       ).input_tokens == whole
+    assert not [r for r in anthropic_state.requests if r.path.endswith("count_tokens") and is_summary_call(r.json)]
