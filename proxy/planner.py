@@ -148,12 +148,24 @@ class Planner:
             return TruncatePlan(p.chain[c], self.total, after)
         return None
 
-    def _summary(self, c: int) -> SummaryPlan:
+    def plan_whole(self) -> SummaryPlan | None:
+        """A summary of everything after the leading system pieces and the applied summary, the
+        latest turn and its results included (``None``: nothing there): the last resort of a tool
+        cycle whose turns are signed against their prefix (``proxy.projection.signed_cycle``), which
+        no kept tail could keep once the prefix changes. The user's latest request is pinned when
+        small (``_summary``)."""
+        c = len(self.p.items) - 1
+        return self._summary(c, whole=True) if c >= self.lo else None
+
+    def _summary(self, c: int, *, whole: bool = False) -> SummaryPlan:
         p, cfg = self.p, self.p.cfg
         est_summary = cfg.summary_estimate_tokens
         pinned: int | None = None
         u = last_user_turn(p.items)
-        if u is not None and self.first <= u <= c:
+        if whole:
+            if u is not None and self.first <= u <= c and p.client_counts[u] <= (cfg.keep_tokens or 2000):
+                pinned = u
+        elif u is not None and self.first <= u <= c:
             # Cut before the user's latest request instead (a user turn is never a tool answer, so
             # that cut is pair-safe) when it keeps at most one more keep budget: a big step still.
             c2 = u - 1

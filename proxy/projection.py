@@ -261,8 +261,8 @@ def project(
     plan a summary that keeps only the last turn; as over the trigger, old tool arguments are
     truncated first when that alone fits, unless ``truncate_first`` is false: the manual compaction
     tool asks for a summary); a tool cycle under way with signed turns (``signed_cycle``) plans
-    no event (they were made over the prefix as it is) unless clipping its trailing results
-    leaves it over the window.
+    no event (they were made over the prefix as it is) unless it does not fit the window: then a
+    summary of all of it, its latest results included (``Planner.plan_whole``).
     ``new_events``: ``False`` plans none at all (the client's own compaction request: it is
     forwarded as it came, only its trailing results clipped if it does not fit). ``force_media``: a body-size
     overflow (413), plan offloading inline images of all but the newest user message.
@@ -382,8 +382,8 @@ def _project(messages: list[Piece], digests: list[str], chain_hashes: list[str],
 
     plan: Plan | None = None
     # a tool cycle under way with signed turns: they were made over the prefix as it is, so a new
-    # event (which would rewrite it) waits for the cycle's end, unless nothing else makes the
-    # request fit the window; only what follows the latest turn (its results) is cut meanwhile
+    # event (which would rewrite it) waits for the cycle's end, unless the request does not fit
+    # the window (then everything is summarized: ``Planner.plan_whole``)
     held = new_events and codec.binds_prefix and signed_cycle(items)
     if force_media and new_events:
         plan = media_plan(p, lo, m_bound, total)
@@ -391,7 +391,12 @@ def _project(messages: list[Piece], digests: list[str], chain_hashes: list[str],
     planner = Planner(p, first, lo, c_prev, t_bound, fixed + head_tokens, total, sev)
     if plan is None and new_events and not held and (force or too_big or total > cfg.trigger_tokens):
         plan = planner.plan(aggressive=force or too_big, allow_truncate=truncate_first or not force)
-    if plan is None and (force or too_big):
+    if plan is None and held and window is not None and total > window:
+        # the last resort of a signed cycle that does not fit: a kept turn's thinking would be
+        # stale (and a cut result would change the prefix of the turns made after it), so all of
+        # it goes into the summary, the latest results included
+        plan = planner.plan_whole()
+    elif plan is None and (force or too_big) and not held:
         clipped, idx, arts = clip_trailing_results(
             p.cur[lo:], items[lo:], p.counts[lo:], cfg, counter.count_text, unavailable_artifacts, codec
         )
@@ -402,10 +407,7 @@ def _project(messages: list[Piece], digests: list[str], chain_hashes: list[str],
             p.artifacts.update((a.id, a) for a in arts)
             p.kinds.add("clip")
             total = fixed + head_tokens + summary_tokens + sum(p.counts[lo:])
-        if held and window is not None and total > window:  # the last resort: the cycle's prefix goes
-            planner.total = total
-            plan = planner.plan(aggressive=True, allow_truncate=truncate_first)
-        elif window is not None and total > window and not held:
+        if window is not None and total > window:
             total += truncate_tail(p, lo)
     total += _unsign_stale(p, lo, applied, index)
     return _finish(p, messages, first, lo, summary_msg, total, tokens_client, event_ids, plan, window, None)

@@ -2,16 +2,19 @@
 inside a network namespace with only loopback (``unshare -n``), so nothing the CLI tries reaches
 a network.
 
-    python -m tests.e2e.claude_code_session CLAUDE_BINARY WORKDIR RESULT_JSON
+    python -m tests.e2e.claude_code_session CLAUDE_BINARY WORKDIR RESULT_JSON [STEPS]
 
 It starts the strict fake Anthropic provider (``tests.fakes.anthropic``) and the proxy in front of
 it, each on a real socket, and runs ``claude -p`` in ``WORKDIR`` (a git repository) with
 ``ANTHROPIC_BASE_URL`` on the proxy. The fake plays a model doing a two-step task with Claude
-Code's own tools: ``Write`` a file, then ``Bash`` to read it back, then a final answer, each turn
+Code's own tools: ``Write`` a file, then ``Bash`` to read it back (or, with ``STEPS``, that many
+``Bash`` build steps of about 3,000 tokens each at a 32,000-token window: ``long_model``), then a
+final answer, each turn
 starting with a signed thinking block when the request turns thinking on (as Claude Code does). Requests
 that offer no tools (Claude Code's side calls to its small model) get the fake's echo. Writes
 ``RESULT_JSON``: the CLI's exit code, stdout and stderr's tail, and each request the fake received
-(path, query, outcome, error, the tools' names, the last user turn's block types), and what the
+(path, query, outcome, error, input tokens, the tools' names, the last user turn's block types,
+the build steps it names, whether it is a summary call of the proxy's), and what the
 proxy logged of each session Claude Code named (``X-Claude-Code-Session-Id``).
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -28,8 +32,10 @@ from typing import Any
 import httpx
 
 from proxy.app import create_app
+from proxy.defenses.summarize import SUMMARY_PHRASE
 from proxy.settings import Settings
 from tests.fakes.anthropic import Reply, create_fake_anthropic, echo_responder, reply, text, thinking, tool_use
+from tests.fakes.anthropic.replies import last_user_text
 from tests.fakes.server import UvicornServer
 from tests.support.polling import wait_for
 
@@ -70,27 +76,83 @@ def scripted_model(workdir: str) -> Any:
     return respond
 
 
-def main(binary: str, workdir: str, result_path: str) -> None:
+MODEL = "claude-sonnet-4-5"
+LONG_WINDOW_TOKENS = 32_000
+"""The long task's window (the fake's and the proxy's): Claude Code's system prompt and tools alone
+take about 19,000 tokens of it, its replies 4,096 (``CLAUDE_CODE_MAX_OUTPUT_TOKENS``)."""
+LONG_OUTPUT_TOKENS = 4_096
+STEP_MARK = "STEP-DONE"
+
+
+def long_model(steps: int, workdir: str) -> Any:
+    """The long task: ``Write`` hello.txt, then ``steps`` ``Bash`` commands each printing a build
+    log of about 3,000 tokens (its first line ``STEP-DONE k``, so the step is read from the latest
+    result, whatever was summarized before it), then the final answer. A summary call is answered
+    with the markers its transcript holds."""
+
+    def respond(request: Any) -> Reply:
+        body = request.json
+        tools = {t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)}
+        if not {"Write", "Bash"} <= tools or "detailed summary" in last_user_text(body).lower():
+            # a summary call: the proxy's (no tools), or Claude Code's own compaction
+            said = "\n".join(sorted(set(re.findall(rf"{STEP_MARK} \d+", json.dumps(body)))))
+            return reply(text("<summary>\n## Session intent\nWrite hello.txt, then run the build steps.\n"
+                              f"{said}\n</summary>"))
+        think = [thinking("Next step of the task.")] if (body.get("thinking") or {}).get("type") in (
+            "enabled", "adaptive") else []
+        results = _tool_results(body)
+        # the steps done: the latest result's mark, or (after a summary) the marks the summary kept
+        marks = [int(n) for n in re.findall(rf"{STEP_MARK} (\d+)", json.dumps(results or body["messages"]))]
+        if not results and not marks:
+            return reply(*think, tool_use("Write", {"file_path": f"{workdir}/hello.txt", "content": FILE_TEXT}))
+        k = max(marks) + 1 if marks else 1
+        if k > steps:
+            return reply(*think, text(FINAL_TEXT))
+        command = (f"printf '{STEP_MARK} {k}\\n'; seq -f 'step {k} build log line %g: compiling module "
+                   f"with -O2 -Wall and linking' 1 230")
+        return reply(*think, tool_use("Bash", {"command": command, "description": f"Build step {k}"}))
+
+    return respond
+
+
+def main(binary: str, workdir: str, result_path: str, steps: str = "0") -> None:
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     app, state = create_fake_anthropic()
-    state.responder = scripted_model(workdir)
+    long = int(steps)
+    state.responder = long_model(long, workdir) if long else scripted_model(workdir)
     home = tempfile.mkdtemp(prefix="claude-home-")
     with UvicornServer(app) as fake, tempfile.TemporaryDirectory() as db:
+        windows = {}
+        if long:  # the proxy knows the window as the provider has it
+            state.windows[MODEL] = LONG_WINDOW_TOKENS
+            models = Path(db) / "models.yaml"
+            models.write_text(f'"{MODEL}":\n  context_window_tokens: {LONG_WINDOW_TOKENS}\n')
+            windows = {"models_file": str(models)}
         settings = Settings(anthropic_upstream_url=fake.url, upstream_url="http://127.0.0.1:9/v1",
                             database_url=f"sqlite:///{db}/proxy.db", tiktoken_cache_dir=os.environ.get(
-                                "TIKTOKEN_CACHE_DIR"))
+                                "TIKTOKEN_CACHE_DIR"), **windows)
         with UvicornServer(create_app(settings)) as proxy:
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "ANTHROPIC_BASE_URL": proxy.url,
                    "ANTHROPIC_API_KEY": KEY, "IS_SANDBOX": "1",
                    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
                    "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1"}
-            run = subprocess.run([binary, "-p", "Write hello.txt, then show it.", "--dangerously-skip-permissions",
-                                  "--model", "claude-sonnet-4-5"], env=env, cwd=workdir, capture_output=True,
-                                 text=True, timeout=240)
+            if long:
+                env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(LONG_OUTPUT_TOKENS)
+            task = "Write hello.txt, then run the build steps." if long else "Write hello.txt, then show it."
+            try:
+                run = subprocess.run([binary, "-p", task, "--dangerously-skip-permissions", "--model", MODEL],
+                                     env=env, cwd=workdir, capture_output=True, text=True, timeout=240)
+            except subprocess.TimeoutExpired as exc:  # recorded as a failed run, with what the fake saw
+                run = subprocess.CompletedProcess(exc.cmd, -9, _text(exc.stdout), _text(exc.stderr) + "\n(timed out)")
             sessions = _sessions(proxy.url, [r.headers.get("x-claude-code-session-id") for r in state.requests])
     received = [{"path": r.path, "query": r.query, "outcome": r.outcome, "error": r.error,
+                 "input_tokens": r.input_tokens, "max_tokens": (r.json or {}).get("max_tokens") if isinstance(
+                     r.json, dict) else None,
                  "tools": [t.get("name") for t in (r.json or {}).get("tools") or []] if isinstance(r.json, dict) else [],
-                 "last_user_blocks": _last_blocks(r.json)} for r in state.requests]
+                 "last_user_blocks": _last_blocks(r.json),
+                 "summary_call": isinstance(r.json, dict) and SUMMARY_PHRASE in last_user_text(r.json),
+                 "steps_seen": sorted({int(n) for n in re.findall(rf"{STEP_MARK} (\d+)", json.dumps(r.json))})}
+                for r in state.requests]
     Path(result_path).write_text(json.dumps({"returncode": run.returncode, "stdout": run.stdout[-4000:],
                                              "stderr": run.stderr[-4000:], "requests": received,
                                              "sessions": sessions}))
@@ -115,6 +177,10 @@ def _sessions(url: str, named: list[str | None]) -> dict[str, Any]:
     return out
 
 
+def _text(output: str | bytes | None) -> str:
+    return output.decode("utf-8", "replace") if isinstance(output, bytes) else output or ""
+
+
 def _last_blocks(body: Any) -> list[str]:
     if not isinstance(body, dict) or not body.get("messages"):
         return []
@@ -123,4 +189,4 @@ def _last_blocks(body: Any) -> list[str]:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,7 +33,9 @@ def claude_binary() -> Path | None:
     return path if path.is_file() and os.access(path, os.X_OK) else None
 
 
-def test_claude_code_finishes_a_tool_task_through_the_proxy(tmp_path: Path) -> None:
+def run_claude_code(tmp_path: Path, steps: int = 0) -> tuple[Path, dict[str, Any]]:
+    """Claude Code through the proxy in a new git repository (``claude_code_session``); the
+    repository and the run's result."""
     binary = claude_binary()
     named = os.environ.get("CONTEXT_PROXY_TEST_CLAUDE_CODE")
     assert binary is not None or not named, f"CONTEXT_PROXY_TEST_CLAUDE_CODE={named} is not an executable"
@@ -46,11 +49,16 @@ def test_claude_code_finishes_a_tool_task_through_the_proxy(tmp_path: Path) -> N
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     result_path = tmp_path / "result.json"
     run = subprocess.run(["unshare", "-n", sys.executable, "-m", "tests.e2e.claude_code_session", str(binary),
-                          str(repo), str(result_path)], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          str(repo), str(result_path), str(steps)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(result_path.read_text())
-    assert result["returncode"] == 0, result
+    assert result["returncode"] == 0, {k: v for k, v in result.items() if k != "requests"}
+    return repo, result
+
+
+def test_claude_code_finishes_a_tool_task_through_the_proxy(tmp_path: Path) -> None:
+    repo, result = run_claude_code(tmp_path)
     assert FINAL_TEXT in result["stdout"], result
     assert (repo / "hello.txt").read_text() == FILE_TEXT  # Claude Code's own Write tool ran
     main = [r for r in result["requests"] if {"Write", "Bash"} <= set(r["tools"])]
@@ -63,3 +71,23 @@ def test_claude_code_finishes_a_tool_task_through_the_proxy(tmp_path: Path) -> N
     (logged,) = sessions.values()
     assert logged["summary"]["branch_count"] == 1 and logged["requests"] == len(result["requests"]), logged
     assert logged["roles"][:2] == ["system", "user"] and logged["roles"][-1] == "assistant", logged
+
+
+def test_claude_code_finishes_a_long_task_the_proxy_must_compact(tmp_path: Path) -> None:
+    """Eight build steps of about 3,000 tokens each at a 32,000-token window, of which Claude Code's
+    own prompt and tools take 19,000 and its replies 4,096: the proxy summarizes (the whole tool
+    cycle, its signed turns included: ``Planner.plan_whole``) whenever the next request would not
+    fit, and Claude Code, which never sees an error, runs every step and finishes."""
+    repo, result = run_claude_code(tmp_path, steps=8)
+    assert FINAL_TEXT in result["stdout"], result["stdout"]
+    assert (repo / "hello.txt").read_text() == FILE_TEXT
+    requests = result["requests"]
+    rejected = [(r["outcome"], r["error"]) for r in requests if r["outcome"] != "ok"]
+    assert rejected == [], rejected  # no overflow, no signature or pairing error
+    summaries = [r for r in requests if r["summary_call"]]
+    assert len(summaries) >= 2, [(r["input_tokens"], r["summary_call"]) for r in requests]
+    assert all(r["input_tokens"] <= 32_000 for r in requests)
+    seen = set().union(*(r["steps_seen"] for r in requests))
+    assert seen == set(range(1, 9)), seen  # every step ran (its result forwarded, or summarized)
+    (logged,) = result["sessions"].values()
+    assert logged["requests"] == len(requests) - len(summaries), logged  # the proxy's calls are not the session's
