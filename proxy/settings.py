@@ -150,8 +150,10 @@ class Settings(BaseSettings):
     truncate_args_max_chars: int = Field(2000, description="Old tool-call string arguments longer than this are "
                                                            "truncated.")
     truncate_args_keep_chars: int = Field(20, description="Characters of a truncated argument kept.")
-    truncate_args_tools: str = Field("write_file,edit_file", description="Comma-separated tools whose old arguments "
-                                                                         "are truncated.")
+    truncate_args_tools: str = Field(
+        "write_file,edit_file,Write,Edit,MultiEdit",
+        description="Comma-separated tools whose old arguments are truncated (Deep Agents' write_file and edit_file, "
+        "Claude Code's Write, Edit and MultiEdit).")
     offload_tool_tokens: int = Field(20_000, description="Tool results over this many tokens are offloaded.")
     offload_user_tokens: int = Field(50_000, description="User messages over this many tokens are offloaded.")
     offload_window_fraction: float = Field(

@@ -11,7 +11,7 @@ from proxy.settings import Settings
 def test_from_settings_uses_design_defaults():
     cfg = DefenseConfig.from_settings(Settings(), 32_000)
     assert cfg.trigger_tokens == 27_200 and cfg.keep_tokens == 3_200 and cfg.keep_messages is None
-    assert cfg.truncate_args_tools == frozenset({"write_file", "edit_file"})
+    assert cfg.truncate_args_tools == frozenset({"write_file", "edit_file", "Write", "Edit", "MultiEdit"})
     assert (cfg.truncate_args_max_chars, cfg.truncate_args_keep_chars) == (2000, 20)
     assert cfg.offload_tool_threshold_tokens == 8_000 and cfg.offload_user_tokens == 50_000
     assert cfg.patch_dangling_tool_calls == "compacted" and cfg.enabled
