@@ -238,3 +238,31 @@ def test_count_tokens_counts_the_request_the_proxy_would_forward(
         assert c.messages.count_tokens(**unchecked, extra_headers={"x-claude-code-session-id": "nobody"}
                                        ).input_tokens == whole
     assert not [r for r in anthropic_state.requests if r.path.endswith("count_tokens") and is_summary_call(r.json)]
+
+
+def test_a_body_over_the_providers_byte_limit_has_its_older_images_offloaded(
+        anthropic_proxy: Callable[..., str], anthropic_state: FakeAnthropicState) -> None:
+    """A 413 ``request_too_large`` (the body's bytes, not its tokens) is answered by offloading the
+    inline images of all but the newest user turn, not by summarizing text (case 019's kind)."""
+    import base64
+    import os
+
+    anthropic_state.max_body_bytes = 1_500_000
+    image = lambda: {"type": "image", "source": {  # noqa: E731  (about 530 KB of base64 each)
+        "type": "base64", "media_type": "image/png", "data": base64.b64encode(os.urandom(400_000)).decode()}}
+    messages: list[Any] = []
+    for k in range(3):
+        messages.append({"role": "user", "content": [image(), {"type": "text", "text": f"Screenshot {k}: what changed?"}]})
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": f"Step {k} changed the header."}]})
+    messages.append({"role": "user", "content": [image(), {"type": "text", "text": "And now?"}]})
+    url = anthropic_proxy()
+    with anthropic_client(url) as c:
+        resp = c.messages.with_raw_response.create(model="claude-sonnet-4-5", max_tokens=100, messages=messages)
+    assert resp.parse().content[0].type == "text"
+    assert resp.headers["x-context-proxy-overflow-retries"] == "1" and "media" in resp.headers["x-context-proxy-defenses"]
+    seen = anthropic_state.message_requests
+    assert [r.status for r in seen] == [413, 200] and not [r for r in seen if is_summary_call(r.json)]
+    sent = seen[-1].json["messages"]
+    assert [b["type"] for b in sent[-1]["content"]] == ["image", "text"]  # the newest turn's image kept
+    for turn in sent[:-1:2]:  # the older ones: a reference in the image's place, the text kept
+        assert [b["type"] for b in turn["content"]] == ["text", "text"] and "/artifacts/" in turn["content"][0]["text"]
