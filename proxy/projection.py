@@ -391,10 +391,11 @@ def _project(messages: list[Piece], digests: list[str], chain_hashes: list[str],
     planner = Planner(p, first, lo, c_prev, t_bound, fixed + head_tokens, total, sev)
     if plan is None and new_events and not held and (force or too_big or total > cfg.trigger_tokens):
         plan = planner.plan(aggressive=force or too_big, allow_truncate=truncate_first or not force)
-    if plan is None and held and window is not None and total > window:
-        # the last resort of a signed cycle that does not fit: a kept turn's thinking would be
-        # stale (and a cut result would change the prefix of the turns made after it), so all of
-        # it goes into the summary, the latest results included
+    if plan is None and held and ((window is not None and total > window) or (force and _rewrites_signed(p, lo))):
+        # the last resort of a signed cycle that does not fit, or that the provider refused while
+        # the retry rewrites what its signed turns were made over (a window learned from the
+        # overflow offloads earlier results): a kept turn's thinking would be stale, so all of it
+        # goes into the summary, the latest results included
         plan = planner.plan_whole()
     elif plan is None and (force or too_big) and not held:
         clipped, idx, arts = clip_trailing_results(
@@ -411,6 +412,13 @@ def _project(messages: list[Piece], digests: list[str], chain_hashes: list[str],
             total += truncate_tail(p, lo)
     total += _unsign_stale(p, lo, applied, index)
     return _finish(p, messages, first, lo, summary_msg, total, tokens_client, event_ids, plan, window, None)
+
+
+def _rewrites_signed(p: _Projector, lo: int) -> bool:
+    """A kept piece before the last sealed one is forwarded other than the client sent it (what
+    the sealed turns after it were made over may have been the client's own)."""
+    last = max((j for j in range(lo, len(p.items)) if p.items[j].sealed), default=-1)
+    return any(p.cur[i] is not p.messages[i] for i in range(lo, last))
 
 
 def signed_cycle(items: Sequence[Item]) -> bool:

@@ -19,23 +19,12 @@ import pytest
 from proxy.defenses.summarize import SUMMARY_PHRASE
 from tests.e2e.test_cases import expected_answer, load_case
 from tests.fakes.anthropic import FakeAnthropicState, reply, text
-from tests.fakes.anthropic.replies import Reply, last_user_text
+from tests.fakes.anthropic.replies import Reply, last_user_text, strings
 from tests.fakes.anthropic.thinking import issue_case_blocks
 from tests.fakes.anthropic.turns import merge_turns
 from tests.support.anthropic_server import ANTHROPIC_KEY
 
 HEADERS = {"x-api-key": ANTHROPIC_KEY, "anthropic-version": "2023-06-01"}
-
-
-def strings(value: Any) -> list[str]:
-    """Every string of a JSON value (what the model sees of a body, as the harness reads it)."""
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list):
-        return [s for v in value for s in strings(v)]
-    if isinstance(value, dict):
-        return [s for v in value.values() for s in strings(v)]
-    return []
 
 
 def harness_model(request: Any) -> Reply:

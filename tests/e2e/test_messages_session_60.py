@@ -25,7 +25,7 @@ import pytest
 
 from proxy.defenses.summarize import SUMMARY_PHRASE
 from tests.fakes.anthropic import FakeAnthropicState, reply, text, thinking, tool_use
-from tests.fakes.anthropic.replies import Reply, last_user_text
+from tests.fakes.anthropic.replies import Reply, last_user_text, strings
 from tests.support.anthropic_server import anthropic_client
 
 MODEL = "claude-coding-32k"
@@ -50,16 +50,6 @@ def file_text(k: int) -> str:
 
 def is_summary_call(body: Any) -> bool:
     return SUMMARY_PHRASE in last_user_text(body)
-
-
-def strings(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list):
-        return [s for v in value for s in strings(v)]
-    if isinstance(value, dict):
-        return [s for v in value.values() for s in strings(v)]
-    return []
 
 
 def coding_model(request: Any) -> Reply:

@@ -80,6 +80,18 @@ def last_user_text(body: Any) -> str:
     return ""
 
 
+def strings(value: Any) -> list[str]:
+    """Every string of a JSON value, in order (what a scripted model reads of a prompt: texts, tool
+    inputs and results, the system)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [s for v in value for s in strings(v)]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in strings(v)]
+    return []
+
+
 def echo_responder(request: Any) -> Reply:
     """The default model: ``OK: `` and the first 40 characters of the last user text."""
     return reply("OK: " + " ".join(last_user_text(request.json).split())[:40])
