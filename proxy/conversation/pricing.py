@@ -24,7 +24,8 @@ def price_part(part: object, counter: PartCounter) -> int:
     ``data``: ``count_audio``. ``file``: ``count_file_data`` of its ``file_data`` data-URL payload.
     ``refusal``: its text. Anthropic blocks: ``tool_use`` = one tool-call frame + name + JSON
     ``input``; ``tool_result`` = one tool-call frame + its content (``price_content``); ``image``/
-    ``document`` = their ``source`` (``price_source``); ``thinking``: its text. Anything else (a
+    ``document`` = their ``source`` (``price_source``); ``thinking``: its text, or with none its
+    ``signature`` (``signature_tokens``). Anything else (a
     non-dict included): its compact JSON."""
     if isinstance(part, str):
         return counter.count_text(part)
@@ -58,9 +59,24 @@ def price_part(part: object, counter: PartCounter) -> int:
         return counter.count_frame(tool_calls=1) + price_content(part.get("content"), counter)
     if kind in ("image", "document"):
         return price_source(kind, part.get("source"), counter)
-    if kind == "thinking" and isinstance(part.get("thinking"), str):
+    if kind == "thinking" and isinstance(part.get("thinking"), str) and part["thinking"]:
         return counter.count_text(part["thinking"])
+    if kind == "thinking" and isinstance(part.get("signature"), str):
+        return signature_tokens(part["signature"])
     return counter.count_json(part)
+
+
+SIGNATURE_BYTES_PER_TOKEN = 4
+"""An omitted thinking's tokens, estimated from its signature: the base64 carries the thinking
+encrypted, about its size in bytes, at about 4 bytes a token."""
+
+
+def signature_tokens(signature: str) -> int:
+    """Tokens of a ``thinking`` block sent with empty text and only a ``signature`` (adaptive
+    thinking with the text omitted, as Claude Code sends it): the signature's decoded bytes at
+    ``SIGNATURE_BYTES_PER_TOKEN`` (what the provider counts is the thinking it carries, not the
+    empty text)."""
+    return -(-len(signature) * 3 // 4 // SIGNATURE_BYTES_PER_TOKEN)
 
 
 def price_source(kind: str, source: object, counter: PartCounter) -> int:

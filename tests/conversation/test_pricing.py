@@ -68,6 +68,17 @@ def test_anthropic_blocks_are_frames_and_texts() -> None:
     assert MESSAGES.price(piece, RULER) == 1000 + 4 + 13 == sum(p.tokens for p in MESSAGES.parts(piece, RULER)) + 1004
 
 
+def test_a_thinking_block_with_only_a_signature_is_counted_by_it() -> None:
+    """Claude Code's adaptive thinking sends blocks with empty text and a signature that carries the
+    thinking: counted by the signature (its decoded bytes at 4 a token), not as nothing."""
+    signature = "A" * 4000  # 3,000 bytes decoded
+    assert price_part({"type": "thinking", "thinking": "", "signature": signature}, RULER) == 750
+    assert price_part({"type": "thinking", "thinking": "I see.", "signature": signature}, RULER) == len("I see.")
+    piece = {"role": "assistant", "content": [{"type": "thinking", "thinking": "", "signature": signature},
+                                              {"type": "text", "text": "ok"}]}
+    assert MESSAGES.item(piece).sealed  # kept whole, never rewritten
+
+
 def test_tool_schemas_are_what_the_codec_says() -> None:
     tools: list[Any] = [{"type": "function", "function": {"name": "f", "parameters": {}, "strict": True}},
                         {"type": "web_search"}]
