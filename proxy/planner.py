@@ -152,8 +152,9 @@ class Planner:
         """A summary of everything after the leading system pieces and the applied summary, the
         latest turn and its results included (``None``: nothing there): the last resort of a tool
         cycle whose turns are signed against their prefix (``proxy.projection.signed_cycle``), which
-        no kept tail could keep once the prefix changes. The user's latest request is pinned when
-        small (``_summary``)."""
+        no kept tail could keep once the prefix changes. Pinned (verbatim in the summary message,
+        when small): the text the last turn carries beside its results (what the user or the client
+        said last: a question, a reminder), else the user's latest request."""
         c = len(self.p.items) - 1
         return self._summary(c, whole=True) if c >= self.lo else None
 
@@ -163,7 +164,12 @@ class Planner:
         pinned: int | None = None
         u = last_user_turn(p.items)
         if whole:
-            if u is not None and self.first <= u <= c and p.client_counts[u] <= (cfg.keep_tokens or 2000):
+            last = len(p.items) - 1
+            said = p.codec.user_text(p.messages[last]).strip() if p.items[last].role == "user" else ""
+            size = p.count_new({"role": "user", "content": said}) if said else None
+            u = last if said else u  # (its results go into the summary; what it says stays verbatim)
+            if u is not None and self.first <= u <= c and (
+                    size if size is not None else p.client_counts[u]) <= (cfg.keep_tokens or 2000):
                 pinned = u
         elif u is not None and self.first <= u <= c:
             # Cut before the user's latest request instead (a user turn is never a tool answer, so

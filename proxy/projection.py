@@ -246,6 +246,7 @@ def project(
     unavailable_artifacts: frozenset[str] = frozenset(),
     truncate_first: bool = True,
     new_events: bool = True,
+    escalate: bool = False,
 ) -> Projection:
     """Project the client's ``messages`` through the stored ``events`` and the defenses.
 
@@ -263,7 +264,9 @@ def project(
     tool asks for a summary); a tool cycle under way with signed turns (``signed_cycle``) plans
     no event (they were made over the prefix as it is) unless it does not fit the window: then a
     summary of all of it, its latest results included (``Planner.plan_whole``).
-    ``new_events``: ``False`` plans none at all (the client's own compaction request: it is
+    ``escalate`` (with ``force``): the last retry came out as the attempt refused, so a signed
+    cycle is summarized whole even when the estimate says it fits. ``new_events``: ``False`` plans
+    none at all (the client's own compaction request: it is
     forwarded as it came, only its trailing results clipped if it does not fit). ``force_media``: a body-size
     overflow (413), plan offloading inline images of all but the newest user message.
     ``limit_override_tokens``: a window learned from an overflow error (the smaller window wins).
@@ -289,7 +292,8 @@ def project(
             return Projection(messages, tokens_client, tokens_client, (), (), (), None, fits, None)
         return _project_counted(messages, digests, chain_hashes, events, cfg, priced, session_id, window, fixed,
                                 tools_tokens, reserved_output_tokens, client_counts, tokens_client, force,
-                                force_media, unavailable_artifacts, truncate_first, new_events, state, memos, codec)
+                                force_media, unavailable_artifacts, truncate_first, new_events, escalate, state, memos,
+                                codec)
     finally:
         memos.prefixes.keep(chain_hashes, state)
 
@@ -298,7 +302,8 @@ def _project_counted(messages: list[Piece], digests: list[str], chain_hashes: li
                      cfg: DefenseConfig, counter: MessageCounter, session_id: str, window: int | None, fixed: int,
                      tools_tokens: int, reserved_output_tokens: int, client_counts: list[int], tokens_client: int,
                      force: bool, force_media: bool, unavailable_artifacts: frozenset[str], truncate_first: bool,
-                     new_events: bool, state: PrefixState, memos: ProjectionMemos, codec: Codec) -> Projection:
+                     new_events: bool, escalate: bool, state: PrefixState, memos: ProjectionMemos,
+                     codec: Codec) -> Projection:
     """``project`` once the client's messages are counted: its shortcut, else ``_project``."""
     if (not events and not force and not force_media and tokens_client <= cfg.trigger_tokens
             and (window is None or tokens_client <= window) and cfg.patch_dangling_tool_calls != "always"
@@ -309,14 +314,15 @@ def _project_counted(messages: list[Piece], digests: list[str], chain_hashes: li
         return Projection(messages, tokens_client, tokens_client, (), (), (), None, True, None)
     return _project(messages, digests, chain_hashes, events, cfg, counter, session_id, window, fixed, tools_tokens,
                     reserved_output_tokens, client_counts, tokens_client, force, force_media, unavailable_artifacts,
-                    truncate_first, new_events, state, memos, codec)
+                    truncate_first, new_events, escalate, state, memos, codec)
 
 
 def _project(messages: list[Piece], digests: list[str], chain_hashes: list[str], events: Sequence[Event],
              cfg: DefenseConfig, counter: MessageCounter, session_id: str, window: int | None, fixed: int,
              tools_tokens: int, reserved_output_tokens: int, client_counts: list[int], tokens_client: int,
              force: bool, force_media: bool, unavailable_artifacts: frozenset[str], truncate_first: bool,
-             new_events: bool, state: PrefixState, memos: ProjectionMemos, codec: Codec) -> Projection:
+             new_events: bool, escalate: bool, state: PrefixState, memos: ProjectionMemos,
+             codec: Codec) -> Projection:
     """``project`` past its shortcut for a request with nothing to do (same arguments, counted)."""
     items = _items(state, codec, messages)
     p = _Projector(messages, items, digests, chain_hashes, client_counts, cfg, counter, unavailable_artifacts,
@@ -391,7 +397,8 @@ def _project(messages: list[Piece], digests: list[str], chain_hashes: list[str],
     planner = Planner(p, first, lo, c_prev, t_bound, fixed + head_tokens, total, sev)
     if plan is None and new_events and not held and (force or too_big or total > cfg.trigger_tokens):
         plan = planner.plan(aggressive=force or too_big, allow_truncate=truncate_first or not force)
-    if plan is None and held and ((window is not None and total > window) or (force and _rewrites_signed(p, lo))):
+    if plan is None and held and ((window is not None and total > window)
+                                  or (force and (escalate or _rewrites_signed(p, lo)))):
         # the last resort of a signed cycle that does not fit, or that the provider refused while
         # the retry rewrites what its signed turns were made over (a window learned from the
         # overflow offloads earlier results): a kept turn's thinking would be stale, so all of it
@@ -421,6 +428,25 @@ def _rewrites_signed(p: _Projector, lo: int) -> bool:
     return any(p.cur[i] is not p.messages[i] for i in range(lo, last))
 
 
+def _made_through(ev: Event, chain: Sequence[str], index: Mapping[str, int], n: int) -> int:
+    """The last index of the pieces of this chain made before ``ev`` was stored: its
+    ``planned_at_hash``; on a branch that left the planning one after the anchor (a rewind), the
+    last piece the two share (``made_before``, the short hashes after the anchor); ``n - 1``, all
+    of them, when that cannot be told (an older event, a list cut short and no piece found)."""
+    at = index.get(ev.payload.get("planned_at_hash") or "")
+    if at is not None:
+        return at
+    made, anchor = ev.payload.get("made_before"), index.get(ev.anchor_hash)
+    if not isinstance(made, list) or anchor is None:
+        return n - 1
+    known = {h for h in made if isinstance(h, str)}
+    width = len(next(iter(known), ""))
+    shared = [j for j in range(anchor + 1, n) if chain[j][:width] in known]
+    if shared:
+        return shared[-1]
+    return anchor if ev.payload.get("made_before_complete") else n - 1
+
+
 def signed_cycle(items: Sequence[Item]) -> bool:
     """The tool cycle under way (the items after the user's latest turn) holds a sealed item: a
     turn with content the provider signed against the prefix before it."""
@@ -438,8 +464,7 @@ def _unsign_stale(p: _Projector, lo: int, applied: Sequence[tuple[Event, int]], 
     n = len(p.cur)
     start, through = n, -1
     for ev, bound in applied:
-        at = index.get(ev.payload.get("planned_at_hash") or "")
-        through = max(through, n - 1 if at is None else at)
+        through = max(through, _made_through(ev, p.chain, index, n))
         if bound < 0:
             start = min(start, lo)
         else:  # after the first piece it rewrote (a sealed piece before that kept its prefix)

@@ -8,8 +8,9 @@ One ``ProviderApi`` per API the proxy compacts (``CHAT_API``: ``POST /chat/compl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import orjson
@@ -145,6 +146,39 @@ def _found(text: str, phrases: tuple[str, ...]) -> bool:
     return any(p in lowered for p in phrases)
 
 
+TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text", "refusal"})
+"""Chat content parts that are text (any other part: an image, audio, a file)."""
+MEDIA_BLOCK_TYPES = frozenset({"image", "document"})
+"""Messages blocks whose tokens the proxy only estimates (any other block is text or JSON it counts)."""
+
+
+def chat_text_only(messages: Sequence[dict[str, Any]]) -> bool:
+    """No image, audio or file in chat ``messages``: no content is a list of parts (one C-level
+    pass), or every part of those that are is text (their parts read; the body is not searched)."""
+    contents: list[Any] = list(map(dict.get, messages, repeat("content")))
+    if list not in map(type, contents):
+        return True
+    return all(not isinstance(part, dict) or part.get("type") in TEXT_PART_TYPES
+               for content in contents if type(content) is list for part in content)
+
+
+def messages_text_only(pieces: Sequence[dict[str, Any]]) -> bool:
+    """No ``image`` or ``document`` block in Messages ``pieces``, at the top of a turn or inside a
+    ``tool_result``: text, tool calls and results, thinking are all counted, not estimated."""
+    for piece in pieces:
+        content = piece.get("content")
+        for block in content if isinstance(content, list) else ():
+            if not isinstance(block, dict):
+                continue
+            if block.get("type") in MEDIA_BLOCK_TYPES:
+                return False
+            inner = block.get("content") if block.get("type") == "tool_result" else None
+            if isinstance(inner, list) and any(isinstance(b, dict) and b.get("type") in MEDIA_BLOCK_TYPES
+                                               for b in inner):
+                return False
+    return True
+
+
 @dataclass(frozen=True, slots=True)
 class ProviderApi:
     """One provider API as the defenses' shell sees it.
@@ -154,7 +188,8 @@ class ProviderApi:
     body and ``reply_text(data)`` the text of its answer (raises ``UnusableReply``);
     ``prompt_usage(usage)``: a reply's ``usage`` as ``{"prompt_tokens": N, ...}`` (what the
     learned limits read); ``client_compaction(body)``: the request is the client's own compaction
-    (no event is planned for it)."""
+    (no event is planned for it); ``text_only(pieces)``: no media whose tokens are estimated (a
+    reply's usage then calibrates the estimates)."""
 
     name: str
     codec: Codec
@@ -163,9 +198,10 @@ class ProviderApi:
     reply_text: Callable[[bytes], str]
     prompt_usage: Callable[[dict[str, Any] | None], dict[str, Any] | None]
     client_compaction: Callable[[Mapping[str, Any]], bool]
+    text_only: Callable[[Sequence[dict[str, Any]]], bool]
 
 
 CHAT_API = ProviderApi("chat", CHAT, UPSTREAM_CHAT_PATH, summary_request_body, chat_reply_text, chat_prompt_usage,
-                       never_client_compaction)
+                       never_client_compaction, chat_text_only)
 MESSAGES_API = ProviderApi("messages", MESSAGES, MESSAGES_PATH, messages_summary_body, messages_reply_text,
-                           messages_prompt_usage, messages_client_compaction)
+                           messages_prompt_usage, messages_client_compaction, messages_text_only)

@@ -66,6 +66,11 @@ class CompactionInput(Protocol):
         """The client asked for the manual compaction tool (header ``X-Context-Proxy-Compact-Tool``)."""
         ...
     @property
+    def escalated(self) -> bool:
+        """An overflow's retry came out as the attempt the provider refused: compact further (a
+        signed tool cycle is then summarized whole)."""
+        ...
+    @property
     def expanded(self) -> bool:
         """``messages`` include internal rounds the client's history does not (forward them, not ``raw``)."""
         ...

@@ -21,7 +21,6 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
-from itertools import repeat
 from typing import Any
 
 from proxy.cache import BoundedCache
@@ -56,7 +55,6 @@ EVENTS_CACHED = 10_000
 """Sessions whose events are cached."""
 ARTIFACTS_KNOWN = 100_000
 """(tenant, artifact id) pairs remembered as stored."""
-TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text", "refusal"})
 RETRY_WINDOWS = 10_000
 """Requests between an overflow and their retry whose retry window is remembered (``learn``)."""
 
@@ -198,7 +196,7 @@ class ProjectingCompactor(Compactor):
         rounds = self.plans.priced  # the proxy's rounds: chat messages
         estimate = p.tokens_forwarded + sum(rounds.count_message(m) for m in ctx.internal)
         return Sent(ctx.tenant, ctx.model, ctx.session.pk, estimate, reserved_output_tokens(ctx.body),
-                    lambda: _text_only(ctx))
+                    lambda: self.api.text_only(ctx.messages))
 
     async def compact_now(self, ctx: CompactionInput) -> str:
         """Serve the manual compaction tool: summarize now if the session is past half the trigger.
@@ -310,13 +308,3 @@ class _CountEffects:
 
     def now(self) -> datetime:
         return datetime.now(UTC)
-
-
-def _text_only(ctx: CompactionInput) -> bool:
-    """No image, audio or file in ``ctx``'s messages: no content is a list of parts (one C-level
-    pass), or every part of those that are is text (their parts read; the body is not searched)."""
-    contents = list(map(dict.get, ctx.messages, repeat("content")))
-    if list not in map(type, contents):
-        return True
-    return all(not isinstance(part, dict) or part.get("type") in TEXT_PART_TYPES
-               for content in contents if type(content) is list for part in content)

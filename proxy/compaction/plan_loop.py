@@ -47,6 +47,10 @@ OFF_LOOP_BYTES = 1 << 20
 """Requests whose body has at least this many bytes are projected (counted, transformed) and split
 into summary chunks in a worker thread, not on the event loop; smaller ones stay on the loop (a
 thread hop costs ~0.2 ms, more than projecting a small request)."""
+MADE_BEFORE_MAX = 512
+"""Chain hashes after an event's anchor its payload names as made before it (the rest: ``made_before_complete``)."""
+MADE_BEFORE_CHARS = 16
+"""Hex characters of each (unique enough within one session)."""
 CONFIG_MEMO = 4096
 """Defense configs kept (one per window and read-tool flag)."""
 
@@ -82,6 +86,8 @@ class PlanInput(Protocol):
     def expanded(self) -> bool: ...
     @property
     def compact_tool(self) -> bool: ...
+    @property
+    def escalated(self) -> bool: ...
 
 
 class PlanEffects(Protocol):
@@ -249,6 +255,7 @@ class PlanLoop:
             unavailable_artifacts=frozenset(unavailable),
             truncate_first=truncate_first,
             new_events=new_events,
+            escalate=req.escalated,
             codec=self.codec,
         )
 
@@ -270,8 +277,13 @@ class PlanLoop:
         else:
             payload, after = plan.payload(), plan.tokens_after
         # the pieces made before this event: a provider that signs content against what came
-        # before it (Messages thinking) signed them over the old projection (``projection._unsign_stale``)
+        # before it (Messages thinking) signed them over the old projection (``projection._unsign_stale``);
+        # those after the anchor are named too (short hashes, the last ``MADE_BEFORE_MAX``), so a
+        # branch that leaves this one after the anchor (a rewind) keeps the thinking made since
         payload["planned_at_hash"] = req.chain[-1]
+        since = req.chain[req.chain.index(plan.anchor_hash) + 1:] if plan.anchor_hash in req.chain else []
+        payload["made_before"] = [h[:MADE_BEFORE_CHARS] for h in since[-MADE_BEFORE_MAX:]]
+        payload["made_before_complete"] = len(since) <= MADE_BEFORE_MAX
         event = EventRecord(
             id=event_id(req.session.pk, plan.kind, plan.anchor_hash),
             session_pk=req.session.pk,

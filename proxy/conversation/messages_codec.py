@@ -36,7 +36,6 @@ from proxy.conversation.blocks import (
     tool_use_call,
     tool_use_with_input,
 )
-from proxy.conversation.canonical import text_of
 from proxy.conversation.codec import PartCounter, ToolCall
 from proxy.conversation.model import (
     ASSISTANT,
@@ -277,8 +276,13 @@ class MessagesCodec:
         return {**piece, "content": kept or [text_block(UNSIGNED_PLACEHOLDER)]}
 
     def user_text(self, piece: Piece) -> str:
-        """``canonical.text_of`` the turn's ``content`` (a string, or its ``text`` blocks joined)."""
-        return text_of(piece.get("content"))
+        """What the turn says: a string content, or its own ``text`` blocks joined by newlines (not
+        the contents of its ``tool_result`` blocks: those are results, not words)."""
+        content = piece.get("content")
+        if isinstance(content, str):
+            return content
+        return "\n".join(b["text"] for b in _blocks(piece)
+                         if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str))
 
     def apply(self, body: Mapping[str, Any], raw: bytes, pieces: list[Piece],
               extra: Mapping[str, Any] | None = None) -> tuple[bytes, dict[str, Any] | None]:

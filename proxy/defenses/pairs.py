@@ -31,7 +31,9 @@ def dangling_calls(items: Sequence[Item]) -> list[tuple[int, list[str]]]:
     calls), the block of ``TOOL`` answers and ``OPAQUE`` items that follows answers them;
     ``insert_at`` is the index of the first item after that block (where synthetic answers go).
     A ``RESULTS`` turn there answers the ids it names (Messages: ``tool_result`` blocks answer
-    the ``tool_use`` blocks of the turn before; the codec puts the missing ones inside it). Chat
+    the ``tool_use`` blocks of the turn before; the codec puts the missing ones inside it), and so
+    do the ``RESULTS`` turns right after it (the API merges consecutive user turns: parallel
+    results may come one turn each). Chat
     ``tool_use`` blocks are not ``calls`` of a chat item, and chat ``RESULTS`` items name no
     ids, so chat patches only ``tool_calls``. Nor are the calls of a block that holds
     an ``OPAQUE`` item (Llama's ``ipython`` answers calls without a ``tool_call_id``): whether they
@@ -57,8 +59,10 @@ def dangling_calls(items: Sequence[Item]) -> list[tuple[int, list[str]]]:
             else:
                 opaque = True
             i += 1
-        if pending and i < n and items[i].kind == RESULTS:  # answers inside the next turn (Messages)
-            pending = [cid for cid in pending if cid not in items[i].answers]
+        j = i  # answers inside the next turn (Messages), or the turns right after it (the API merges
+        while pending and j < n and items[j].kind == RESULTS:  # consecutive user turns into one)
+            pending = [cid for cid in pending if cid not in items[j].answers]
+            j += 1
         if pending and not opaque:
             out.append((i, pending))
     return out

@@ -57,6 +57,8 @@ class ChatContext:
     """The provider's overflow this request ended with, no retry left (its answer returned as sent)."""
     compact_tool: bool = False
     """The client asked for the manual compaction tool (header ``X-Context-Proxy-Compact-Tool``)."""
+    escalated: bool = False
+    """An overflow's retry came out as the attempt refused: the next prepare compacts further."""
     internal: list[dict[str, Any]] = field(default_factory=list)
     """Messages of the proxy's own tool rounds in this request (logged as internal)."""
     read_rounds: int = 0

@@ -299,6 +299,9 @@ class MessagesPipeline:
         assert ctx.prepared is not None
         before = ctx.prepared.body
         await self._prepare(ctx, overflow)
+        if ctx.prepared.body == before and not ctx.escalated:  # the same body would be refused again:
+            ctx.escalated = True  # compact further (a signed cycle summarized whole), once
+            await self._prepare(ctx, overflow)
         if ctx.prepared.body == before:
             return self._unrecovered(ctx, overflow)
         ctx.retries += 1

@@ -225,6 +225,7 @@ class ReplayRequest:
     session: ReplaySession
     expanded: bool = False
     compact_tool: bool = False
+    escalated: bool = False
 
 
 class _MemoryEffects:

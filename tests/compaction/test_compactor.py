@@ -38,6 +38,7 @@ class Input:
     model: str = MODEL
     upstream_headers: list[tuple[str, str]] = field(default_factory=list)
     compact_tool: bool = False
+    escalated: bool = False
     expanded: bool = False
     prepared: Prepared | None = None
     internal: Sequence[dict[str, Any]] = ()

@@ -161,6 +161,21 @@ def test_without_a_planned_at_hash_every_kept_thinking_is_left_out_and_a_thinkin
     assert all(b.get("text") != "" for b in blocks if b.get("type") == "text")
 
 
+def test_parallel_results_in_consecutive_user_turns_answer_their_calls() -> None:
+    """The API merges consecutive user turns, so results that come one turn each answer the calls:
+    no synthetic "cancelled" answer contradicts the client's own (found by breaking the route)."""
+    body = {"model": "claude", "max_tokens": 10, "messages": [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [_use("t1"), _use("t2")]},
+        {"role": "user", "content": [_result("t1", "one")]},
+        {"role": "user", "content": [_result("t2", "two")]},
+        {"role": "user", "content": "and then?"},
+    ]}
+    assert dangling_calls(_conversation(body).items) == []
+    body["messages"][3] = {"role": "user", "content": "no second result"}
+    assert dangling_calls(_conversation(body).items) == [(2, ["t2"])]  # inside the first results turn
+
+
 def test_a_dangling_tool_use_is_answered_inside_the_next_user_turn(counter: TokenCounter) -> None:
     body = {"model": "claude", "max_tokens": 10, "messages": [
         {"role": "user", "content": "go"},

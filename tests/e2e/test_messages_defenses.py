@@ -266,3 +266,31 @@ def test_a_body_over_the_providers_byte_limit_has_its_older_images_offloaded(
     assert [b["type"] for b in sent[-1]["content"]] == ["image", "text"]  # the newest turn's image kept
     for turn in sent[:-1:2]:  # the older ones: a reference in the image's place, the text kept
         assert [b["type"] for b in turn["content"]] == ["text", "text"] and "/artifacts/" in turn["content"][0]["text"]
+
+
+@pytest.mark.parametrize("shape", ["text", "tool"])
+def test_a_replys_usage_calibrates_the_estimate_for_tool_conversations_too(
+        shape: str, anthropic_proxy: Callable[..., str], anthropic_state: FakeAnthropicState, tmp_path: Path) -> None:
+    """Tool calls, results and thinking are counted, not estimated: a Messages reply's usage
+    calibrates the estimate ratio for them as for text (found by breaking the route: only chat's
+    text part types counted as text, so no agent request on Messages ever calibrated it)."""
+    from tests.support.polling import wait_for
+
+    anthropic_state.windows[MODEL] = 100_000
+    anthropic_state.responder = lambda request: reply(text("ok " * 50))
+    url = anthropic_proxy(models_file=models_file(tmp_path, {MODEL: 100_000}), admin_api_keys=ANTHROPIC_KEY)
+    messages: list[Any] = [{"role": "user", "content": file_text(0, 200)}]
+    if shape == "tool":
+        messages = [{"role": "user", "content": "go"},
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_a", "name": "read_file",
+                                                       "input": {"path": "x"}}]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_a",
+                                                  "content": file_text(0, 200)}]}]
+    with httpx.Client(base_url=url, headers={"x-api-key": ANTHROPIC_KEY, "anthropic-version": "2023-06-01"},
+                      timeout=60) as http:
+        for _ in range(4):
+            r = http.post("/v1/messages", json={"model": MODEL, "max_tokens": 100, "tools": [READ],
+                                                "messages": messages})
+            assert r.status_code == 200, r.text
+        learned = wait_for(lambda: http.get("/limits").json()["data"] or None, 10.0)
+    assert learned and learned[0]["model"] == MODEL, learned
