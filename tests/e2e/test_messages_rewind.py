@@ -50,20 +50,28 @@ def task(c: httpx.Client, messages: list[Any], t: int, mode: str) -> list[Any]:
     return messages + [{"role": "assistant", "content": r.json()["content"]}]
 
 
+def until_summarized(c: httpx.Client, mode: str, state: Any) -> tuple[list[Any], int]:
+    """Tasks until the proxy summarizes; the history before the last task's prompt (the request
+    that sent it planned the summary) and the number of tasks run."""
+    messages: list[Any] = []
+    before: list[Any] = []
+    t = 0
+    while not any(is_summary_call(q.json) for q in state.message_requests):
+        before = messages
+        messages = task(c, messages, t, mode)
+        t += 1
+        assert t < 20
+    return before, t
+
+
 @pytest.mark.parametrize("mode", ["enabled", "adaptive"])
 def test_rewind_of_the_prompt_that_planned_a_summary(mode: str, anthropic_proxy: Any, anthropic_state: Any,
                                                      tmp_path: Any) -> None:
     anthropic_state.windows[MODEL] = 12_000
     anthropic_state.responder = model
     url = anthropic_proxy(models_file=models_file(tmp_path, {MODEL: 12_000}), keep_fraction=0.35)
-    messages: list[Any] = []
     with httpx.Client(base_url=url, headers=H, timeout=60) as c:
-        t = 0
-        while not any(is_summary_call(q.json) for q in anthropic_state.message_requests):
-            before = messages
-            messages = task(c, messages, t, mode)
-            t += 1
-            assert t < 20
+        before, t = until_summarized(c, mode, anthropic_state)
         # the summary was planned by the request that sent "Task {t-1}" (a user text turn)
         events = c.get(f"/sessions/{SESSION}/events").json()["data"]
         assert events and all(e["payload"]["made_before"] for e in events)
@@ -86,13 +94,8 @@ def test_after_a_rewind_the_branch_goes_on_working(anthropic_proxy: Any, anthrop
     anthropic_state.windows[MODEL] = 12_000
     anthropic_state.responder = model
     url = anthropic_proxy(models_file=models_file(tmp_path, {MODEL: 12_000}), keep_fraction=0.35)
-    messages: list[Any] = []
     with httpx.Client(base_url=url, headers=H, timeout=60) as c:
-        t = 0
-        while not any(is_summary_call(q.json) for q in anthropic_state.message_requests):
-            before = messages
-            messages = task(c, messages, t, mode)
-            t += 1
+        before, t = until_summarized(c, mode, anthropic_state)
         edited = list(before)
         statuses = []
         for n in range(3):  # the user edits the prompt, and later keeps giving new tasks
