@@ -86,8 +86,10 @@ def truncate_tail(p: Work, lo: int) -> int:
 
 
 def media_plan(p: Work, lo: int, m_bound: int, total: int) -> MediaPlan | None:
-    """Case 019: offload inline images of every kept message before the newest user message."""
-    u = last_user_turn(p.items)
+    """Case 019: offload inline images of every kept message before the newest user message (the
+    newest piece of role ``user``: a Messages turn of tool results, whose screenshots the model is
+    looking at, is one)."""
+    u = next((i for i in range(len(p.items) - 1, -1, -1) if p.items[i].role == "user"), None)
     boundary = (u if u is not None else len(p.messages)) - 1
     saved, found = 0, False
     for i in range(max(lo, m_bound + 1), boundary + 1):

@@ -61,6 +61,14 @@ def test_user_text_is_the_text_the_summary_pinned_before_the_codec(turn: dict[st
     assert MESSAGES.user_text(turn) == text_of(turn.get("content"))
 
 
+def test_a_messages_turn_of_results_says_only_its_own_text() -> None:
+    """A Messages turn carrying tool results says what its own text blocks say, not its results
+    (a whole-cycle summary pins it verbatim: the results are in the summary)."""
+    turn = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "a long log"},
+                                        {"type": "text", "text": "QUESTION: why?"}]}
+    assert MESSAGES.user_text(turn) == "QUESTION: why?"
+
+
 def test_apply_takes_the_body_and_its_bytes() -> None:
     """``Codec.apply(body, raw, pieces, extra)``: the plan loop applies a projection without a
     ``Conversation``; equal pieces are the client's bytes, for Messages too (system at the top)."""

@@ -216,6 +216,13 @@ class ChatCodec:
         ``image`` block)."""
         return inline_image(part.native) if part.field == "content" else None
 
+    def inner_media(self, part: Part) -> list[tuple[int, str, str]]:
+        """``[]``: a chat part holds no parts of its own."""
+        return []
+
+    def with_inner(self, part: Part, new: Mapping[int, object]) -> object:
+        raise ValueError("a chat part holds no parts of its own")
+
     def text_part(self, text: str) -> object:
         """``{"type": "text", "text": text}``."""
         return text_block(text)

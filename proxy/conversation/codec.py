@@ -29,6 +29,9 @@ body. The contract (``tests/conversation/test_codec_contract.py`` checks it for 
   may replace, else ``None``), ``with_text(part, text)``; ``tool_call(part)`` (a ``TOOL_CALL``
   part's ``ToolCall``: name and arguments, else ``None``), ``with_arguments(part, arguments)``;
   ``inline_media(part)`` (``(data_url, media_type)`` of inline media, else ``None``);
+  ``inner_media(part)`` (``(index, data_url, media_type)`` of the inline media inside a part:
+  Messages' images in a ``tool_result``'s blocks), ``with_inner(part, new)`` (the part with those
+  inner elements replaced);
   ``text_part(text)`` (a new text part in the API's shape); ``with_parts(piece, new)`` (the piece
   with the parts at the indices of ``new``, indices into ``parts(piece, ...)``, replaced by those
   native parts: every other key keeps its value and place; ``piece`` itself when ``new`` is
@@ -151,6 +154,10 @@ class Codec(Protocol):
     def with_arguments(self, part: Part, arguments: object) -> object: ...
 
     def inline_media(self, part: Part) -> tuple[str, str] | None: ...
+
+    def inner_media(self, part: Part) -> list[tuple[int, str, str]]: ...
+
+    def with_inner(self, part: Part, new: Mapping[int, object]) -> object: ...
 
     def text_part(self, text: str) -> object: ...
 

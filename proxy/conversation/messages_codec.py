@@ -36,6 +36,7 @@ from proxy.conversation.blocks import (
     tool_use_call,
     tool_use_with_input,
 )
+from proxy.conversation.canonical import text_of
 from proxy.conversation.codec import PartCounter, ToolCall
 from proxy.conversation.model import (
     ASSISTANT,
@@ -220,6 +221,26 @@ class MessagesCodec:
         """A base64 ``image`` block as a ``data:`` URL and its media type."""
         return inline_image(part.native)
 
+    def inner_media(self, part: Part) -> list[tuple[int, str, str]]:
+        """The base64 ``image`` blocks inside a ``tool_result``'s block content (a screenshot a tool
+        returned): ``(index in that content, data URL, media type)``."""
+        native = part.native
+        inner = native.get("content") if isinstance(native, dict) and native.get("type") == "tool_result" else None
+        if not isinstance(inner, list):
+            return []
+        return [(j, *found) for j, block in enumerate(inner) if (found := inline_image(block)) is not None]
+
+    def with_inner(self, part: Part, new: Mapping[int, object]) -> object:
+        """The ``tool_result`` block with the blocks of its content at the indices of ``new``
+        replaced (its ``tool_use_id``, ``is_error``, ``cache_control`` kept). Raises ``ValueError``
+        for a part with no block content."""
+        native = part.native
+        if not isinstance(native, dict) or native.get("type") != "tool_result" or not isinstance(
+                native.get("content"), list):
+            raise ValueError("this part holds no blocks")
+        block: dict[str, Any] = native
+        return {**block, "content": [new.get(j, inner) for j, inner in enumerate(block["content"])]}
+
     def text_part(self, text: str) -> object:
         """``{"type": "text", "text": text}``."""
         return text_block(text)
@@ -276,13 +297,13 @@ class MessagesCodec:
         return {**piece, "content": kept or [text_block(UNSIGNED_PLACEHOLDER)]}
 
     def user_text(self, piece: Piece) -> str:
-        """What the turn says: a string content, or its own ``text`` blocks joined by newlines (not
-        the contents of its ``tool_result`` blocks: those are results, not words)."""
+        """What the turn says: ``canonical.text_of`` its content (a string, or the ``text`` of its
+        blocks joined by newlines), without the contents of its ``tool_result`` blocks (results,
+        not words)."""
         content = piece.get("content")
-        if isinstance(content, str):
-            return content
-        return "\n".join(b["text"] for b in _blocks(piece)
-                         if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str))
+        if isinstance(content, list):
+            content = [b for b in content if not (isinstance(b, dict) and b.get("type") == "tool_result")]
+        return text_of(content)
 
     def apply(self, body: Mapping[str, Any], raw: bytes, pieces: list[Piece],
               extra: Mapping[str, Any] | None = None) -> tuple[bytes, dict[str, Any] | None]:

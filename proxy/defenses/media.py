@@ -36,22 +36,26 @@ def offload_media(
     None, artifacts)``.
 
     Decided over the codec's parts: each ``MEDIA`` part ``codec.inline_media`` reads becomes
-    ``codec.text_part(reference)`` in its place (``codec.with_parts``): the content keeps its length
-    and order, every other part and key is kept as sent.
+    ``codec.text_part(reference)`` in its place (``codec.with_parts``), and so does each inline
+    media inside a part (``codec.inner_media``: a tool result's image, the part kept, its pairing
+    with it): the content keeps its length and order, every other part and key is kept as sent.
     """
     artifacts: list[ArtifactToStore] = []
     new: dict[int, object] = {}
-    for index, part in enumerate(codec.parts(message, UNCOUNTED)):
-        found = codec.inline_media(part) if part.kind == MEDIA else None
-        if found is None:
-            continue
-        url, media_type = found
+
+    def reference(url: str, media_type: str) -> object:
         art_id = artifact_id(url)
         if art_id in unavailable:
-            new[index] = codec.text_part(UNSTORED_TEXT)
-        else:
-            artifacts.append(ArtifactToStore(art_id, url, media_type))
-            new[index] = codec.text_part(reference_text(art_id, media_type, len(url)))
+            return codec.text_part(UNSTORED_TEXT)
+        artifacts.append(ArtifactToStore(art_id, url, media_type))
+        return codec.text_part(reference_text(art_id, media_type, len(url)))
+
+    for index, part in enumerate(codec.parts(message, UNCOUNTED)):
+        found = codec.inline_media(part) if part.kind == MEDIA else None
+        if found is not None:
+            new[index] = reference(*found)
+        elif inner := codec.inner_media(part):  # inside a part: a tool result's screenshot
+            new[index] = codec.with_inner(part, {j: reference(url, media_type) for j, url, media_type in inner})
     if not new:
         return None, []
     return codec.with_parts(message, new), artifacts

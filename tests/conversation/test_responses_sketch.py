@@ -191,6 +191,12 @@ class ResponsesSketch:
         texts = [p.get("text") for p in content or [] if isinstance(p, dict) and p.get("type") == "input_text"]
         return "\n".join(t for t in texts if isinstance(t, str))
 
+    def inner_media(self, part: Part) -> list[tuple[int, str, str]]:
+        return []
+
+    def with_inner(self, part: Part, new: Mapping[int, object]) -> object:
+        raise ValueError("no inner parts")
+
     def unsigned(self, piece: Piece) -> Piece | None:
         return None  # (a ``reasoning`` item is a piece of its own, bound to the next)
 

@@ -294,3 +294,33 @@ def test_a_replys_usage_calibrates_the_estimate_for_tool_conversations_too(
             assert r.status_code == 200, r.text
         learned = wait_for(lambda: http.get("/limits").json()["data"] or None, 10.0)
     assert learned and learned[0]["model"] == MODEL, learned
+
+
+def test_a_413_offloads_the_screenshots_older_tool_results_carry(
+        anthropic_proxy: Callable[..., str], anthropic_state: FakeAnthropicState) -> None:
+    """Screenshots come back inside ``tool_result`` blocks (Claude Code's Read of an image, a
+    browser tool): after a 413 those of older results are offloaded in place, the result keeping
+    its ``tool_use_id`` and its pairing, the newest one kept."""
+    import base64
+    import os
+
+    anthropic_state.max_body_bytes = 1_500_000
+    messages: list[Any] = [{"role": "user", "content": "Check the page after each change."}]
+    for k in range(4):
+        shot = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                            "data": base64.b64encode(os.urandom(400_000)).decode()}}
+        messages.append({"role": "assistant", "content": [
+            {"type": "tool_use", "id": f"toolu_shot{k}", "name": "screenshot", "input": {}}]})
+        messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_shot{k}",
+                                                      "content": [shot, {"type": "text", "text": f"page {k}"}]}]})
+    url = anthropic_proxy()
+    with anthropic_client(url) as c:
+        resp = c.messages.with_raw_response.create(model="claude-sonnet-4-5", max_tokens=100, messages=messages)
+    assert resp.parse().content[0].type == "text" and "media" in resp.headers["x-context-proxy-defenses"]
+    seen = anthropic_state.message_requests
+    assert [r.status for r in seen] == [413, 200]
+    results = [m["content"][0] for m in seen[-1].json["messages"] if m["role"] == "user" and isinstance(m["content"], list)]
+    assert [r["tool_use_id"] for r in results] == [f"toolu_shot{k}" for k in range(4)]
+    assert [b["type"] for b in results[-1]["content"]] == ["image", "text"]  # the newest kept
+    for r in results[:-1]:
+        assert [b["type"] for b in r["content"]] == ["text", "text"] and "/artifacts/" in r["content"][0]["text"]
