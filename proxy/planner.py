@@ -60,6 +60,10 @@ class Work(Protocol):
         """The token count of a piece the projection made."""
         ...
 
+    def replace(self, i: int, piece: Piece) -> int:
+        """Put ``piece`` in place of ``cur[i]`` (counted anew); the change in tokens."""
+        ...
+
     def transform(self, i: int, truncate: bool, media: bool, kinds: set[str]) -> tuple[Piece, int]:
         """Piece ``i`` truncated/media-offloaded/offloaded, and its token count."""
         ...
@@ -78,9 +82,7 @@ def truncate_tail(p: Work, lo: int) -> int:
         t = truncate_message(p.cur[i], cfg.truncate_args_tools, cfg.truncate_args_max_chars,
                              cfg.truncate_args_keep_chars, item=p.items[i], codec=p.codec)
         if t is not None:
-            new_count = p.count_new(t)
-            delta += new_count - p.counts[i]
-            p.cur[i], p.counts[i] = t, new_count
+            delta += p.replace(i, t)
             p.kinds.add("truncate_args")
     return delta
 

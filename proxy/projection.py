@@ -164,6 +164,12 @@ class _Projector:
     def count_new(self, message: Piece) -> int:
         return self.counter.count_message(message, message_digest(message))
 
+    def replace(self, i: int, piece: Piece) -> int:
+        """Put ``piece`` in place of piece ``i`` (counted anew); the change in tokens."""
+        count = self.count_new(piece)
+        change, self.cur[i], self.counts[i] = count - self.counts[i], piece, count
+        return change
+
     def transform(self, i: int, truncate: bool, media: bool, kinds: set[str]) -> tuple[Piece, int]:
         """Message ``i`` (from ``self.cur``) with truncation, media offload and offload applied.
 
@@ -410,8 +416,7 @@ def _project(messages: list[Piece], digests: list[str], chain_hashes: list[str],
         )
         if clipped is not None:
             for j in idx:
-                p.cur[lo + j] = clipped[j]
-                p.counts[lo + j] = p.count_new(clipped[j])
+                p.replace(lo + j, clipped[j])
             p.artifacts.update((a.id, a) for a in arts)
             p.kinds.add("clip")
             total = fixed + head_tokens + summary_tokens + sum(p.counts[lo:])
@@ -458,9 +463,9 @@ def _unsign_stale(p: _Projector, lo: int, applied: Sequence[tuple[Event, int]], 
     """Leave out the signed parts (``Codec.unsigned``: Messages thinking, which the API binds to the
     conversation before it) of the kept pieces whose prefix an applied event changed after they
     were made: those after the first piece an event rewrote (every kept piece, for a summary) and
-    up to the last piece made before the event was stored (its ``planned_at_hash``; all of them
-    for an event that names none, or one on another branch). Pieces made after the event keep
-    theirs: the model made them over the projected prefix. The change in tokens (``<= 0``)."""
+    up to the last piece made before the event was stored (``_made_through``). Pieces made after
+    the event keep theirs: the model made them over the projected prefix. The change in tokens
+    (``<= 0``)."""
     n = len(p.cur)
     start, through = n, -1
     for ev, bound in applied:
@@ -477,9 +482,7 @@ def _unsign_stale(p: _Projector, lo: int, applied: Sequence[tuple[Event, int]], 
             continue
         out = p.codec.unsigned(p.cur[j])
         if out is not None:
-            count = p.count_new(out)
-            change += count - p.counts[j]
-            p.cur[j], p.counts[j] = out, count
+            change += p.replace(j, out)
             p.kinds.add("unsign")
     return change
 

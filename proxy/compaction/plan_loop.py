@@ -280,10 +280,11 @@ class PlanLoop:
         # before it (Messages thinking) signed them over the old projection (``projection._unsign_stale``);
         # those after the anchor are named too (short hashes, the last ``MADE_BEFORE_MAX``), so a
         # branch that leaves this one after the anchor (a rewind) keeps the thinking made since
-        payload["planned_at_hash"] = req.chain[-1]
-        since = req.chain[req.chain.index(plan.anchor_hash) + 1:] if plan.anchor_hash in req.chain else []
-        payload["made_before"] = [h[:MADE_BEFORE_CHARS] for h in since[-MADE_BEFORE_MAX:]]
-        payload["made_before_complete"] = len(since) <= MADE_BEFORE_MAX
+        if self.codec.binds_prefix:  # (no other API's content is signed against its prefix)
+            payload["planned_at_hash"] = req.chain[-1]
+            since = req.chain[req.chain.index(plan.anchor_hash) + 1:] if plan.anchor_hash in req.chain else []
+            payload["made_before"] = [h[:MADE_BEFORE_CHARS] for h in since[-MADE_BEFORE_MAX:]]
+            payload["made_before_complete"] = len(since) <= MADE_BEFORE_MAX
         event = EventRecord(
             id=event_id(req.session.pk, plan.kind, plan.anchor_hash),
             session_pk=req.session.pk,

@@ -255,17 +255,7 @@ class MessagesPipeline:
             sent = ctx.prepared.forwarded or ctx.body  # what an overflow error may quote back
             resp = await self.upstream.send("POST", target, headers=ctx.upstream_headers, content=ctx.prepared.body,
                                             tenant=ctx.tenant)
-            if resp.status_code >= 400:
-                try:
-                    data = await resp.aread()
-                finally:
-                    await resp.aclose()  # read whole: its pool slot is free for a summary call
-                overflow = classify_error(resp.status_code, data, resp.headers, sent=sent)
-                if overflow is not None and await self._retry(ctx, overflow):
-                    continue
-                self._finish_whole(ctx, resp.status_code, data)
-                return Buffered(resp.status_code, self._client_headers(ctx, resp.headers), data)
-            if ctx.stream and "text/event-stream" in resp.headers.get("content-type", ""):
+            if ctx.stream and resp.status_code < 400 and "text/event-stream" in resp.headers.get("content-type", ""):
                 try:
                     start = await _StreamStart.read(resp, self.settings.stream_log_max_bytes, sent)
                     retry = start.overflow is not None and await self._retry(ctx, start.overflow)
@@ -280,7 +270,11 @@ class MessagesPipeline:
             try:
                 data = await resp.aread()
             finally:
-                await resp.aclose()
+                await resp.aclose()  # read whole: its pool slot is free for a summary call
+            if resp.status_code >= 400:
+                overflow = classify_error(resp.status_code, data, resp.headers, sent=sent)
+                if overflow is not None and await self._retry(ctx, overflow):
+                    continue
             self._finish_whole(ctx, resp.status_code, data)
             return Buffered(resp.status_code, self._client_headers(ctx, resp.headers), data)
 

@@ -27,6 +27,7 @@ from proxy.defenses.summarize import SUMMARY_PHRASE
 from tests.fakes.anthropic import FakeAnthropicState, reply, text, thinking, tool_use
 from tests.fakes.anthropic.replies import Reply, last_user_text, strings
 from tests.support.anthropic_server import anthropic_client
+from tests.test_projection_stability import prefix_stability
 
 MODEL = "claude-coding-32k"
 WINDOW = 32_000
@@ -86,17 +87,6 @@ def unmarked(value: Any) -> Any:
     if isinstance(value, list):
         return [unmarked(v) for v in value]
     return value
-
-
-def prefix_stability(forwarded: list[bytes]) -> float:
-    shares = []
-    for a, b in zip(forwarded, forwarded[1:], strict=False):
-        n = min(len(a), len(b))
-        i = 0
-        while i < n and a[i] == b[i]:
-            i += 1
-        shares.append(i / len(a))
-    return sum(shares) / len(shares)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
