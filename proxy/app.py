@@ -23,12 +23,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy import __version__
 from proxy.admission import BodyBudget, PoolShare
+from proxy.compaction.apis import MESSAGES_API
 from proxy.compaction.base import Compactor
 from proxy.conversation.prefix import PrefixStates
 from proxy.errors import BadRequest, NotFound, ProxyError
 from proxy.forward.messages import MessagesPipeline
 from proxy.forward.pipeline import ChatPipeline
 from proxy.forward.session_log import SessionLog
+from proxy.forward.tool_rounds import ToolRounds
 from proxy.routes import health, limits, messages, passthrough, read
 from proxy.routes.auth import Authenticator
 from proxy.routes.chat import CHAT_ROUTE, ERROR_SCHEMA, OPENAPI_PATH_ITEM, ChatEndpoint, chat_route
@@ -149,8 +151,10 @@ def create_app(settings: Settings, *, upstream_transport: object = None) -> Fast
         pipeline = ChatPipeline(settings, SessionLog(store, prefixes), upstream, compactor, counter, metrics=metrics)
         messages_compactor = build_compactor(settings, store, anthropic_upstream, counter, metrics, prefixes,
                                              api="messages")
+        messages_tools = ToolRounds(settings, store, messages_compactor, counter, api=MESSAGES_API)
         messages_pipeline = MessagesPipeline(settings, pipeline.log, anthropic_upstream, pipeline.writer,
-                                             pipeline.health, metrics, pipeline.digest_memo, messages_compactor)
+                                             pipeline.health, metrics, pipeline.digest_memo, messages_compactor,
+                                             messages_tools)
         state = ProxyState(settings, Authenticator(settings), store, upstream, pipeline, anthropic_upstream,
                            messages_pipeline, migrated=migrated)
         app.state.proxy = state

@@ -78,7 +78,7 @@ class ProjectingCompactor(Compactor):
         self.limits = LearnedLimits(store, upstream.base_url, self.profiles, settings.learned_limit_ttl_s, self.metrics,
                                     self.counter.exact)
         prefixes = prefixes if prefixes is not None else PrefixStates()
-        offer = OwnToolOffer(settings, StoredContent(prefixes), enabled=api is CHAT_API)
+        offer = OwnToolOffer(settings, StoredContent(prefixes), shape=api.name)
         self.plans = PlanLoop(settings, self.counter, offer, Summarizer(settings, self.counter, api.codec), api.codec,
                               prefixes)
         self._retry_windows = BoundedCache(RETRY_WINDOWS)
@@ -100,9 +100,10 @@ class ProjectingCompactor(Compactor):
             if retry is not None:
                 window = retry if window is None else min(window, retry)
         events = await self._events_of(ctx.session.pk, refresh=False)
+        clients_own = self.api.client_compaction(ctx.body)  # forwarded untouched: no event, no tool of ours
         planned = await self.plans.prepare(ctx, window, events, _LiveEffects(self, ctx), force=overflow is not None,
                                            force_media=overflow is not None and overflow.kind == "body_size",
-                                           new_events=not self.api.client_compaction(ctx.body))
+                                           new_events=not clients_own, own_tools=not clients_own)
         reason = planned.projection.reason_unfittable
         if reason and view.source == "config" and view.ratio <= 1.0 and overflow is None:
             # only an operator's own limit refuses a request, and only by the estimate at face
@@ -118,7 +119,7 @@ class ProjectingCompactor(Compactor):
         window = (await self.window(ctx)).estimate_window(reserved_output_tokens(ctx.body))
         events = await self._events_of(ctx.session.pk, refresh=False) if ctx.session.pk else []
         planned = await self.plans.prepare(ctx, window, events, _CountEffects(), force=False, force_media=False,
-                                           new_events=False)
+                                           new_events=False, own_tools=not self.api.client_compaction(ctx.body))
         return planned.prepared.body
 
     @contextlib.asynccontextmanager

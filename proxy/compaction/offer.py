@@ -2,7 +2,9 @@
 
 Offered: the read tool when ``Settings.read_tool_enabled``, the compaction tool when the client
 asked for it (``X-Context-Proxy-Compact-Tool``); never under a name of the client's own tools, and
-none at all with ``tool_choice: "none"``. Sent: the compaction tool whenever offered, the read tool
+none at all with ``tool_choice: "none"`` (Anthropic's ``{"type": "none"}``). On Anthropic Messages
+(``shape="messages"``) the read tool goes in Anthropic's tool shape and the compaction tool is not
+offered (its header is a chat opt-in). Sent: the compaction tool whenever offered, the read tool
 only when the forwarded messages name stored content (``proxy.compaction.references``). Never
 the read budget: a tool list that changes between a session's requests invalidates the provider's
 prompt cache, so a read call made with no budget left is answered in one last round
@@ -17,7 +19,7 @@ from typing import Any
 
 from proxy.compaction.references import StoredContent
 from proxy.settings import Settings
-from proxy.tools.schemas import compact_tool_schema, read_tool_schema
+from proxy.tools.schemas import compact_tool_schema, messages_tool, read_tool_schema
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,27 +38,35 @@ class OwnToolOffer:
     schemas, built once (one object each, shared by every request that carries it: never
     mutated), and the ``StoredContent`` it is given (bounded there)."""
 
-    def __init__(self, settings: Settings, stored: StoredContent, *, enabled: bool = True) -> None:
+    def __init__(self, settings: Settings, stored: StoredContent, *, shape: str = "chat") -> None:
         self.settings = settings
-        self.enabled = enabled
-        """``False``: no tool of the proxy's is ever offered (an API whose tool shape it does not
-        write yet: Anthropic Messages; its stubs and summaries name the read API instead)."""
+        self.shape = shape
+        """``chat`` (OpenAI function tools) or ``messages`` (Anthropic tools: ``name`` at the top)."""
         self.stored = stored
-        self.read_schema = read_tool_schema(settings.read_tool_name)
+        read = read_tool_schema(settings.read_tool_name)
+        self.read_schema = messages_tool(read) if shape == "messages" else read
         self.compact_schema = compact_tool_schema(settings.compact_tool_name)
+
+    def name_of(self, tool: Mapping[str, Any]) -> Any:
+        """A tool's name in this offer's shape (``None`` for a tool without one)."""
+        if self.shape == "messages":
+            return tool.get("name")
+        function = tool.get("function")
+        return function.get("name") if isinstance(function, dict) else None
 
     def offerable(self, body: Mapping[str, Any], compact_tool: bool) -> Offer:
         """The tools this request may carry (the client's tool names never shadowed)."""
-        if not self.enabled or body.get("tool_choice") == "none":
+        choice = body.get("tool_choice")
+        if choice == "none" or (isinstance(choice, dict) and choice.get("type") == "none"):
             return Offer()
-        client = {(t.get("function") or {}).get("name") for t in body.get("tools") or () if isinstance(t, dict)}
+        client = {self.name_of(t) for t in body.get("tools") or () if isinstance(t, dict)}
         names: list[str] = []
         schemas: list[dict[str, Any]] = []
         s = self.settings
         if s.read_tool_enabled and s.read_tool_name not in client:
             names.append(s.read_tool_name)
             schemas.append(self.read_schema)
-        if compact_tool and s.compact_tool_name not in client:
+        if compact_tool and self.shape == "chat" and s.compact_tool_name not in client:
             names.append(s.compact_tool_name)
             schemas.append(self.compact_schema)
         return Offer(tuple(names), tuple(schemas))

@@ -171,13 +171,14 @@ class PlanLoop:
         return cfg
 
     async def prepare(self, req: PlanInput, window: int | None, events: list[EventRecord], effects: PlanEffects, *,
-                      force: bool, force_media: bool, new_events: bool = True) -> Planned:
+                      force: bool, force_media: bool, new_events: bool = True, own_tools: bool = True) -> Planned:
         """What to forward for ``req`` sized for ``window`` (estimated tokens; ``None``: unknown),
         given the session's ``events``. ``force``: plan a compaction even under the trigger (after
         an overflow); ``force_media``: offload media too (after a body-size error); ``new_events``:
-        ``False`` plans no compaction (the client's own compaction request). Raises what
+        ``False`` plans no compaction (the client's own compaction request); ``own_tools``: ``False``
+        adds none of the proxy's tools (that request too). Raises what
         ``effects`` raise (``StorageError``) and ``TypeError`` for a body too deep to serialize."""
-        offer = self.offer.offerable(req.body, req.compact_tool)
+        offer = self.offer.offerable(req.body, req.compact_tool) if own_tools else Offer()
         cfg = self.config(window, offer.has(self.settings.read_tool_name))
         client_tools = req.body.get("tools") or None
         # counted against the window: the client's tools and the proxy's that will be sent (the
@@ -307,7 +308,7 @@ class PlanLoop:
         # the codec: the client's bytes when the messages are the body's own, else only they change
         extra = {"tools": [*(req.body.get("tools") or []), *own]} if own else None
         body, forwarded = self.codec.apply(req.body, req.raw, proj.messages, extra)
-        names = frozenset(t["function"]["name"] for t in own)
+        names = frozenset(self.offer.name_of(t) for t in own)
         tokens_client, tokens_forwarded = proj.tokens_client, proj.tokens_forwarded
         if expected or own:
             counted = self.priced.count_tools(count_tools)

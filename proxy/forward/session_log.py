@@ -25,7 +25,7 @@ import functools
 import hashlib
 import secrets
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -41,6 +41,8 @@ from storage.store import Store
 MAX_SESSION_ID_CHARS = 200
 CACHE_TTL_S = 30.0
 """How long a cached session row or internal-round list is trusted (other replicas may add rounds)."""
+PENDING_INTERNAL = 64
+"""Internal messages of one session remembered while their write is under way (the newest)."""
 CACHED_SESSIONS = 10_000
 
 
@@ -122,6 +124,10 @@ class SessionLog:
         first noted since it was last forgotten; gone after ``CACHE_TTL_S``, then they are read
         again)."""
         self._internal = BoundedCache(CACHED_SESSIONS, CACHE_TTL_S)
+        self._pending_internal = BoundedCache(CACHED_SESSIONS, CACHE_TTL_S)
+        """Internal messages being written, per session (at most ``PENDING_INTERNAL`` each): an
+        agent's next request often arrives before its last reply's write lands, and its rounds
+        must be put back all the same."""
         self._derived: dict[tuple[str, str], str] = {}
         """``derive_session_id``'s memo: at most ``DERIVED_IDS_KEPT`` ids."""
         self._tasks: set[asyncio.Task[None]] = set()
@@ -283,6 +289,11 @@ class SessionLog:
         try:
             new, added = _new_rows(messages, chain, internal, reply, stored)
             written = self.store.append_and_record(session.pk, new, record, now(), added=added)
+            if internal:
+                rows = [MessageRecord(0, session.pk, m.chain_hash, m.parent_hash, m.seq, m.role, m.message, True,
+                                      now()) for m in new if m.internal]
+                pending = self._pending_internal.fresh(session.pk) or []
+                self._pending_internal.put(session.pk, [*pending, *rows][-PENDING_INTERNAL:])
         except Exception as exc:  # noqa: BLE001  (the future's: see ``finish``)
             done.set_exception(exc)
             return done
@@ -332,20 +343,29 @@ class SessionLog:
         return gone
 
     async def _internal_messages(self, session_pk: int) -> list[MessageRecord]:
+        """The session's internal messages: stored, and those being written (``_pending_internal``)."""
         records = self._internal.fresh(session_pk)
         if records is None:
             records = await self.store.list_internal_messages(session_pk)
             self._internal.put(session_pk, records)
+        pending = self._pending_internal.fresh(session_pk)
+        if pending:
+            known = {r.chain_hash for r in records}
+            records = [*records, *(r for r in pending if r.chain_hash not in known)]
         return records
 
     async def expand_internal(
-        self, session: SessionRecord, messages: list[dict[str, Any]], digests: list[str], chain: list[str]
+        self, session: SessionRecord, messages: list[dict[str, Any]], digests: list[str], chain: list[str],
+        after: Callable[[list[dict[str, Any]], dict[str, Any]], dict[str, Any]] | None = None,
     ) -> tuple[list[dict[str, Any]], list[str], list[str]] | None:
         """The client's messages with the proxy's earlier internal rounds put back where they happened.
 
         An internal round is stored as internal messages whose parent is the message after which it
         ran; the chain continues through them, so the reply that followed (and the client's echo
-        of it) hash identically. Returns ``None`` when the session has no internal rounds.
+        of it) hash identically. ``after(run, message)``: the client's message that follows the
+        internal messages ``run`` as it is forwarded after them (its digest and chain hash stay
+        those of the message as logged; Messages: ``messages_rounds.after_rounds``). Returns ``None``
+        when the session has no internal rounds.
         """
         internal = await self._internal_messages(session.pk)
         if not internal:
@@ -358,13 +378,16 @@ class SessionLog:
         out_c: list[str] = []
         parent: str | None = None
         shifted = False
+        run: list[dict[str, Any]] = []
         for i, message in enumerate(messages):
             h = chain_hash(parent, digests[i]) if shifted else chain[i]
-            out_m.append(message)
+            out_m.append(after(run, message) if run and after is not None else message)
             out_d.append(digests[i])
             out_c.append(h)
+            run = []
             while h in children:
                 record = children[h]
+                run.append(record.message)
                 out_m.append(record.message)
                 out_d.append(message_digest(record.message))
                 out_c.append(record.chain_hash)

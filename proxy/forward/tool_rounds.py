@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from proxy.conversation.chat_codec import CHAT
+from proxy.compaction.apis import CHAT_API, ProviderApi
 from proxy.errors import UpstreamError
 from proxy.forward.sse import SSEEvent
 from proxy.json_text import parse_json
@@ -55,6 +55,8 @@ MAX_CALLS_PER_ROUND = 8
 so), as each call and its result add to the prompt whatever the budget."""
 ROUND_SEARCH_S = 3.0
 """Wall time the searches of one round may take in all (seconds); a search past it stops and says so."""
+UNSERVED_IN_ROUND = (f"[context-proxy] Not served: at most {MAX_CALLS_PER_ROUND} calls are served per round; "
+                     "call again for this one if you still need it.")
 BUDGET_SPENT = "[context-proxy] Not served: the read budget of this request is spent; answer with what you have read."
 
 
@@ -76,14 +78,19 @@ class ToolRounds:
     an empty answer an agent would stop on.
     """
 
-    def __init__(self, settings: Settings, store: Store, compactor: Compactor, counter: Tokenizer) -> None:
+    def __init__(self, settings: Settings, store: Store, compactor: Compactor, counter: Tokenizer,
+                 api: ProviderApi = CHAT_API) -> None:
         self.settings = settings
         self.store = store
         self.compactor = compactor
         """Serves the compaction tool."""
-        self.counter = counter.bind(CHAT)
-        """Sizes the rounds' calls and results, chat messages (tokens; the app's one counter, the
-        defenses' too, bound to the chat codec)."""
+        self.shape = api.name
+        """``chat``: a round is an assistant message with ``tool_calls`` and one ``tool`` message per
+        call; ``messages``: the assistant turn as the provider sent it (its ``tool_use`` blocks,
+        thinking included) and one user turn of ``tool_result`` blocks."""
+        self.counter = counter.bind(api.codec)
+        """Sizes the rounds' calls and results in the API's shape (tokens; the app's one counter,
+        the defenses' too, bound to the API's codec)."""
 
     def may_continue(self, ctx: ChatContext) -> bool:
         if ctx.read_rounds >= self.settings.read_tool_max_rounds:
@@ -91,14 +98,22 @@ class ToolRounds:
         return ctx.prepared is None or self._budget_left(ctx) >= MIN_READ_TOKENS
 
     async def serve(self, ctx: ChatContext, assistant: dict[str, Any], calls: list[dict[str, Any]]) -> None:
-        """Answer ``calls`` (all the proxy's own), record the round, and prepare the next body."""
+        """Answer ``calls`` (all the proxy's own, chat-shaped: ``{id, function: {name, arguments}}``),
+        record the round, and prepare the next body. ``assistant``: the reply that made them (chat:
+        its ``content``; Messages: the whole assistant turn, forwarded again as it came)."""
         assert ctx.prepared is not None and ctx.prepared.forwarded is not None
         forwarded = ctx.prepared.forwarded
         visible = visible_in([*forwarded["messages"], *ctx.internal], ctx.messages, self.settings.read_tool_scope,
                              ctx.session.session_id)
-        dropped = max(0, len(calls) - MAX_CALLS_PER_ROUND)
-        calls = calls[:MAX_CALLS_PER_ROUND]
-        message = {"role": "assistant", "content": assistant.get("content"), "tool_calls": calls}
+        if self.shape == "messages":  # every tool_use needs its result: calls over the bound are answered so
+            served, unserved = calls[:MAX_CALLS_PER_ROUND], calls[MAX_CALLS_PER_ROUND:]
+            dropped = 0
+            message = assistant
+        else:
+            served, unserved = calls[:MAX_CALLS_PER_ROUND], []
+            dropped = max(0, len(calls) - MAX_CALLS_PER_ROUND)
+            message = {"role": "assistant", "content": assistant.get("content"), "tool_calls": served}
+        calls = served
         counter = self.counter
         spent = counter.count_message(message) + MESSAGE_FRAME_TOKENS  # the round's call, added to the prompt too
         left = self._budget_left(ctx)
@@ -125,13 +140,19 @@ class ToolRounds:
             if dropped and i == len(calls) - 1:
                 text += (f"\n[context-proxy] {dropped} more calls of this round were not served (at most "
                          f"{MAX_CALLS_PER_ROUND} per round); call again for those you still need.")
-            result = {"role": "tool", "tool_call_id": call.get("id"), "content": text}
+            result = self._result(call.get("id"), text)
             spent += counter.count_message(result) + MESSAGE_FRAME_TOKENS
             results.append(result)
+        results += [self._result(call.get("id"), UNSERVED_IN_ROUND) for call in unserved]
+        if self.shape == "messages":  # the results as one user turn (tool results first, nothing else)
+            results = [{"role": "user", "content": [r["content"][0] for r in results]}]
         ctx.internal += [message, *results]
         ctx.read_rounds += 1
         body = forwarded | {"messages": [*forwarded["messages"], *ctx.internal]}
-        if not self.may_continue(ctx):  # the last round: the model must answer
+        if not self.may_continue(ctx) and self.shape == "messages":  # the last round: the model must answer
+            ctx.tools_withdrawn = True  # (the tool list kept: in the cache's prefix, and history names the tool)
+            body["tool_choice"] = {"type": "none"}
+        elif not self.may_continue(ctx):
             ctx.tools_withdrawn = True
             own = ctx.prepared.own_tools
             tools = [t for t in body.get("tools") or () if (t.get("function") or {}).get("name") not in own]
@@ -141,6 +162,12 @@ class ToolRounds:
             if tools and "tool_choice" in forwarded:
                 body["tool_choice"] = forwarded["tool_choice"]
         ctx.prepared = dataclasses.replace(ctx.prepared, body=orjson.dumps(body))
+
+    def _result(self, call_id: Any, text: str) -> dict[str, Any]:
+        """One call's result: a ``tool`` message (chat), or a user turn of its ``tool_result`` block."""
+        if self.shape == "messages":
+            return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id, "content": text}]}
+        return {"role": "tool", "tool_call_id": call_id, "content": text}
 
     async def _read(self, ctx: ChatContext, arguments: str, visible: Visible, budget: int, deadline: float) -> str:
         """One read, at most ``budget`` tokens: served at ``budget * CHARS_PER_TOKEN`` characters,

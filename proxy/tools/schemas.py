@@ -1,4 +1,5 @@
-"""The proxy's own tools as the model sees them: their schemas (OpenAI's function-tool shape) and
+"""The proxy's own tools as the model sees them: their schemas (OpenAI's function-tool shape, or
+Anthropic's ``{name, description, input_schema}``: ``messages_tool``) and
 a read call's arguments, checked (``parse_arguments``: a ``ReadRequest`` or an error text for the
 model; every number a call passes is bounded here)."""
 
@@ -48,6 +49,13 @@ def read_tool_schema(name: str) -> dict[str, Any]:
             },
         },
     }
+
+
+def messages_tool(schema: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI function tool (``read_tool_schema``'s shape) in Anthropic's custom-tool shape:
+    ``{"name", "description", "input_schema"}`` (the SDK's ``ToolParam``; a new object)."""
+    fn = schema["function"]
+    return {"name": fn["name"], "description": fn["description"], "input_schema": fn["parameters"]}
 
 
 def compact_tool_schema(name: str) -> dict[str, Any]:

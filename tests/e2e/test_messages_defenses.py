@@ -192,7 +192,10 @@ def test_an_overflow_is_compacted_and_retried_before_the_client_sees_it(
     assert outcomes[0] in ("overflow", "fault") and outcomes[-1] == "ok" and "summary" in outcomes, outcomes
     retried = seen[-1].json
     assert retried["messages"][0]["role"] == "user" and "[context-proxy]" in str(retried["messages"][0]["content"])
-    assert retried["max_tokens"] == max_tokens and retried["tools"] == [READ]
+    # the client's tool first, then the proxy's read tool (a summary names the archive)
+    assert retried["max_tokens"] == max_tokens and retried["tools"][0] == READ
+    assert [t["name"] for t in retried["tools"][1:]] == ["context_proxy_read"]
+    assert set(retried["tools"][1]) == {"name", "description", "input_schema"}  # Anthropic's tool shape
 
 
 def test_an_error_that_is_not_an_overflow_goes_back_as_the_provider_sent_it(
