@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy import __version__
 from proxy.admission import BodyBudget, PoolShare
-from proxy.compaction.apis import MESSAGES_API
+from proxy.compaction.apis import CHAT_API, MESSAGES_API
 from proxy.compaction.base import Compactor
 from proxy.conversation.prefix import PrefixStates
 from proxy.errors import BadRequest, NotFound, ProxyError
@@ -100,7 +100,6 @@ def build_compactor(settings: Settings, store: Store, upstream: Upstream, counte
     what ``upstream``'s requests speak)."""
     if not settings.compaction_enabled:
         return Compactor()
-    from proxy.compaction.apis import CHAT_API, MESSAGES_API
     from proxy.compaction.compactor import ProjectingCompactor
 
     return ProjectingCompactor(settings, store, upstream, counter, metrics=metrics, prefixes=prefixes,

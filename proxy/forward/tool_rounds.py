@@ -149,10 +149,11 @@ class ToolRounds:
         ctx.internal += [message, *results]
         ctx.read_rounds += 1
         body = forwarded | {"messages": [*forwarded["messages"], *ctx.internal]}
-        if not self.may_continue(ctx) and self.shape == "messages":  # the last round: the model must answer
+        last = not self.may_continue(ctx)
+        if last and self.shape == "messages":  # the last round: the model must answer
             ctx.tools_withdrawn = True  # (the tool list kept: in the cache's prefix, and history names the tool)
             body["tool_choice"] = {"type": "none"}
-        elif not self.may_continue(ctx):
+        elif last:
             ctx.tools_withdrawn = True
             own = ctx.prepared.own_tools
             tools = [t for t in body.get("tools") or () if (t.get("function") or {}).get("name") not in own]
