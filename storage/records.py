@@ -144,3 +144,19 @@ class LearnedLimitRecord:
     source: str | None
     updated_at: datetime
     expires_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class BranchRecord:
+    """One branch of a session: its leaf (a message no other message follows).
+
+    ``leaf_hash``: the leaf's chain hash. ``message_count``: messages from the root to the leaf
+    (the leaf's ``seq`` + 1). ``last_activity``: when the leaf was stored (a branch's messages are
+    stored root first, so its newest). ``newest``: the branch shown when no leaf is named (the
+    leaf stored last).
+    """
+
+    leaf_hash: str
+    message_count: int
+    last_activity: datetime
+    newest: bool
