@@ -7,8 +7,8 @@ from contextlib import AbstractAsyncContextManager
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from storage import reads
-from storage.records import MessageRecord, RequestRecord, SessionRecord, SessionSummary
+from storage import reads, session_lists
+from storage.records import ArtifactInfo, BranchRecord, MessageRecord, RequestRecord, SessionRecord, SessionSummary
 
 
 class ReadQueries:
@@ -67,3 +67,17 @@ class ReadQueries:
         (the cursor is looked up in this session only). Raises ``InvalidCursor``."""
         async with self._read("list_requests") as conn:
             return await reads.list_requests(conn, session_pk, limit, after)
+
+    async def list_branches(self, session_pk: int, limit: int, after: str | None) -> tuple[list[BranchRecord], bool]:
+        """A page of the session's branches, newest activity first, and ``has_more``; see
+        ``session_lists.list_branches`` (``after``: a leaf hash of this session). Raises ``InvalidCursor``."""
+        async with self._read("list_branches") as conn:
+            return await session_lists.list_branches(conn, session_pk, limit, after)
+
+    async def list_session_artifacts(
+        self, session_pk: int, limit: int, after: str | None
+    ) -> tuple[list[ArtifactInfo], bool]:
+        """A page of the artifacts the session stored, oldest first, and ``has_more``; see
+        ``session_lists.list_artifacts`` (``after``: an artifact id of this session). Raises ``InvalidCursor``."""
+        async with self._read("list_session_artifacts") as conn:
+            return await session_lists.list_artifacts(conn, session_pk, limit, after)

@@ -7,8 +7,8 @@ indistinguishable from one that does not exist.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Query, Request
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
@@ -26,9 +26,10 @@ from storage.records import (
 from storage.store import Store
 
 router = APIRouter(tags=["read"])
+T = TypeVar("T")
 
 
-def _list(data: list[dict[str, Any]], has_more: bool, cursors: list[str] | None = None) -> JSONResponse:
+def list_response(data: list[dict[str, Any]], has_more: bool, cursors: list[str] | None = None) -> JSONResponse:
     """OpenAI's list object; ``first_id``/``last_id`` are the first and last item's ``id``, or of
     ``cursors`` (one per item) where an id alone does not name one item."""
     ids = [d["id"] for d in data] if cursors is None else cursors
@@ -43,7 +44,16 @@ def _list(data: list[dict[str, Any]], has_more: bool, cursors: list[str] | None 
     )
 
 
-def _ts(value: Any) -> int:
+async def cursor_page(page: Awaitable[tuple[list[T], bool]], after: str | None, what: str) -> tuple[list[T], bool]:
+    """A page of a session's list; a cursor that names nothing of the session (``InvalidCursor``)
+    is the client's error: a ``BadRequest`` naming ``after`` (``what``: what it should name)."""
+    try:
+        return await page
+    except InvalidCursor:
+        raise BadRequest(f"'after' is not {what} of this session: {after}", param="after") from None
+
+
+def unix_seconds(value: Any) -> int:
     return int(value.timestamp())
 
 
@@ -53,8 +63,8 @@ def session_json(s: SessionSummary, *, admin: bool = False) -> dict[str, Any]:
         "id": s.session.session_id,
         "object": "session",
         "api": s.session.api,
-        "created_at": _ts(s.session.created_at),
-        "updated_at": _ts(s.session.updated_at),
+        "created_at": unix_seconds(s.session.created_at),
+        "updated_at": unix_seconds(s.session.updated_at),
         "message_count": s.message_count,
         "request_count": s.request_count,
         "event_count": s.event_count,
@@ -70,7 +80,7 @@ def session_json(s: SessionSummary, *, admin: bool = False) -> dict[str, Any]:
 
 def message_json(m: MessageRecord) -> dict[str, Any]:
     out: dict[str, Any] = {"id": m.chain_hash, "object": "session.message", "seq": m.seq,
-                           "created_at": _ts(m.created_at)}
+                           "created_at": unix_seconds(m.created_at)}
     for key in ("role", "content", "tool_calls", "tool_call_id", "name"):
         if key in m.message:
             out[key] = m.message[key]
@@ -87,7 +97,7 @@ def event_json(e: EventRecord) -> dict[str, Any]:
         "object": "session.event",
         "kind": e.kind,
         "anchor_hash": e.anchor_hash,
-        "created_at": _ts(e.created_at),
+        "created_at": unix_seconds(e.created_at),
         "tokens_before": e.tokens_before,
         "tokens_after": e.tokens_after,
         "payload": e.payload,
@@ -108,7 +118,7 @@ def _scope(request: Request, tenant: str | None) -> tuple[str | None, bool]:
     return (own if tenant in (None, own) else ""), False
 
 
-async def _session(request: Request, session_id: str, tenant: str | None = None) -> SessionRecord:
+async def session_of(request: Request, session_id: str, tenant: str | None = None) -> SessionRecord:
     state = request.app.state.proxy
     scope, _ = _scope(request, tenant)
     session = None if scope == "" else await state.store.find_session(session_id, scope)
@@ -147,18 +157,18 @@ async def list_sessions(
     state = request.app.state.proxy
     scope, admin = _scope(request, tenant)
     if scope == "":
-        return _list([], False)
+        return list_response([], False)
     try:
         rows, has_more = await session_page(state.store, scope, limit, after, admin)
     except InvalidCursor:
         raise BadRequest(f"'after' is not a session id you can see: {after}", param="after") from None
     cursors = [admin_cursor(s) for s in rows] if admin else None
-    return _list([session_json(s, admin=admin) for s in rows], has_more, cursors)
+    return list_response([session_json(s, admin=admin) for s in rows], has_more, cursors)
 
 
 @router.get("/sessions/{session_id}", summary="One session: counts, tokens, timestamps, branches")
 async def get_session(request: Request, session_id: str, tenant: str | None = TENANT_QUERY) -> JSONResponse:
-    session = await _session(request, session_id, tenant)
+    session = await session_of(request, session_id, tenant)
     admin = _scope(request, tenant)[1]
     return JSONResponse(session_json(await request.app.state.proxy.store.session_summary(session), admin=admin))
 
@@ -173,12 +183,12 @@ async def list_messages(
     tenant: str | None = TENANT_QUERY,
 ) -> JSONResponse:
     store = request.app.state.proxy.store
-    session = await _session(request, session_id, tenant)
+    session = await session_of(request, session_id, tenant)
     tip = await store.branch_leaf(session.pk, leaf)
     if tip is None:
         if leaf is not None:
             raise NotFound(f"No message '{leaf}' in this session.")
-        return _list([], False)
+        return list_response([], False)
     after_seq = None
     if after is not None:
         anchor = await store.get_message_by_hash(session.pk, after)
@@ -186,13 +196,13 @@ async def list_messages(
             raise BadRequest(f"'after' is not a message id of this session: {after}", param="after")
         after_seq = anchor.seq
     rows, has_more = await store.list_branch_messages(session.pk, tip.chain_hash, after_seq, limit)
-    return _list([message_json(m) for m in rows], has_more)
+    return list_response([message_json(m) for m in rows], has_more)
 
 
 def request_json(r: RequestRecord) -> dict[str, Any]:
     out = {k: getattr(r, k) for k in RequestRecord.__dataclass_fields__ if k not in ("session_pk", "created_at")}
     out["object"] = "session.request"
-    out["created_at"] = _ts(r.created_at) if r.created_at else None
+    out["created_at"] = unix_seconds(r.created_at) if r.created_at else None
     return out
 
 
@@ -202,19 +212,17 @@ async def list_requests(
     request: Request, session_id: str, limit: int = Query(100, ge=1, le=1000), after: str | None = None,
     tenant: str | None = TENANT_QUERY,
 ) -> JSONResponse:
-    session = await _session(request, session_id, tenant)
-    try:
-        rows, has_more = await request.app.state.proxy.store.list_requests(session.pk, limit, after)
-    except InvalidCursor:
-        raise BadRequest(f"'after' is not a request id of this session: {after}", param="after") from None
-    return _list([request_json(r) for r in rows], has_more)
+    session = await session_of(request, session_id, tenant)
+    store = request.app.state.proxy.store
+    rows, has_more = await cursor_page(store.list_requests(session.pk, limit, after), after, "a request id")
+    return list_response([request_json(r) for r in rows], has_more)
 
 
 @router.get("/sessions/{session_id}/events", summary="Compaction events")
 async def list_events(request: Request, session_id: str, tenant: str | None = TENANT_QUERY) -> JSONResponse:
-    session = await _session(request, session_id, tenant)
+    session = await session_of(request, session_id, tenant)
     events = await request.app.state.proxy.store.list_events(session.pk)
-    return _list([event_json(e) for e in events], False)
+    return list_response([event_json(e) for e in events], False)
 
 
 ARCHIVE_CHUNK_BYTES = 64 * 1024
@@ -260,7 +268,7 @@ async def archive(
     tenant: str | None = TENANT_QUERY,
 ) -> StreamingResponse:
     store = request.app.state.proxy.store
-    session = await _session(request, session_id, tenant)
+    session = await session_of(request, session_id, tenant)
     tip = await store.branch_leaf(session.pk, leaf)
     if tip is None and leaf is not None:
         raise NotFound(f"No message '{leaf}' in this session.")
@@ -278,33 +286,3 @@ async def _then(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes
             yield chunk
     finally:
         await rest.aclose()  # type: ignore[attr-defined]
-
-
-@router.get("/artifacts/{artifact_id}", summary="Stored content by line range")
-async def get_artifact(
-    request: Request,
-    artifact_id: str,
-    offset: int = Query(0, ge=0, description="First line (0-based)"),
-    limit: int = Query(2000, ge=1, le=100_000, description="Number of lines"),
-) -> JSONResponse:
-    state = request.app.state.proxy
-    tenant = state.auth.reader(request.headers)
-    artifact = await state.store.get_artifact(artifact_id, tenant)
-    if artifact is None:
-        raise NotFound(f"No artifact '{artifact_id}'.")
-    lines = artifact.content.splitlines(keepends=True)
-    window = lines[offset : offset + limit]
-    return JSONResponse(
-        {
-            "id": artifact.id,
-            "object": "artifact",
-            "media_type": artifact.media_type,
-            "size_bytes": artifact.size_bytes,
-            "line_count": artifact.line_count,
-            "offset": offset,
-            "limit": limit,
-            "returned_lines": len(window),
-            "has_more": offset + len(window) < len(lines),
-            "content": "".join(window),
-        }
-    )
