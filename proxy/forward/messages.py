@@ -501,8 +501,9 @@ class MessagesPipeline:
         read into ``client``; a round that called only the proxy's tool, complete, is served (a
         ``ping`` sent meanwhile) and the model asked again (``current[0]`` becomes its response).
         The last round's held end is sent (``stop_reason`` ``end_turn`` when only the proxy's
-        unservable calls ended it). Raises ``ProxyError`` (the upstream failed; or 502
-        ``unserved_tool_call`` for a round of nothing but unservable calls)."""
+        unservable calls ended it); the logged usage is the last round's, as a whole answer's.
+        Raises ``ProxyError`` (the upstream failed; or 502 ``unserved_tool_call`` for a round of
+        nothing but unservable calls)."""
         assert ctx.prepared is not None and self.tools is not None
         own = ctx.prepared.own_tools
         state: _StreamStart = start
@@ -536,6 +537,8 @@ class MessagesPipeline:
             if uses and not filt.client_uses:
                 self.tools.unserved(ctx, as_calls(uses), has_text=has_text(client.message()["content"]))
                 held = [ended_by_the_client(e) for e in held]
+            if state is not start and round_asm.usage is not None:  # the prompt the estimate sized, rounds
+                client.usage = dict(round_asm.usage)  # included (the learned ratio compares the two)
             for event in held:
                 client.add(event)
                 yield event.raw + b"\n\n"

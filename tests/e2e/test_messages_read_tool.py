@@ -8,8 +8,9 @@ proxy serves it and asks again, and the client gets one answer, streamed or not:
 rounds but the proxy's call, indexes contiguous (the SDK's stream accumulator indexes its list by
 them), ``stop_reason`` ``end_turn``. On the next request the round is put back where it ran, so the
 thinking the model made before calling the tool is forwarded after the very prefix it was signed
-over, and the provider accepts every request. Mixed with a call of the client's own tool, the
-client's call is returned and the proxy's dropped.
+over, and the provider accepts every request; the request is logged with the usage of the round that
+answered, streamed or not. Mixed with a call of the client's own tool, the client's call is
+returned and the proxy's dropped.
 """
 
 from __future__ import annotations
@@ -22,20 +23,14 @@ from typing import Any
 import pytest
 
 from tests.e2e.test_messages_defenses import MODEL, READ, SYSTEM, file_text, is_summary_call, models_file
+from tests.e2e.test_messages_log import logged
 from tests.fakes.anthropic import FakeAnthropicState, reply, text, thinking, tool_use
 from tests.fakes.anthropic.replies import Reply, last_user_text, strings
+from tests.fakes.read_tool import read_tool_name
 from tests.support.anthropic_server import anthropic_client
 
 QUESTION = re.compile(r"QUESTION: (f\d+)")
 THINKING: Any = {"type": "enabled", "budget_tokens": 1024}
-
-
-def read_tool_of(body: Any) -> str | None:
-    """The name of the offered tool with a ``reference`` parameter (the proxy's read tool)."""
-    for tool in body.get("tools") or ():
-        if "reference" in ((tool.get("input_schema") or {}).get("properties") or {}):
-            return str(tool["name"])
-    return None
 
 
 class Model:
@@ -65,7 +60,7 @@ class Model:
         known = re.search(rf"FACT: ({key}=\S+)", "\n".join(strings(body["messages"])))
         if known is not None:
             return reply(text(f"ANSWER: {known.group(1)}"))
-        name = read_tool_of(body)
+        name = read_tool_name(body)
         assert name is not None, "the fact was offloaded: the read tool must be offered"
         calls = [tool_use(name, {"query": f"FACT {key}"})]
         if self.mixed:
@@ -120,7 +115,7 @@ def test_the_model_reads_an_offloaded_fact_back_and_the_round_is_put_back_on_lat
     rejected = [(r.status, r.error) for r in anthropic_state.message_requests if r.status != 200]
     assert rejected == [], rejected  # the thinking before the read call accepted on every request
     asked, served, later = seen[-3], seen[-2], seen[-1]
-    own = read_tool_of(asked.json)
+    own = read_tool_name(asked.json)
     assert own == "context_proxy_read" and asked.json["tools"][0] == READ  # after the client's tool
     call_turn, results = served.json["messages"][-2:]
     (use,) = [b for b in call_turn["content"] if b["type"] == "tool_use"]
@@ -131,6 +126,11 @@ def test_the_model_reads_an_offloaded_fact_back_and_the_round_is_put_back_on_lat
     at = next(i for i, m in enumerate(forwarded) if m == call_turn)
     assert forwarded[at + 1] == results
     assert forwarded[at + 2] == {"role": "assistant", "content": [{"type": "text", "text": "ANSWER: f1=secret-7919"}]}
+    # logged, streamed or not: the usage of the round that answered, whose prompt (the round
+    # included) is the one the proxy's estimate sized and its learned ratio compares it with
+    records = sorted(logged(url, f"read-{stream}", 4)["requests"], key=lambda r: r["created_at"])
+    figures = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "output_tokens")
+    assert [records[2]["usage"][k] for k in figures] == [served.usage[k] for k in figures], records[2]["usage"]
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])

@@ -31,10 +31,11 @@ NEXT = re.compile(r"next_offset=(\d+)")
 
 
 def read_tool(body: dict[str, Any]) -> tuple[str | None, bool]:
-    """``(name, offers query)`` of the read tool the request offers, or ``(None, False)``."""
+    """``(name, offers query)`` of the read tool the request offers, or ``(None, False)``: a chat
+    body's function tools or a Messages body's ``{name, description, input_schema}`` tools."""
     for tool in body.get("tools") or ():
-        fn = tool.get("function") or {}  # (the shapes the validator lets through: objects or absent)
-        props = (fn.get("parameters") or {}).get("properties")
+        fn = tool.get("function") or tool  # (the shapes the validators let through: objects or absent)
+        props = (fn.get("parameters") or fn.get("input_schema") or {}).get("properties")
         if isinstance(props, dict) and "reference" in props:
             return fn.get("name"), "query" in props
     return None, False
