@@ -31,7 +31,7 @@ from proxy.forward.messages import MessagesPipeline
 from proxy.forward.pipeline import ChatPipeline
 from proxy.forward.session_log import SessionLog
 from proxy.forward.tool_rounds import ToolRounds
-from proxy.routes import health, limits, messages, passthrough, read, read_lists
+from proxy.routes import health, limits, messages, passthrough, read, read_lists, search
 from proxy.routes.auth import Authenticator
 from proxy.routes.chat import CHAT_ROUTE, ERROR_SCHEMA, OPENAPI_PATH_ITEM, ChatEndpoint, chat_route
 from proxy.routes.errors import client_error
@@ -174,7 +174,7 @@ def create_app(settings: Settings, *, upstream_transport: object = None) -> Fast
         description="OpenAI-compatible proxy that keeps agents inside their context window. Read API for sessions.",
         lifespan=lifespan,
     )
-    for router in (health.router, read.router, read_lists.router, limits.router):
+    for router in (health.router, read.router, read_lists.router, search.router, limits.router):
         app.include_router(router)
     app.router.routes.append(chat_route(app.chat))  # before the pass-through's /v1/{path}
     app.router.routes.append(messages.messages_route(app.messages))  # likewise

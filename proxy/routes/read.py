@@ -117,6 +117,18 @@ async def session_of(request: Request, session_id: str, tenant: str | None = Non
     return session
 
 
+async def session_branch(request: Request, session_id: str, leaf: str | None,
+                         tenant: str | None = None) -> tuple[SessionRecord, str | None]:
+    """``(the session, the chain hash of its branch's last message)``: the branch ending at ``leaf``,
+    or the newest (``None`` for a session with no message). Raises ``NotFound`` for a session the
+    caller cannot see, or a ``leaf`` not in it."""
+    session = await session_of(request, session_id, tenant)
+    tip = await request.app.state.proxy.store.branch_leaf(session.pk, leaf)
+    if tip is None and leaf is not None:
+        raise NotFound(f"No message '{leaf}' in this session.")
+    return session, None if tip is None else tip.chain_hash
+
+
 def admin_cursor(s: SessionSummary) -> str:
     """An admin's cursor for a session, ``<tenant>:<session id>``: several tenants may use one
     session id, and a tenant (``t_`` + hex, or ``anonymous``) holds no colon."""
@@ -260,11 +272,8 @@ async def archive(
     tenant: str | None = TENANT_QUERY,
 ) -> StreamingResponse:
     store = request.app.state.proxy.store
-    session = await session_of(request, session_id, tenant)
-    tip = await store.branch_leaf(session.pk, leaf)
-    if tip is None and leaf is not None:
-        raise NotFound(f"No message '{leaf}' in this session.")
-    lines = stream_archive_lines(store, session.session_id, session.pk, None if tip is None else tip.chain_hash)
+    session, tip = await session_branch(request, session_id, leaf, tenant)
+    lines = stream_archive_lines(store, session.session_id, session.pk, tip)
     chunks = _chunks(lines, offset, limit)
     first = await anext(chunks, b"")  # storage errors before the response starts answer as errors
     return StreamingResponse(_then(first, chunks), media_type="text/markdown; charset=utf-8")
