@@ -31,7 +31,7 @@ from proxy.forward.messages import MessagesPipeline
 from proxy.forward.pipeline import ChatPipeline
 from proxy.forward.session_log import SessionLog
 from proxy.forward.tool_rounds import ToolRounds
-from proxy.routes import health, limits, messages, passthrough, read, read_lists, search
+from proxy.routes import docs, health, limits, messages, passthrough, read, read_lists, search
 from proxy.routes.auth import Authenticator
 from proxy.routes.chat import CHAT_ROUTE, ERROR_SCHEMA, OPENAPI_PATH_ITEM, ChatEndpoint, chat_route
 from proxy.routes.errors import client_error
@@ -174,7 +174,10 @@ def create_app(settings: Settings, *, upstream_transport: object = None) -> Fast
         version=__version__,
         description="OpenAI-compatible proxy that keeps agents inside their context window. Read API for sessions.",
         lifespan=lifespan,
+        docs_url=None,  # served from the package's assets, not a CDN: proxy.routes.docs
+        redoc_url=None,
     )
+    docs.install(app)
     for router in (health.router, read.router, read_lists.router, search.router, limits.router):
         app.include_router(router)
     app.router.routes.append(chat_route(app.chat))  # before the pass-through's /v1/{path}

@@ -347,6 +347,12 @@ def replay(
     from proxy.offline.replay import OFFLINE_LABEL, load_trace
     from proxy.offline.replay import replay as run_replay
 
+    if plot is not None:  # before the replay, which may take minutes
+        try:
+            from proxy.offline.plot import plot_replay
+        except ImportError as exc:  # matplotlib is the optional 'plot' extra
+            typer.echo("error: --plot needs matplotlib (pip install 'context-proxy[plot]')", err=True)
+            raise typer.Exit(1) from exc
     settings = load_settings()
     try:
         messages = load_trace(trace)
@@ -360,11 +366,6 @@ def replay(
                             on_turn=lambda _r, total: progress.update(task, advance=1, total=total))
     _print_report(report, trace, turns, OFFLINE_LABEL)
     if plot is not None:
-        try:
-            from proxy.offline.plot import plot_replay
-        except ImportError as exc:  # pragma: no cover - matplotlib is the optional 'plot' extra
-            typer.echo("error: --plot needs matplotlib (pip install 'context-proxy[plot]')", err=True)
-            raise typer.Exit(1) from exc
         plot_replay(report, plot, title=f"{trace.name} ({model})")
         typer.echo(f"plot written to {plot}")
 

@@ -49,6 +49,7 @@ class ArtifactQueries:
                 "size_bytes": clamp_count(a.size_bytes, 2**63 - 1),
                 "line_count": clamp_count(a.line_count, COUNT_MAX),
                 "created_at": a.created_at,
+                "message_hash": a.message_hash,
             }
             for a in items
         ]

@@ -8,7 +8,7 @@ from contextlib import AbstractAsyncContextManager
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from storage import reads, session_lists
-from storage.records import BranchRecord, MessageRecord, RequestRecord, SessionRecord, SessionSummary
+from storage.records import ArtifactInfo, BranchRecord, MessageRecord, RequestRecord, SessionRecord, SessionSummary
 
 
 class ReadQueries:
@@ -73,3 +73,11 @@ class ReadQueries:
         ``session_lists.list_branches`` (``after``: a leaf hash of this session). Raises ``InvalidCursor``."""
         async with self._read("list_branches") as conn:
             return await session_lists.list_branches(conn, session_pk, limit, after)
+
+    async def list_session_artifacts(
+        self, session_pk: int, limit: int, after: str | None
+    ) -> tuple[list[ArtifactInfo], bool]:
+        """A page of the artifacts the session stored, oldest first, and ``has_more``; see
+        ``session_lists.list_artifacts`` (``after``: an artifact id of this session). Raises ``InvalidCursor``."""
+        async with self._read("list_session_artifacts") as conn:
+            return await session_lists.list_artifacts(conn, session_pk, limit, after)

@@ -20,12 +20,21 @@ from storage.tables import events, messages, requests, sessions
 _children = messages.alias("children")
 
 
-def _is_leaf(m: sa.Table | Any) -> sa.ColumnElement[bool]:
+def is_leaf(m: sa.Table | Any) -> sa.ColumnElement[bool]:
     """``m`` has no child in its session (no message names it as parent)."""
     child = sa.select(sa.literal(1)).where(
         _children.c.session_pk == m.c.session_pk, _children.c.parent_hash == m.c.chain_hash
     )
     return ~sa.exists(child)
+
+
+def past(time: sa.ColumnElement[Any], ident: sa.ColumnElement[Any], time_value: Any, ident_value: Any, *,
+         newest_first: bool = False) -> sa.ColumnElement[bool]:
+    """The rows after a keyset cursor ``(time_value, ident_value)`` in the order ``(time, ident)``:
+    ascending, or descending with ``newest_first``."""
+    if newest_first:
+        return sa.or_(time < time_value, sa.and_(time == time_value, ident < ident_value))
+    return sa.or_(time > time_value, sa.and_(time == time_value, ident > ident_value))
 
 
 def _summary_columns(session_pk: sa.ColumnElement[Any]) -> list[sa.Label[Any]]:
@@ -38,7 +47,7 @@ def _summary_columns(session_pk: sa.ColumnElement[Any]) -> list[sa.Label[Any]]:
         sa.select(sa.func.count()).where(events.c.session_pk == session_pk).scalar_subquery().label("event_count"),
         sa.select(sa.func.count())
         .select_from(leaf)
-        .where(leaf.c.session_pk == session_pk, _is_leaf(leaf))
+        .where(leaf.c.session_pk == session_pk, is_leaf(leaf))
         .scalar_subquery()
         .label("branch_count"),
         sa.select(sa.func.coalesce(sa.func.sum(requests.c.tokens_client), zero))
@@ -115,12 +124,7 @@ async def list_sessions(
         cursor = None if tenant not in (None, owner) else await find_session(conn, after, owner)
         if cursor is None:
             raise InvalidCursor(f"after={after!r} names no session")
-        query = query.where(
-            sa.or_(
-                sessions.c.updated_at < cursor.updated_at,
-                sa.and_(sessions.c.updated_at == cursor.updated_at, sessions.c.pk < cursor.pk),
-            )
-        )
+        query = query.where(past(sessions.c.updated_at, sessions.c.pk, cursor.updated_at, cursor.pk, newest_first=True))
     query = query.order_by(sessions.c.updated_at.desc(), sessions.c.pk.desc()).limit(limit + 1)
     rows = (await conn.execute(query)).all()
     return [_summary(r) for r in rows[:limit]], len(rows) > limit
@@ -150,7 +154,7 @@ async def branch_leaf(conn: AsyncConnection, session_pk: int, leaf_hash: str | N
         return await get_message_by_hash(conn, session_pk, leaf_hash)
     query = (
         sa.select(*messages.c)
-        .where(messages.c.session_pk == session_pk, _is_leaf(messages))
+        .where(messages.c.session_pk == session_pk, is_leaf(messages))
         .order_by(messages.c.id.desc())
         .limit(1)
     )
@@ -242,11 +246,6 @@ async def list_requests(
         anchor = None if "\x00" in after else (await conn.execute(found)).first()
         if anchor is None:
             raise InvalidCursor(f"after={after!r} names no request of this session")
-        query = query.where(
-            sa.or_(
-                requests.c.created_at > anchor.created_at,
-                sa.and_(requests.c.created_at == anchor.created_at, requests.c.id > after),
-            )
-        )
+        query = query.where(past(requests.c.created_at, requests.c.id, anchor.created_at, after))
     rows = (await conn.execute(query.order_by(requests.c.created_at, requests.c.id).limit(limit + 1))).all()
     return [RequestRecord(**r._mapping) for r in rows[:limit]], len(rows) > limit

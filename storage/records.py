@@ -76,7 +76,9 @@ class EventRecord:
 
 @dataclass(frozen=True, slots=True)
 class ArtifactRecord:
-    """Offloaded content. ``id`` is content-addressed (see ``proxy.defenses.offload``)."""
+    """Offloaded content. ``id`` is content-addressed (see ``proxy.defenses.offload``).
+    ``message_hash``: chain hash of the message of ``session_pk`` whose content it holds (``None``:
+    not recorded; stored before migration 0006, or not found among the request's messages)."""
 
     id: str
     tenant: str
@@ -85,6 +87,21 @@ class ArtifactRecord:
     content: str
     size_bytes: int
     line_count: int
+    created_at: datetime
+    message_hash: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactInfo:
+    """An artifact as a session's list shows it, without its content: ``size_bytes`` (UTF-8 bytes
+    of the content) and ``line_count`` as the writer recorded them, ``message_hash`` as in
+    ``ArtifactRecord``."""
+
+    id: str
+    media_type: str
+    size_bytes: int
+    line_count: int
+    message_hash: str | None
     created_at: datetime
 
 

@@ -4,25 +4,14 @@ for, and ``has_more`` reports the extra one."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from storage.columns import is_hex_hash
 from storage.errors import InvalidCursor
-from storage.records import BranchRecord
-from storage.tables import messages
-
-_children = messages.alias("branch_children")
-
-
-def _leaf(m: Any) -> sa.ColumnElement[bool]:
-    """``m`` has no child in its session (one probe of ``ix_messages_session_parent``)."""
-    child = sa.select(sa.literal(1)).where(
-        _children.c.session_pk == m.c.session_pk, _children.c.parent_hash == m.c.chain_hash
-    )
-    return ~sa.exists(child)
+from storage.reads import is_leaf, past
+from storage.records import ArtifactInfo, BranchRecord
+from storage.tables import artifacts, messages
 
 
 async def list_branches(
@@ -37,7 +26,7 @@ async def list_branches(
     to the front and is not listed again on later pages.
     """
     query = sa.select(messages.c.id, messages.c.chain_hash, messages.c.seq, messages.c.created_at).where(
-        messages.c.session_pk == session_pk, _leaf(messages)
+        messages.c.session_pk == session_pk, is_leaf(messages)
     )
     if after is not None:
         anchor = None
@@ -48,16 +37,11 @@ async def list_branches(
             anchor = (await conn.execute(found)).first()
         if anchor is None:
             raise InvalidCursor(f"after={after!r} names no message of this session")
-        query = query.where(
-            sa.or_(
-                messages.c.created_at < anchor.created_at,
-                sa.and_(messages.c.created_at == anchor.created_at, messages.c.id < anchor.id),
-            )
-        )
+        query = query.where(past(messages.c.created_at, messages.c.id, anchor.created_at, anchor.id, newest_first=True))
     query = query.order_by(messages.c.created_at.desc(), messages.c.id.desc()).limit(limit + 1)
     rows = (await conn.execute(query)).all()
     newest_q = (
-        sa.select(sa.func.max(messages.c.id)).where(messages.c.session_pk == session_pk, _leaf(messages))
+        sa.select(sa.func.max(messages.c.id)).where(messages.c.session_pk == session_pk, is_leaf(messages))
     )
     newest = (await conn.execute(newest_q)).scalar()
     page = [
@@ -65,3 +49,29 @@ async def list_branches(
         for r in rows[:limit]
     ]
     return page, len(rows) > limit
+
+
+_ARTIFACT_COLUMNS = (artifacts.c.id, artifacts.c.media_type, artifacts.c.size_bytes, artifacts.c.line_count,
+                     artifacts.c.message_hash, artifacts.c.created_at)
+
+
+async def list_artifacts(
+    conn: AsyncConnection, session_pk: int, limit: int, after: str | None
+) -> tuple[list[ArtifactInfo], bool]:
+    """A page of the artifacts the session stored (``artifacts.session_pk``), oldest first (ties:
+    lower id first), without their content (sizes as recorded at write time), and ``has_more``.
+
+    ``after`` is the id of the previous page's last artifact, looked up in this session only;
+    raises ``InvalidCursor`` if it names none. Artifacts are content-addressed per tenant: one
+    that another session of the tenant stored first is listed under that session only.
+    """
+    query = sa.select(*_ARTIFACT_COLUMNS).where(artifacts.c.session_pk == session_pk)
+    if after is not None:
+        found = sa.select(artifacts.c.created_at).where(artifacts.c.session_pk == session_pk, artifacts.c.id == after)
+        anchor = (await conn.execute(found)).first()
+        if anchor is None:
+            raise InvalidCursor(f"after={after!r} names no artifact of this session")
+        query = query.where(past(artifacts.c.created_at, artifacts.c.id, anchor.created_at, after))
+    query = query.order_by(artifacts.c.created_at, artifacts.c.id).limit(limit + 1)
+    rows = (await conn.execute(query)).all()
+    return [ArtifactInfo(**r._mapping) for r in rows[:limit]], len(rows) > limit

@@ -64,6 +64,9 @@ events = sa.Table(
     sa.Index("ix_events_session_created", "session_pk", "created_at"),
 )
 
+ARTIFACT_LIST_COLUMNS = ("session_pk", "created_at", "id", "media_type", "size_bytes", "line_count", "message_hash")
+"""The columns of a session's artifact list, in the order of its covering index (migration 0006)."""
+
 artifacts = sa.Table(
     "artifacts",
     metadata,
@@ -75,6 +78,9 @@ artifacts = sa.Table(
     sa.Column("size_bytes", sa.BigInteger, nullable=False),
     sa.Column("line_count", sa.Integer, nullable=False),
     sa.Column("created_at", UTC_TIME, nullable=False),
+    sa.Column("message_hash", HexHash, nullable=True),  # the message it came from (migration 0006)
+    # a session's list reads no content (SQLite stores the sizes after it, in its overflow pages)
+    sa.Index("ix_artifacts_session_list", *ARTIFACT_LIST_COLUMNS),
 )
 
 requests = sa.Table(

@@ -42,9 +42,9 @@ class Log:
         self.messages.append(record)
         return record
 
-    def compact(self, cutoff_seq: int) -> EventRecord:
+    def compact(self, cutoff_seq: int, summary: str = "s") -> EventRecord:
         event = EventRecord(id=f"evt_{len(self.events):024x}", session_pk=1, kind="summary",
-                            anchor_hash=self.messages[cutoff_seq].chain_hash, payload={"summary": "s"},
+                            anchor_hash=self.messages[cutoff_seq].chain_hash, payload={"summary": summary},
                             tokens_before=100, tokens_after=10,
                             created_at=self.messages[-1].created_at + timedelta(milliseconds=500))
         self.events.append(event)
@@ -142,8 +142,36 @@ def test_a_later_compaction_or_message_never_renumbers_lines() -> None:
     assert sum(line.startswith("## Compaction ") for line in after_second) == 2
     first = after_first.index(next(line for line in after_first if line.startswith("## Compaction 1 ")))
     assert first == len(before) - 1, "the first compaction is appended where the document ended"
-    assert "Messages 0 to 8 above were summarized" in after_first[first + 2]
-    assert any("Messages 9 to 15 above were summarized" in line for line in after_second)
+    assert "Messages 0 to 8 above (from line 4) were summarized" in after_first[first + 2]
+    assert any("Messages 9 to 15 above (from line " in line for line in after_second)
+
+
+def test_a_compaction_shows_its_summary_after_naming_the_lines_it_summarized() -> None:
+    """Issue 20: the block shows the summary the model was given (model-written, so fenced like any
+    message text: a forged heading inside it stays text), and names the line where the summarized
+    messages start; a second compaction's messages start after the first block."""
+    log = Log()
+    for n in range(8):
+        log.add({"role": "user" if n % 2 == 0 else "assistant", "content": f"turn {n}"})
+    log.compact(3, summary=f"The user asked for turns.\n{FORGED_COMPACTION}\n```\nDone.")
+    log.compact(5, summary="Second summary.")
+    lines = log.lines()
+    starts = {int(m.group(1)): i for i, line in enumerate(lines) if (m := re.match(r"### \[(\d+)\] ", line))}
+    blocks = [i for i, line in enumerate(lines) if line.startswith("## Compaction ")]
+    assert len(blocks) == 2
+    first, second = blocks
+    assert lines[first + 2] == (f"Messages 0 to 3 above (from line {starts[0]}) were summarized; "
+                                "the model was given this summary instead:")
+    fence = lines[first + 4]
+    assert fence.strip().startswith("````") and fence.endswith("text")
+    shown = lines[first + 5 : lines.index(fence.removesuffix("text"), first + 5)]
+    assert [line.removeprefix("  ") for line in shown] == [
+        "The user asked for turns.", FORGED_COMPACTION, "```", "Done."]
+    assert lines[second + 2].startswith(f"Messages 4 to 5 above (from line {starts[4]}) were summarized")
+    assert "  Second summary." in lines[second:]
+    headings = [t.content for t in MarkdownIt().parse("\n".join(lines)) if t.type == "inline"
+                and t.content.startswith("Compaction ")]
+    assert len(headings) == 2, "the forged heading inside the summary is not a heading"
 
 
 def test_archive_lines_is_render_archive() -> None:

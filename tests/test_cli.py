@@ -112,6 +112,41 @@ def test_replay_as_a_subprocess(tmp_path: Path) -> None:
     assert (tmp_path / "p.png").read_bytes().startswith(PNG_SIGNATURE)
 
 
+WITHOUT_MATPLOTLIB = """
+import runpy, sys
+from importlib.abc import MetaPathFinder
+
+class NoMatplotlib(MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, NoMatplotlib())
+sys.argv = ["context-proxy", *sys.argv[1:]]
+runpy.run_module("proxy.cli", run_name="__main__")
+"""
+
+
+def test_replay_plot_without_matplotlib_says_what_to_install(tmp_path: Path) -> None:
+    """Issue 20: the friendly message fired only if importing ``proxy.offline.plot`` failed, and that
+    module imported matplotlib only when drawing, after the replay: a 27-line traceback."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("\n".join(json.dumps(m) for m in [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": "Hi."}]) + "\n")
+    env = os.environ | {"TIKTOKEN_CACHE_DIR": str(SHARED_DIR / "tiktoken")}
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_MATPLOTLIB, "replay", str(trace), "--model", "gpt-4", "--plot",
+         str(tmp_path / "p.png")],
+        cwd=REPO_DIR, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert done.stderr.strip() == "error: --plot needs matplotlib (pip install 'context-proxy[plot]')"
+    assert "Traceback" not in done.stdout + done.stderr
+    assert not (tmp_path / "p.png").exists() and "total:" not in done.stdout, "refused before replaying"
+
+
 def test_replay_rejects_a_file_that_is_not_a_trace(runner: CliRunner, tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"role": "user", "content": "hi"}\nnot json\n')

@@ -25,6 +25,7 @@ from typing import Any
 
 from proxy.cache import BoundedCache
 from proxy.compaction.apis import CHAT_API, ProviderApi
+from proxy.compaction.artifact_sources import source_messages
 from proxy.compaction.base import CompactionInput, Compactor, Prepared
 from proxy.compaction.limits import LearnedLimits, Sent, WindowView
 from proxy.compaction.models import ModelProfiles
@@ -147,6 +148,7 @@ class ProjectingCompactor(Compactor):
         if not todo:
             return True
         created = datetime.now(UTC)
+        sources = source_messages(ctx.messages, ctx.chain, todo)
         records = [
             ArtifactRecord(
                 id=a.id,
@@ -157,6 +159,7 @@ class ProjectingCompactor(Compactor):
                 size_bytes=len(a.content.encode()),
                 line_count=a.content.count("\n") + (0 if a.content.endswith("\n") or not a.content else 1),
                 created_at=created,
+                message_hash=sources.get(a.id),
             )
             for a in todo
         ]

@@ -1,12 +1,16 @@
 """``--plot FILE.png`` of ``context-proxy replay``: prompt tokens per turn, without and with the proxy.
 
 Uses matplotlib's object API on a ``Figure`` (the Agg canvas, no pyplot and no global backend),
-so it works headless and never touches another figure. matplotlib is the optional ``plot`` extra.
+so it works headless and never touches another figure. matplotlib is the optional ``plot`` extra,
+imported with this module: importing it raises ``ImportError`` without matplotlib (what
+``context-proxy replay --plot`` checks before it replays).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from matplotlib.figure import Figure
 
 from proxy.offline.replay import OFFLINE_LABEL, ReplayReport
 
@@ -15,11 +19,8 @@ def plot_replay(report: ReplayReport, path: str | Path, title: str | None = None
     """Draw ``report`` to ``path`` (PNG by its extension); returns the path.
 
     Lines: tokens per request without the proxy and with it; a dashed line at the context
-    window; a dotted vertical line at each turn where a compaction happened. Raises
-    ``ImportError`` if matplotlib is not installed.
+    window; a dotted vertical line at each turn where a compaction happened.
     """
-    from matplotlib.figure import Figure
-
     turns = [t.turn for t in report.turns]
     fig = Figure(figsize=(10, 5), dpi=100)
     ax = fig.subplots()

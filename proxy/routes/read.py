@@ -7,8 +7,8 @@ indistinguishable from one that does not exist.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Query, Request
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
@@ -26,6 +26,7 @@ from storage.records import (
 from storage.store import Store
 
 router = APIRouter(tags=["read"])
+T = TypeVar("T")
 
 
 def list_response(data: list[dict[str, Any]], has_more: bool, cursors: list[str] | None = None) -> JSONResponse:
@@ -41,6 +42,15 @@ def list_response(data: list[dict[str, Any]], has_more: bool, cursors: list[str]
             "has_more": has_more,
         }
     )
+
+
+async def cursor_page(page: Awaitable[tuple[list[T], bool]], after: str | None, what: str) -> tuple[list[T], bool]:
+    """A page of a session's list; a cursor that names nothing of the session (``InvalidCursor``)
+    is the client's error: a ``BadRequest`` naming ``after`` (``what``: what it should name)."""
+    try:
+        return await page
+    except InvalidCursor:
+        raise BadRequest(f"'after' is not {what} of this session: {after}", param="after") from None
 
 
 def unix_seconds(value: Any) -> int:
@@ -215,10 +225,8 @@ async def list_requests(
     tenant: str | None = TENANT_QUERY,
 ) -> JSONResponse:
     session = await session_of(request, session_id, tenant)
-    try:
-        rows, has_more = await request.app.state.proxy.store.list_requests(session.pk, limit, after)
-    except InvalidCursor:
-        raise BadRequest(f"'after' is not a request id of this session: {after}", param="after") from None
+    store = request.app.state.proxy.store
+    rows, has_more = await cursor_page(store.list_requests(session.pk, limit, after), after, "a request id")
     return list_response([request_json(r) for r in rows], has_more)
 
 

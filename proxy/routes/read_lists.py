@@ -12,10 +12,9 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from starlette.responses import JSONResponse
 
-from proxy.errors import BadRequest, NotFound
-from proxy.routes.read import TENANT_QUERY, list_response, session_of, unix_seconds
-from storage.errors import InvalidCursor
-from storage.records import BranchRecord
+from proxy.errors import NotFound
+from proxy.routes.read import TENANT_QUERY, cursor_page, list_response, session_of, unix_seconds
+from storage.records import ArtifactInfo, BranchRecord
 
 router = APIRouter(tags=["read"])
 
@@ -39,15 +38,54 @@ async def list_branches(
     request: Request,
     session_id: str,
     limit: int = Query(20, ge=1, le=100),
-    after: str | None = Query(None, description="The previous page's last_id (a leaf's chain hash)"),
+    after: str | None = Query(None, max_length=200, description="The previous page's last_id (a leaf's chain hash)"),
     tenant: str | None = TENANT_QUERY,
 ) -> JSONResponse:
     session = await session_of(request, session_id, tenant)
-    try:
-        rows, has_more = await request.app.state.proxy.store.list_branches(session.pk, limit, after)
-    except InvalidCursor:
-        raise BadRequest(f"'after' is not a message id of this session: {after}", param="after") from None
+    store = request.app.state.proxy.store
+    rows, has_more = await cursor_page(store.list_branches(session.pk, limit, after), after, "a leaf")
     return list_response([branch_json(b) for b in rows], has_more, [b.leaf_hash for b in rows])
+
+
+def artifact_kind(media_type: str) -> str:
+    """What an artifact holds, from its media type: ``text`` (a tool result or user message's text
+    offloaded), ``image`` (an inline image offloaded), else ``media``."""
+    if media_type.startswith("text/"):
+        return "text"
+    return "image" if media_type.startswith("image/") else "media"
+
+
+def artifact_info_json(a: ArtifactInfo) -> dict[str, Any]:
+    """``{"object": "session.artifact", "id", "bytes" (UTF-8 bytes of the content), "lines", "kind",
+    "media_type", "message" (chain hash of the message it came from, or null: not recorded),
+    "created_at" (unix s)}``."""
+    return {
+        "object": "session.artifact",
+        "id": a.id,
+        "bytes": a.size_bytes,
+        "lines": a.line_count,
+        "kind": artifact_kind(a.media_type),
+        "media_type": a.media_type,
+        "message": a.message_hash,
+        "created_at": unix_seconds(a.created_at),
+    }
+
+
+@router.get(
+    "/sessions/{session_id}/artifacts",
+    summary="Artifacts the session offloaded, oldest first: size, kind, the message each came from",
+)
+async def list_artifacts(
+    request: Request,
+    session_id: str,
+    limit: int = Query(20, ge=1, le=100),
+    after: str | None = Query(None, max_length=200, description="The previous page's last_id (an artifact id)"),
+    tenant: str | None = TENANT_QUERY,
+) -> JSONResponse:
+    session = await session_of(request, session_id, tenant)
+    store = request.app.state.proxy.store
+    rows, has_more = await cursor_page(store.list_session_artifacts(session.pk, limit, after), after, "an artifact id")
+    return list_response([artifact_info_json(a) for a in rows], has_more)
 
 
 @router.get("/artifacts/{artifact_id}", summary="Stored content by line range")

@@ -3,7 +3,9 @@
 It is a *view* of the log (DESIGN.md section 3), rendered on each read from the stored messages and
 events, never a second copy. The document is the branch's messages in order (``seq``), each
 rendered on its own, and one "## Compaction N" block per summary event, placed where the event
-happened: after its cutoff message and after every message stored before it (``created_at``).
+happened: after its cutoff message and after every message stored before it (``created_at``). The
+block names the messages it summarized (and the line the first of them starts at), then shows the
+summary the model was given instead of them (``payload["summary"]``, fenced like message text).
 So a later compaction, like a later message, appends lines: it never renumbers what was there
 (the read tool and ``GET /sessions/{id}/archive?offset=`` name the same line numbers over time).
 The header has no counts for the same reason.
@@ -196,11 +198,20 @@ def _nested(blocks: list[Any]) -> Iterator[str]:
         yield ""
 
 
-def _event_lines(n: int, event: EventRecord, first_seq: int, cutoff_seq: int) -> Iterator[str]:
+def _event_lines(n: int, event: EventRecord, first_seq: int, cutoff_seq: int, first_line: int | None) -> Iterator[str]:
+    """A compaction's block: its heading, the messages it summarized (and the line they start at),
+    then the summary the model was given instead of them, fenced (it is model-written text)."""
     yield f"## Compaction {n} — {event.created_at.isoformat()} (event `{event.id}`)"
     yield ""
-    yield (f"Messages {first_seq} to {cutoff_seq} above were summarized; the model was given a summary "
-           "instead (it is in this session's events).")
+    where = "" if first_line is None else f" (from line {first_line})"
+    yield (f"Messages {first_seq} to {cutoff_seq} above{where} were summarized; "
+           "the model was given this summary instead:")
+    yield ""
+    summary = event.payload.get("summary")
+    if isinstance(summary, str):
+        yield from _block(summary, "text")
+    else:
+        yield "(no summary text was recorded)"
     yield ""
 
 
@@ -215,8 +226,18 @@ class ArchiveRenderer:
         self._anchors = {e.anchor_hash for e in self._pending}
         self._count = 0
         self._next_first = 0
+        self._line = 0  # the number of the next line (0-based, as ``?offset=`` counts)
+        self._starts: dict[int, int] = {}  # seq -> the line its heading is on, for seq >= _next_first
+
+    def _counted(self, lines: Iterable[str]) -> Iterator[str]:
+        for line in lines:
+            self._line += 1
+            yield line
 
     def head(self) -> Iterator[str]:
+        return self._counted(self._head())
+
+    def _head(self) -> Iterator[str]:
         shown = _escape_odd(self.session_id)
         shown = shown if len(shown) <= INLINE_CHARS else f"{shown[:INLINE_CHARS]}… ({len(shown)} chars)"
         yield f"# Archive of session {_span(shown)}"
@@ -236,13 +257,16 @@ class ArchiveRenderer:
                 kept.append(event)
                 continue
             self._count += 1
-            yield from _event_lines(self._count, event, self._next_first, cutoff)
+            yield from self._counted(_event_lines(self._count, event, self._next_first, cutoff,
+                                                  self._starts.get(self._next_first)))
             self._next_first = cutoff + 1
+            self._starts = {seq: line for seq, line in self._starts.items() if seq >= self._next_first}
         self._pending = kept
 
     def message(self, record: MessageRecord) -> Iterator[str]:
         yield from self._due(record.created_at)
-        yield from message_lines(record)
+        self._starts[record.seq] = self._line
+        yield from self._counted(message_lines(record))
         if record.chain_hash in self._anchors:
             self._seen[record.chain_hash] = record.seq
 

@@ -76,8 +76,11 @@ def test_prefix_stability_over_a_60_turn_session_at_32k(proxy_factory: Any, upst
         archive = http.get("/sessions/stability/archive")
     assert archive.headers["content-type"].startswith("text/markdown")
     summaries = [e for e in events if e["kind"] == "summary"]
-    assert summaries and archive.text.count("## Compaction ") == len(summaries)
+    assert summaries and archive.text.count("\n## Compaction ") == len(summaries)
     assert "FACT: ticket=PRJ-42" in archive.text
+    for event in summaries:  # each section shows the summary the model was given (issue 20)
+        lines = [line for line in event["payload"]["summary"].splitlines() if line.strip()]
+        assert lines and all(f"\n  {line[:500]}" in archive.text for line in lines), event["id"]
 
 
 def test_same_history_twice_is_forwarded_byte_identically(proxy_factory: Any, upstream: Upstream, known_window: str) -> None:

@@ -269,6 +269,26 @@ def test_a_body_over_the_providers_byte_limit_has_its_older_images_offloaded(
     assert [b["type"] for b in sent[-1]["content"]] == ["image", "text"]  # the newest turn's image kept
     for turn in sent[:-1:2]:  # the older ones: a reference in the image's place, the text kept
         assert [b["type"] for b in turn["content"]] == ["text", "text"] and "/artifacts/" in turn["content"][0]["text"]
+    # the session's artifacts: each image, from the turn that carried it (issue 20)
+    from tests.support.polling import wait_for
+
+    with httpx.Client(base_url=url, headers={"x-api-key": ANTHROPIC_KEY}, timeout=30) as http:
+        session = wait_for(lambda: (http.get("/sessions").json()["data"] or [None])[0], 10.0)
+        assert session is not None
+
+        def all_logged() -> list[dict[str, Any]] | None:
+            page: list[dict[str, Any]] = http.get(f"/sessions/{session['id']}/messages").json()["data"]
+            return page if len(page) == 8 else None  # the 7 turns sent and the reply
+
+        logged = wait_for(all_logged, 10.0)
+        assert logged is not None
+        artifacts = http.get(f"/sessions/{session['id']}/artifacts").json()["data"]
+    urls = {f"data:image/png;base64,{m['content'][0]['source']['data']}": m["id"] for m in logged[:-2:2]}
+    assert len(artifacts) == 3 and {a["message"] for a in artifacts} == set(urls.values())
+    for artifact in artifacts:
+        url_of = next(u for u, message in urls.items() if message == artifact["message"])
+        assert (artifact["kind"], artifact["media_type"], artifact["bytes"]) == ("image", "image/png", len(url_of))
+        assert artifact["id"] in str(sent)
 
 
 @pytest.mark.parametrize("shape", ["text", "tool"])

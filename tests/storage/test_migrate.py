@@ -38,16 +38,16 @@ async def test_upgrade_creates_schema_and_is_idempotent(empty_database_url: str)
     assert await _inspect(empty_database_url) == (set(), None, [])
     await upgrade(empty_database_url)
     tables, revision, diff = await _inspect(empty_database_url)
-    assert tables >= TABLES and revision == "0005"
+    assert tables >= TABLES and revision == "0006"
     assert diff == []  # storage/tables.py describes exactly what the migrations create
     await upgrade(empty_database_url)
-    assert await _inspect(empty_database_url) == (tables, "0005", [])
+    assert await _inspect(empty_database_url) == (tables, "0006", [])
 
 
 async def test_concurrent_upgrades_both_succeed(empty_database_url: str) -> None:
     await asyncio.gather(*(upgrade(empty_database_url) for _ in range(3)))
     tables, revision, _ = await _inspect(empty_database_url)
-    assert tables >= TABLES and revision == "0005"
+    assert tables >= TABLES and revision == "0006"
 
 
 async def test_upgrade_of_unreachable_database_raises_unavailable() -> None:
@@ -89,7 +89,7 @@ async def test_0004_widens_the_token_columns_of_an_existing_database(empty_datab
     finally:
         await store.close()
     await upgrade(empty_database_url)
-    assert (await _inspect(empty_database_url))[1:] == ("0005", [])
+    assert (await _inspect(empty_database_url))[1:] == ("0006", [])
     store = await Store.open(empty_database_url, pool_size=2)
     try:
         await store.add_request(record(2, 3_000_000_000))
@@ -170,7 +170,7 @@ async def test_0005_records_the_api_of_a_session_and_old_ones_are_chat(empty_dat
                                        " VALUES ('older', 't', :n, :n)"), {"n": now})
     finally:
         await engine.dispose()
-    assert (await _inspect(empty_database_url))[1:] == ("0005", [])
+    assert (await _inspect(empty_database_url))[1:] == ("0006", [])
     store = await Store.open(empty_database_url, pool_size=2)
     try:
         for session_id in ("before", "older"):
@@ -182,3 +182,52 @@ async def test_0005_records_the_api_of_a_session_and_old_ones_are_chat(empty_dat
         assert (await store.get_or_create_session("t", "before", now, "messages")).api == "chat"
     finally:
         await store.close()
+
+
+async def test_0006_records_the_message_of_an_artifact_and_old_ones_have_none(empty_database_url: str) -> None:
+    """An artifact written before 0006 reads with no message (``None``: not recorded); a new one
+    keeps its message's chain hash; a session's list is served by the new index; the downgrade
+    drops the column and the index, and the rows read back as 0005 wrote them."""
+    from datetime import UTC, datetime
+
+    from storage.records import ArtifactRecord
+    from storage.store import Store
+    from tests.storage.test_layout import downgrade
+
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    insert = ("INSERT INTO artifacts (tenant, id, session_pk, media_type, content, size_bytes, line_count, created_at)"
+              " VALUES ('t', :id, :pk, 'text/plain', 'old content', 11, 1, :n)")
+    await upgrade(empty_database_url, "0005")
+    engine = create_engine(empty_database_url, pool_size=1)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(sa.text("INSERT INTO sessions (session_id, tenant, created_at, updated_at)"
+                                       " VALUES ('s', 't', :n, :n)"), {"n": now})
+            pk = (await conn.execute(sa.text("SELECT pk FROM sessions"))).scalar_one()
+            await conn.execute(sa.text(insert), {"id": "art_before", "pk": pk, "n": now})
+        await upgrade(empty_database_url)
+        async with engine.begin() as conn:  # an older replica's insert, after the upgrade
+            await conn.execute(sa.text(insert), {"id": "art_older", "pk": pk, "n": now})
+    finally:
+        await engine.dispose()
+    assert (await _inspect(empty_database_url))[1:] == ("0006", [])
+    store = await Store.open(empty_database_url, pool_size=2)
+    try:
+        await store.put_artifacts([ArtifactRecord("art_new", "t", pk, "text/plain", "new", 3, 1, now, "ab" * 32)])
+        listed, more = await store.list_session_artifacts(pk, 10, None)
+        assert sorted((a.id, a.message_hash) for a in listed) == [("art_before", None), ("art_new", "ab" * 32),
+                                                                  ("art_older", None)] and not more
+        assert (await store.get_artifact("art_new", "t")).message_hash == "ab" * 32  # type: ignore[union-attr]
+    finally:
+        await store.close()
+    await downgrade(empty_database_url, "0005")
+    engine = create_engine(empty_database_url, pool_size=1)
+    try:
+        async with engine.connect() as conn:
+            columns = await conn.run_sync(lambda sync: {c["name"] for c in sa.inspect(sync).get_columns("artifacts")})
+            indexes = await conn.run_sync(lambda sync: {i["name"] for i in sa.inspect(sync).get_indexes("artifacts")})
+            rows = (await conn.execute(sa.text("SELECT id, content FROM artifacts ORDER BY id"))).all()
+    finally:
+        await engine.dispose()
+    assert "message_hash" not in columns and "ix_artifacts_session_list" not in indexes
+    assert [tuple(r) for r in rows] == [("art_before", "old content"), ("art_new", "new"), ("art_older", "old content")]

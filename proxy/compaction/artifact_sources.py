@@ -1,0 +1,54 @@
+"""The message each artifact was offloaded from, found by its content among a request's messages.
+
+An offload replaces a string of a message (a tool result's text, a long user message's text, an
+inline image's ``data:`` URL, or an Anthropic image block's base64 ``data``) by a stub naming a
+content-addressed artifact; the defenses are pure functions of a message's content and do not know
+where it sits in the log. So the compactor, storing new artifacts, looks for each artifact's content
+among the strings of the request's messages (the first, oldest, holding it wins) and records that
+message's chain hash with the artifact (``storage.records.ArtifactRecord.message_hash``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from proxy.defenses.offload import ArtifactToStore
+
+MAX_DEPTH = 64
+"""Nesting walked into a message (JSON the proxy parsed is at most 254 deep; content sits near the top)."""
+
+
+def _strings(value: Any, depth: int = 0) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif depth < MAX_DEPTH and isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item, depth + 1)
+    elif depth < MAX_DEPTH and isinstance(value, list):
+        for item in value:
+            yield from _strings(item, depth + 1)
+
+
+def source_messages(
+    messages: Sequence[dict[str, Any]], chain: Sequence[str], artifacts: Sequence[ArtifactToStore]
+) -> dict[str, str]:
+    """``{artifact id: chain hash}`` of the first of ``messages`` (``chain[i]`` is ``messages[i]``'s
+    hash) holding each artifact's content as one of its strings; an artifact not found (its text
+    was joined from several parts) is left out. A ``data:`` URL also matches its base64 payload
+    alone (how Anthropic's image blocks carry it). Strings are compared only when their length is
+    one of the contents' (cheap on a long conversation), and the walk stops once all are found."""
+    wanted: dict[str, str] = {}
+    for a in artifacts:
+        wanted.setdefault(a.content, a.id)
+        if a.content.startswith("data:") and ";base64," in a.content:
+            wanted.setdefault(a.content.partition(";base64,")[2], a.id)
+    lengths, ids = {len(s) for s in wanted}, set(wanted.values())
+    found: dict[str, str] = {}
+    for message, chain_hash in zip(messages, chain, strict=False):
+        for s in _strings(message):
+            if len(s) in lengths and (art_id := wanted.get(s)) is not None and art_id not in found:
+                found[art_id] = chain_hash
+        if len(found) == len(ids):
+            break
+    return found
