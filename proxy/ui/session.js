@@ -7,6 +7,7 @@ import { compactionView, messageView } from "./messages.js";
 
 const MESSAGE_PAGE = 100;
 const REQUEST_PAGE = 500;
+const ARTIFACT_PAGE = 100;
 
 function stats(s) {
   const saved = (s.tokens_client_total || 0) - (s.tokens_forwarded_total || 0);
@@ -99,6 +100,36 @@ async function messagesSection(base, params, events) {
   return el("section", {}, el("h2", { text: "Messages" }), list, count, more);
 }
 
+async function artifactsSection(base, tenant) {
+  const body = el("tbody", { id: "artifacts" });
+  const more = el("button", { id: "more-artifacts", type: "button", text: "Load more artifacts", hidden: true });
+  const heading = el("h2", {});
+  let after = null;
+  let count = 0;
+  async function load() {
+    more.disabled = true;
+    const page = await getJson(`${base}/artifacts`, { limit: ARTIFACT_PAGE, after, tenant });
+    for (const a of page.data) {
+      body.append(el("tr", { class: "artifact-row", dataset: { id: a.id } },
+        el("td", {}, el("a", { class: "artifact-link", href: route(["artifact", a.id]), text: a.id })),
+        el("td", { text: a.kind }), el("td", { class: "num bytes", text: fmt.int(a.bytes) }),
+        el("td", { class: "num lines", text: fmt.int(a.lines) }),
+        el("td", { class: "mono", title: a.message || "", text: a.message ? fmt.short(a.message) : "–" }),
+        el("td", { text: fmt.time(a.created_at) })));
+    }
+    count += page.data.length;
+    after = page.last_id;
+    more.hidden = !page.has_more;
+    more.disabled = false;
+    heading.textContent = `Artifacts (${count}${page.has_more ? "+" : ""})`;
+  }
+  more.addEventListener("click", load);
+  await load();
+  const head = el("tr", {}, ["artifact", "kind", "bytes", "lines", "from message", "created (UTC)"].map((t) => el("th", { text: t })));
+  return el("section", { id: "artifacts-section" }, heading,
+    count ? el("table", { class: "list" }, el("thead", {}, head), body) : el("p", { class: "muted", text: "Nothing offloaded." }), more);
+}
+
 export async function showSession(root, id, params) {
   const tenant = params.get("tenant");
   const base = `/sessions/${seg(id)}`;
@@ -113,5 +144,6 @@ export async function showSession(root, id, params) {
       text: "Archive (the whole log as a document)" }), " ", await branchSwitcher(id, params)),
     await requestsSection(base, tenant, events),
     el("section", { id: "events" }, el("h2", { text: `Compaction events (${events.length})` }), events.map(compactionView)),
+    await artifactsSection(base, tenant),
     await messagesSection(base, params, events)].filter(Boolean));
 }

@@ -330,3 +330,11 @@ def test_read_tool_rounds_are_marked_and_their_artifact_is_linked(tab: Page, vie
     tab.click("#next-page")
     tab.locator("#L500").wait_for()
     assert tab.locator("#L500 .code").text_content() == "FACT: build_id=B-7741"
+    # the session's artifacts, as GET /sessions/{id}/artifacts lists them
+    tab.goto(viewer.ui + f"#/session/{viewer.seeded.read_tool}")
+    rows = tab.locator("#artifacts .artifact-row")
+    rows.first.wait_for()
+    listed = api(viewer, f"/sessions/{viewer.seeded.read_tool}/artifacts", limit=100)["data"]
+    assert [r.get_attribute("data-id") for r in rows.all()] == [a["id"] for a in listed] and art in [a["id"] for a in listed]
+    assert [(number(r.locator(".bytes").inner_text()), number(r.locator(".lines").inner_text())) for r in rows.all()] == \
+        [(a["bytes"], a["lines"]) for a in listed]
