@@ -126,6 +126,9 @@ class RequestRecord:
     created_at: datetime | None = None
     finish_reason: str | None = None
     """The reply's ``finish_reason`` (choice 0), as the upstream sent it; ``None`` when there was none."""
+    overflow_retries: int = 0
+    """Times the provider's overflow was compacted for and the request sent again (0 to
+    ``max_overflow_retries``); 0 in records stored before migration 0007."""
 
 
 @dataclass(frozen=True, slots=True)
