@@ -1,5 +1,6 @@
 // Per request: tokens the client sent against tokens forwarded, as SVG built here, with each
-// compaction event marked at the first request it applied to and failed requests dotted.
+// compaction event marked at the first request it applied to, each overflow recovery (the
+// provider refused, the proxy compacted and sent again) marked at its request, failed requests dotted.
 const NS = "http://www.w3.org/2000/svg";
 const W = 900, H = 260, PAD = { left: 64, right: 16, top: 16, bottom: 28 };
 
@@ -40,6 +41,14 @@ export function tokensChart(requests, events) {
   }
   const line = (key, cls) => svg("polyline", { class: cls, points: requests.map((r, i) => `${x(i)},${y(r[key])}`).join(" ") });
   root.append(line("tokens_client", "sent"), line("tokens_forwarded", "forwarded"));
+  requests.forEach((r, i) => {
+    if (!r.overflow_retries) return;
+    const mark = svg("g", { class: "overflow-mark", "data-request": i },
+      `request ${i + 1}: the provider's overflow, recovered by compacting and sending again (${r.overflow_retries}×)`);
+    mark.append(svg("path", { d: `M${x(i)},${PAD.top + 10} l-6,-10 h12 z` }));
+    mark.append(svg("line", { x1: x(i), x2: x(i), y1: PAD.top + 10, y2: H - PAD.bottom }));
+    root.append(mark);
+  });
   requests.forEach((r, i) => {
     const failed = r.status >= 400;
     root.append(svg("circle", { cx: x(i), cy: y(r.tokens_forwarded), r: failed ? 4 : 2.5,

@@ -27,7 +27,8 @@ function requestRow(r, i) {
     el("td", { class: "num sent", text: fmt.int(r.tokens_client) }),
     el("td", { class: "num forwarded", text: fmt.int(r.tokens_forwarded) }),
     el("td", { text: (r.defenses || []).join(", ") || "–" }),
-    el("td", { text: (r.event_ids || []).length }), el("td", { text: r.finish_reason || "–" }),
+    el("td", { text: (r.event_ids || []).length }),
+    el("td", { class: "num overflow", text: r.overflow_retries || 0 }), el("td", { text: r.finish_reason || "–" }),
     el("td", { text: r.error || "" }));
 }
 
@@ -49,10 +50,13 @@ async function requestsSection(base, tenant, events) {
   const chartBox = el("div", { id: "chart" });
   const body = el("tbody", { id: "requests" });
   const more = el("button", { id: "more-requests", type: "button", text: "Load more requests", hidden: true });
+  const recoveries = el("span", { id: "overflow-recoveries", class: "muted" });
   async function load() {
     more.disabled = true;
     const page = await getJson(`${base}/requests`, { limit: REQUEST_PAGE, after, tenant });
     page.data.forEach((r) => { body.append(requestRow(r, requests.length)); requests.push(r); });
+    const recovered = requests.filter((r) => r.overflow_retries > 0).length;
+    recoveries.textContent = `${recovered} of ${requests.length} requests recovered from an overflow`;
     after = page.last_id;
     more.hidden = !page.has_more;
     more.disabled = false;
@@ -61,12 +65,13 @@ async function requestsSection(base, tenant, events) {
   more.addEventListener("click", load);
   await load();
   const head = el("tr", {}, ["#", "time (UTC)", "model", "status", "tokens sent", "tokens forwarded", "defenses",
-    "events", "finish", "error"].map((t) => el("th", { text: t })));
+    "events", "overflow retries", "finish", "error"].map((t) => el("th", { text: t })));
   return el("section", {},
     el("h2", { text: "Tokens per request" }),
     el("p", { class: "legend" }, el("span", { class: "key sent", text: "sent by the client" }),
       el("span", { class: "key forwarded", text: "forwarded to the provider" }),
-      el("span", { class: "key event", text: "compaction" })),
+      el("span", { class: "key event", text: "compaction" }),
+      el("span", { class: "key overflow", text: "overflow recovered" }), recoveries),
     chartBox, more,
     el("details", { class: "requests" }, el("summary", { text: "Requests" }), el("table", { class: "list" }, el("thead", {}, head), body)));
 }

@@ -143,6 +143,11 @@ def test_a_session_with_compactions_shows_the_apis_numbers(tab: Page, viewer: Vi
     marks = chart.locator(".event-mark")
     assert sorted(m.get_attribute("data-event") for m in marks.all()) == sorted(
         e["id"] for e in events if any(e["id"] in r["event_ids"] for r in requests))
+    # overflow recoveries: the 16k window was learned from the provider's first overflow
+    recovered = [i for i, r in enumerate(requests) if r["overflow_retries"]]
+    assert recovered and [int(m.get_attribute("data-request")) for m in chart.locator(".overflow-mark").all()] == recovered
+    assert [number(r.locator(".overflow").text_content()) for r in rows.all()] == [r["overflow_retries"] for r in requests]
+    assert tab.inner_text("#overflow-recoveries") == f"{len(recovered)} of {len(requests)} requests recovered from an overflow"
     first = next(i for i, r in enumerate(requests) if events[0]["id"] in r["event_ids"])
     assert f"at request {first + 1}: {events[0]['tokens_before']} → {events[0]['tokens_after']}" in \
         marks.first.locator("title").text_content()
