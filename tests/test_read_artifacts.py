@@ -139,7 +139,7 @@ async def test_another_tenants_session_is_a_404_and_admins_name_the_tenant(
     assert (await admin.get("/sessions/big/artifacts", params={"tenant": "t_nobody"})).status_code == 404
 
 
-def test_the_source_is_the_first_message_holding_the_content() -> None:
+def test_the_source_is_the_newest_message_holding_the_content() -> None:
     png = base64.b64encode(b"\x89PNG" + bytes(range(200))).decode()
     text = "a long tool result\n" * 50
     messages: list[dict[str, Any]] = [
@@ -148,13 +148,15 @@ def test_the_source_is_the_first_message_holding_the_content() -> None:
         {"role": "tool", "tool_call_id": "c", "content": text},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
             {"type": "image", "source": {"type": "base64", "media_type": "image/gif", "data": png + "AA"}}]}]},
-        {"role": "tool", "tool_call_id": "d", "content": text},  # the same content again: the first wins
+        {"role": "tool", "tool_call_id": "d", "content": text},  # the same content again: the newest wins
+        {"role": "user", "content": "and now?"},
     ]
     chain = [f"{i:064x}" for i in range(len(messages))]
     arts = [ArtifactToStore(artifact_id(text), text, "text/plain"),
             ArtifactToStore("art_png", f"data:image/png;base64,{png}", "image/png"),
             ArtifactToStore("art_gif", f"data:image/gif;base64,{png}AA", "image/gif"),
             ArtifactToStore("art_joined", "a long tool", "text/plain")]
-    assert source_messages(messages, chain, arts) == {artifact_id(text): chain[2], "art_png": chain[1],
+    assert source_messages(messages, chain, arts) == {artifact_id(text): chain[4], "art_png": chain[1],
                                                       "art_gif": chain[3]}
+    assert source_messages(messages[:4], chain[:4], arts[:1]) == {artifact_id(text): chain[2]}
     assert source_messages(messages, chain, []) == {}

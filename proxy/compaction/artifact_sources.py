@@ -4,8 +4,10 @@ An offload replaces a string of a message (a tool result's text, a long user mes
 inline image's ``data:`` URL, or an Anthropic image block's base64 ``data``) by a stub naming a
 content-addressed artifact; the defenses are pure functions of a message's content and do not know
 where it sits in the log. So the compactor, storing new artifacts, looks for each artifact's content
-among the strings of the request's messages (the first, oldest, holding it wins) and records that
-message's chain hash with the artifact (``storage.records.ArtifactRecord.message_hash``).
+among the strings of the request's messages, newest first (new content is offloaded when its message
+is first seen, so it is nearly always among the last few: the walk stops there, whatever the
+conversation's length), and records that message's chain hash with the artifact
+(``storage.records.ArtifactRecord.message_hash``).
 """
 
 from __future__ import annotations
@@ -33,11 +35,11 @@ def _strings(value: Any, depth: int = 0) -> Iterator[str]:
 def source_messages(
     messages: Sequence[dict[str, Any]], chain: Sequence[str], artifacts: Sequence[ArtifactToStore]
 ) -> dict[str, str]:
-    """``{artifact id: chain hash}`` of the first of ``messages`` (``chain[i]`` is ``messages[i]``'s
+    """``{artifact id: chain hash}`` of the newest of ``messages`` (``chain[i]`` is ``messages[i]``'s
     hash) holding each artifact's content as one of its strings; an artifact not found (its text
     was joined from several parts) is left out. A ``data:`` URL also matches its base64 payload
     alone (how Anthropic's image blocks carry it). Strings are compared only when their length is
-    one of the contents' (cheap on a long conversation), and the walk stops once all are found."""
+    one of the contents', and the walk (newest message first) stops once all are found."""
     wanted: dict[str, str] = {}
     for a in artifacts:
         wanted.setdefault(a.content, a.id)
@@ -45,7 +47,7 @@ def source_messages(
             wanted.setdefault(a.content.partition(";base64,")[2], a.id)
     lengths, ids = {len(s) for s in wanted}, set(wanted.values())
     found: dict[str, str] = {}
-    for message, chain_hash in zip(messages, chain, strict=False):
+    for message, chain_hash in zip(reversed(messages), reversed(chain), strict=False):
         for s in _strings(message):
             if len(s) in lengths and (art_id := wanted.get(s)) is not None and art_id not in found:
                 found[art_id] = chain_hash
