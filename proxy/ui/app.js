@@ -63,6 +63,11 @@ async function render() {
   }
 }
 
-document.getElementById("signout").addEventListener("click", () => { auth.clear(); window.location.hash = "#/"; signIn(); });
+document.getElementById("signout").addEventListener("click", () => {
+  auth.clear();
+  document.getElementById("who").textContent = "";
+  window.location.hash = "#/";
+  signIn();
+});
 window.addEventListener("hashchange", render);
 render();

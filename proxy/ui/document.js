@@ -46,7 +46,10 @@ async function documentView(root, { title, back, load, search, go, line }) {
   const gotoForm = el("form", { class: "inline" }, goto, el("button", { type: "submit", text: "Go" }));
   gotoForm.addEventListener("submit", (event) => { event.preventDefault(); window.location.hash = go(Number(goto.value) || 0); });
   const total = page.total !== undefined ? ` of ${fmt.int(page.total)}` : "";
-  root.append(el("p", {}, el("a", { href: back.href, text: back.text })), el("h1", { id: "doc-title", text: title }),
+  const backBar = el("p", {}, el("a", { href: back.href, text: back.text }), back.history && window.history.length > 1
+    ? [" · ", el("a", { id: "back", href: "#/", text: "← Back", onclick: (event) => { event.preventDefault(); window.history.back(); } })]
+    : null);
+  root.append(backBar, el("h1", { id: "doc-title", text: title }),
     form, status, results,
     el("nav", { class: "pager", id: "pager" },
       offset > 0 ? el("a", { id: "prev-page", href: go(Math.max(0, offset - PAGE_LINES)), text: "← previous lines" }) : null,
@@ -81,7 +84,7 @@ export async function showArtifact(root, id, params) {
   const base = `/artifacts/${seg(id)}`;
   await documentView(root, {
     title: `Artifact ${id}`,
-    back: { href: "#/", text: "← Sessions" },
+    back: { href: "#/", text: "← Sessions", history: true },
     line: params.has("line") ? Number(params.get("line")) || 0 : -1,
     go: (n) => route(["artifact", id], { line: n }),
     load: async (offset) => {

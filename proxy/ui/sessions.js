@@ -66,6 +66,7 @@ export async function showSessions(root) {
     more.disabled = true;
     const page = await getJson("/sessions", { limit: PAGE, after });
     if (page.data.some((s) => "tenant" in s)) admin = true;
+    document.getElementById("who").textContent = admin ? "admin key: every tenant's sessions" : "";
     header();
     for (const s of page.data) {
       rows.push(s);

@@ -15,12 +15,13 @@ from playwright.sync_api import BrowserContext, Page
 from proxy.app import create_app
 from proxy.routes.auth import tenant_of
 from proxy.settings import Settings
+from tests.fakes.anthropic import create_fake_anthropic
 from tests.fakes.server import UvicornServer
 from tests.fakes.upstream import create_fake_upstream
 from tests.support.real_server import CLIENT_KEY, Proxy, Upstream
 from tests.support.shared import SHARED_DIR, tiktoken_cache_dir
 from tests.ui.browser import browser_context
-from tests.ui.seed import MODELS_YAML, Seeded, seed_large, seed_sessions
+from tests.ui.seed import MODELS_YAML, Seeded, seed_large, seed_messages, seed_sessions
 
 OTHER_KEY = "sk-viewer-other-tenant-0123456789"
 ADMIN_KEY = "sk-viewer-admin-0123456789"
@@ -44,15 +45,19 @@ def viewer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Viewer]:
     database_url = f"sqlite+aiosqlite:///{data}/viewer.sqlite3"
     (data / "models.yaml").write_text(MODELS_YAML)
     app, state = create_fake_upstream()
-    with UvicornServer(app) as upstream_server:
+    anthropic_app, anthropic_state = create_fake_anthropic()
+    with UvicornServer(app) as upstream_server, UvicornServer(anthropic_app) as anthropic_server:
         upstream = Upstream(upstream_server, state)
         settings = Settings(upstream_url=upstream.url, database_url=database_url,
+                            anthropic_upstream_url=anthropic_server.url,
+                            anthropic_upstream_api_key="sk-ant-provider-held",
                             tiktoken_cache_dir=tiktoken_cache_dir(), upstream_api_key="sk-provider-held",
                             client_api_keys=f"{CLIENT_KEY},{OTHER_KEY}", admin_api_keys=ADMIN_KEY,
                             models_file=str(data / "models.yaml"))
         with UvicornServer(create_app(settings)) as server:
             proxy = Proxy(server, settings)
             seeded = seed_sessions(proxy, upstream, SHARED_DIR / "traces", OTHER_KEY)
+            seed_messages(proxy, anthropic_state, CLIENT_KEY)
             seed_large(database_url, tenant_of(CLIENT_KEY, settings.tenant_salt))
             yield Viewer(proxy, seeded)
 

@@ -15,12 +15,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from proxy.conversation.canonical import chain_hash
 from storage.records import NewMessage
 from storage.store import Store
 from tests.e2e.test_read_tool import TOOLS, history_with_offload
 from tests.e2e.test_trace_compaction import load_trace, replay
+from tests.fakes.anthropic import FakeAnthropicState, reply, text, thinking, tool_use
+from tests.support.anthropic_server import anthropic_client
 from tests.support.real_server import Proxy, Upstream, wait_logged
 
 TRACE = "openhands__ponyc-4588__llama-4-maverick.jsonl"
@@ -32,6 +35,9 @@ HOSTILE = "<img src=x onerror=\"window.__xss=7\"> javascript:window.__xss=8"
 OTHER = "viewer-other-tenant"
 LARGE = "viewer-large"
 READ_TOOL = "viewer-read-tool"
+MESSAGES = "viewer-messages"
+WEATHER: Any = {"name": "get_weather", "description": "Weather of a city",
+                "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 READ_MODEL = "fake-32k-openai"
 MODELS_YAML = f'"{READ_MODEL}":\n  context_window_tokens: 32768\n'
 """The proxy's models file: this model's window is known, so a large tool result is offloaded."""
@@ -76,6 +82,25 @@ def seed_sessions(proxy: Proxy, upstream: Upstream, trace_dir: Path, other_key: 
     wait_logged(proxy, HOSTILE, 1)
     wait_logged(proxy, READ_TOOL, 1)
     return Seeded(REPLAYED, HOSTILE, OTHER, READ_TOOL)
+
+
+def seed_messages(proxy: Proxy, state: FakeAnthropicState, key: str) -> str:
+    """An Anthropic Messages session (the ``anthropic`` SDK): thinking, a tool call, its result, an answer."""
+    state.script.extend([reply(thinking("The user wants the weather."), text("Checking."),
+                               tool_use("get_weather", {"city": "Paris"}, id="toolu_01paris")),
+                         reply(thinking("It is sunny."), text("Sunny in Paris."))])
+    first: Any = {"role": "user", "content": "Weather in Paris?"}
+    thinking_on: Any = {"type": "enabled", "budget_tokens": 1024}
+    with anthropic_client(proxy.url, key, default_headers={"x-session-id": MESSAGES}) as client:
+        one: Any = client.messages.create(model="claude-sonnet-4-5", max_tokens=2048, tools=[WEATHER],
+                                          thinking=thinking_on, messages=[first])
+        echo: Any = {"role": "assistant", "content": [b.model_dump() for b in one.content]}
+        result: Any = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01paris",
+                                                     "content": "21 C, sunny"}]}
+        client.messages.create(model="claude-sonnet-4-5", max_tokens=2048, tools=[WEATHER], thinking=thinking_on,
+                               messages=[first, echo, result])
+    wait_logged(proxy, MESSAGES, 2)
+    return MESSAGES
 
 
 def seed_large(database_url: str, tenant: str) -> None:

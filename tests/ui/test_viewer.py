@@ -19,7 +19,7 @@ from playwright.sync_api import Page, Request, Response
 
 from tests.support.real_server import CLIENT_KEY
 from tests.ui.conftest import ADMIN_KEY, OTHER_KEY, Viewer, screenshots_dir
-from tests.ui.seed import HOSTILE, HOSTILE_TEXT, LARGE, LARGE_MESSAGES, OTHER, REPLAYED
+from tests.ui.seed import HOSTILE, HOSTILE_TEXT, LARGE, LARGE_MESSAGES, MESSAGES, OTHER, REPLAYED
 
 
 def api(viewer: Viewer, path: str, key: str = CLIENT_KEY, **params: Any) -> Any:
@@ -116,6 +116,7 @@ def test_an_admin_sees_every_tenant_with_the_tenant_shown(tab: Page, viewer: Vie
     assert {r.get_attribute("data-id") for r in rows.all()} >= {REPLAYED, OTHER}
     other = next(s for s in expected if s["id"] == OTHER)
     assert tab.inner_text(f'.session-row[data-id="{OTHER}"] .tenant') == other["tenant"]
+    assert "admin" in tab.inner_text("#who")
     tab.click(f'.session-row[data-id="{OTHER}"] a')
     tab.locator("#session-stats").wait_for()
     assert tab.inner_text("#session-title") == OTHER
@@ -335,6 +336,11 @@ def test_read_tool_rounds_are_marked_and_their_artifact_is_linked(tab: Page, vie
     tab.click("#next-page")
     tab.locator("#L500").wait_for()
     assert tab.locator("#L500 .code").text_content() == "FACT: build_id=B-7741"
+    tab.click("#back")  # to the artifact's first page, then the session it was linked from
+    tab.locator("#L0").wait_for()
+    tab.click("#back")
+    tab.locator("#session-stats").wait_for()
+    assert tab.inner_text("#session-title") == viewer.seeded.read_tool
     # the session's artifacts, as GET /sessions/{id}/artifacts lists them
     tab.goto(viewer.ui + f"#/session/{viewer.seeded.read_tool}")
     rows = tab.locator("#artifacts .artifact-row")
@@ -343,3 +349,19 @@ def test_read_tool_rounds_are_marked_and_their_artifact_is_linked(tab: Page, vie
     assert [r.get_attribute("data-id") for r in rows.all()] == [a["id"] for a in listed] and art in [a["id"] for a in listed]
     assert [(number(r.locator(".bytes").inner_text()), number(r.locator(".lines").inner_text())) for r in rows.all()] == \
         [(a["bytes"], a["lines"]) for a in listed]
+
+
+def test_a_messages_session_shows_thinking_tool_use_and_results_folded(tab: Page, viewer: Viewer) -> None:
+    sign_in(tab, viewer, route=f"#/session/{MESSAGES}")
+    tab.locator("#messages .message").nth(3).wait_for()
+    logged = api(viewer, f"/sessions/{MESSAGES}/messages")["data"]
+    assert [m.get_attribute("data-id") for m in tab.locator("#messages .message").all()] == [m["id"] for m in logged]
+    assert tab.inner_text('#session-stats [data-stat="api"]') == "messages"
+    folded = {cls: tab.locator(f"#messages details.{cls}") for cls in ("thinking", "tool-call", "tool-result")}
+    assert [folded[c].count() for c in folded] == [2, 1, 1]
+    assert all(d.get_attribute("open") is None for c in folded for d in folded[c].all())
+    assert folded["tool-call"].locator("summary").inner_text() == "tool call: get_weather (toolu_01paris)"
+    assert json.loads(folded["tool-call"].locator("pre").text_content()) == {"city": "Paris"}
+    folded["tool-result"].locator("summary").click()
+    assert folded["tool-result"].locator("pre").inner_text() == "21 C, sunny"
+    assert folded["thinking"].first.locator("pre").text_content() == "The user wants the weather."
