@@ -132,6 +132,16 @@ class RequestRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionFilter:
+    """Which sessions a listing keeps: ``model``, those with a request to that model (exact name);
+    ``updated_after`` / ``updated_before``, those last updated at or after / before that time."""
+
+    model: str | None = None
+    updated_after: datetime | None = None
+    updated_before: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class SessionSummary:
     """Read-side view of a session: counts, tokens, timestamps, branches."""
 
