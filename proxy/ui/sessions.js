@@ -1,4 +1,4 @@
-// The sessions list: newest first, paged from the server (limit/after), filtered by model and time.
+// The sessions list: newest first, paged from the server (limit/after), filtered there by model and time.
 import { getJson } from "./api.js";
 import { el, fmt, route } from "./dom.js";
 
@@ -12,7 +12,7 @@ export function saved(s) {
 function row(s, admin) {
   const percent = s.tokens_client_total ? Math.round((100 * saved(s)) / s.tokens_client_total) : 0;
   const params = admin && s.tenant ? { tenant: s.tenant } : {};
-  return el("tr", { class: "session-row", dataset: { id: s.id, model: s.last_model || "", updated: s.updated_at } },
+  return el("tr", { class: "session-row", dataset: { id: s.id } },
     el("td", {}, el("a", { class: "session-link", href: route(["session", s.id], params), text: s.id })),
     admin ? el("td", { class: "tenant mono", text: s.tenant || "" }) : null,
     el("td", { text: s.last_model || "–" }),
@@ -27,34 +27,24 @@ function row(s, admin) {
 }
 
 export async function showSessions(root) {
-  const model = el("input", { id: "filter-model", type: "search", placeholder: "model contains…", "aria-label": "Filter by model" });
+  const models = el("datalist", { id: "models" });
+  const model = el("input", { id: "filter-model", type: "search", list: "models", placeholder: "model (exact name)",
+    "aria-label": "Filter by model" });
   const since = el("select", { id: "filter-since", "aria-label": "Updated within" },
     ...Object.keys(SINCE).map((k) => el("option", { value: k, text: k === "any" ? "any time" : `last ${k}` })));
   const body = el("tbody", { id: "sessions" });
   const more = el("button", { id: "more-sessions", type: "button", text: "Load more sessions", hidden: true });
   const status = el("p", { id: "sessions-status", class: "muted" });
   const head = el("thead");
-  const table = el("table", { class: "list" }, head, body);
-  root.append(el("h1", { text: "Sessions" }),
-    el("div", { class: "filters" }, model, since,
-      el("span", { class: "muted", text: "Filters apply to the sessions loaded so far (newest first)." })),
-    table, more, status);
+  const form = el("form", { class: "filters", id: "filters" }, model, models, since,
+    el("button", { type: "submit", text: "Filter" }));
+  root.append(el("h1", { text: "Sessions" }), form, el("table", { class: "list" }, head, body), more, status);
 
-  const rows = [];
   let after = null;
   let admin = false;
-
-  function apply() {
-    const text = model.value.trim().toLowerCase();
-    const floor = SINCE[since.value] ? Date.now() / 1000 - SINCE[since.value] : 0;
-    let shown = 0;
-    for (const tr of body.children) {
-      const visible = (!text || tr.dataset.model.toLowerCase().includes(text)) && Number(tr.dataset.updated) >= floor;
-      tr.hidden = !visible;
-      shown += visible ? 1 : 0;
-    }
-    status.textContent = rows.length ? `${shown} of ${rows.length} loaded sessions shown` : "No sessions yet.";
-  }
+  let shown = 0;
+  let generation = 0;  // a newer filter's answer wins over an older one still arriving
+  const seen = new Set();
 
   function header() {
     head.replaceChildren(el("tr", {}, ...["session", admin ? "tenant" : null, "model", "updated (UTC)", "messages",
@@ -62,24 +52,31 @@ export async function showSessions(root) {
       .filter(Boolean).map((t) => el("th", { text: t }))));
   }
 
-  async function load() {
+  async function load(fresh) {
+    const mine = fresh ? ++generation : generation;
+    if (fresh) after = null;
     more.disabled = true;
-    const page = await getJson("/sessions", { limit: PAGE, after });
+    const span = SINCE[since.value];
+    const page = await getJson("/sessions", { limit: PAGE, after, model: model.value.trim() || null,
+      updated_after: span ? Math.floor(Date.now() / 1000) - span : null });
+    if (mine !== generation) return;
+    if (fresh) { body.replaceChildren(); shown = 0; }
     if (page.data.some((s) => "tenant" in s)) admin = true;
     document.getElementById("who").textContent = admin ? "admin key: every tenant's sessions" : "";
     header();
     for (const s of page.data) {
-      rows.push(s);
       body.append(row(s, admin));
+      if (s.last_model && !seen.has(s.last_model)) { seen.add(s.last_model); models.append(el("option", { value: s.last_model })); }
     }
+    shown += page.data.length;
     after = page.last_id;
     more.hidden = !page.has_more;
     more.disabled = false;
-    apply();
+    status.textContent = shown ? `${shown} session${shown === 1 ? "" : "s"}${page.has_more ? ", more to load" : ""}` : "No sessions.";
   }
 
-  model.addEventListener("input", apply);
-  since.addEventListener("change", apply);
-  more.addEventListener("click", load);
-  await load();
+  form.addEventListener("submit", (event) => { event.preventDefault(); load(true); });
+  since.addEventListener("change", () => load(true));
+  more.addEventListener("click", () => load(false));
+  await load(true);
 }

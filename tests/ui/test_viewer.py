@@ -101,11 +101,19 @@ def test_the_list_shows_the_tenants_sessions_newest_first_with_the_apis_numbers(
         "tokens_forwarded_total")] + [replayed["tokens_client_total"] - replayed["tokens_forwarded_total"]]
     assert replayed["event_count"] >= 1 and number(texts[9]) > 0
     shot(tab, "sessions.png")
-    tab.fill("#filter-model", "16k")
-    assert [r.get_attribute("data-id") for r in tab.locator(".session-row:visible").all()] == [REPLAYED]
+    # the filters are the server's: the rows are what GET /sessions?model= answers
+    with tab.expect_response(lambda r: "model=fake-16k-openai" in r.url):
+        tab.fill("#filter-model", "fake-16k-openai")
+        tab.press("#filter-model", "Enter")
+    tab.locator("#sessions-status", has_text="1 session").wait_for()
+    filtered = api(viewer, "/sessions", model="fake-16k-openai")["data"]
+    assert [r.get_attribute("data-id") for r in tab.locator(".session-row").all()] == [s["id"] for s in filtered] == [REPLAYED]
     tab.fill("#filter-model", "")
-    tab.select_option("#filter-since", "1h")
-    assert tab.locator(".session-row:visible").count() == len(expected)
+    with tab.expect_response(lambda r: "updated_after=" in r.url and "model=" not in r.url) as answer:
+        tab.select_option("#filter-since", "1h")
+    assert answer.value.json()["data"] == expected  # every session was updated within the hour
+    tab.locator(".session-row").nth(len(expected) - 1).wait_for()
+    assert tab.locator(".session-row").count() == len(expected)
 
 
 def test_an_admin_sees_every_tenant_with_the_tenant_shown(tab: Page, viewer: Viewer) -> None:
