@@ -70,11 +70,19 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrowserContext
 
 @pytest.fixture
 def tab(browser: BrowserContext) -> Iterator[Page]:
+    """A new tab; after the test, it must have logged no script error and no Content-Security-Policy
+    violation (a refused inline script or style would be one) to the console. Failed fetches (the
+    tests' 401 and 404 answers) are the only errors allowed."""
     page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error"
+            and not m.text.startswith("Failed to load resource") else None)
     try:
         yield page
     finally:
         page.close()
+    assert errors == []
 
 
 def screenshots_dir() -> Path | None:
