@@ -31,11 +31,12 @@ from proxy.forward.messages import MessagesPipeline
 from proxy.forward.pipeline import ChatPipeline
 from proxy.forward.session_log import SessionLog
 from proxy.forward.tool_rounds import ToolRounds
-from proxy.routes import docs, health, limits, messages, passthrough, read, read_lists
+from proxy.routes import docs, health, limits, messages, passthrough, read, read_lists, search
 from proxy.routes.auth import Authenticator
 from proxy.routes.chat import CHAT_ROUTE, ERROR_SCHEMA, OPENAPI_PATH_ITEM, ChatEndpoint, chat_route
 from proxy.routes.errors import client_error
 from proxy.routes.messages import speaks_anthropic
+from proxy.routes.ui import ui_app
 from proxy.settings import Settings
 from proxy.telemetry.metrics import Metrics, MetricsMiddleware
 from proxy.tokens.counter import TokenCounter, load_counter
@@ -176,7 +177,7 @@ def create_app(settings: Settings, *, upstream_transport: object = None) -> Fast
         redoc_url=None,
     )
     docs.install(app)
-    for router in (health.router, read.router, read_lists.router, limits.router):
+    for router in (health.router, read.router, read_lists.router, search.router, limits.router):
         app.include_router(router)
     app.router.routes.append(chat_route(app.chat))  # before the pass-through's /v1/{path}
     app.router.routes.append(messages.messages_route(app.messages))  # likewise
@@ -185,6 +186,7 @@ def create_app(settings: Settings, *, upstream_transport: object = None) -> Fast
     app.state.metrics = metrics
     app.state.body_budget = BodyBudget(settings.max_held_body_bytes, settings.max_body_bytes)
     app.add_route("/metrics", metrics.endpoint, methods=["GET"], include_in_schema=False)
+    app.mount("/ui", ui_app(), name="ui")  # the web viewer: HTML, not in the schema
     _install_error_handlers(app)
     return app
 

@@ -8,7 +8,15 @@ from contextlib import AbstractAsyncContextManager
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from storage import reads, session_lists
-from storage.records import ArtifactInfo, BranchRecord, MessageRecord, RequestRecord, SessionRecord, SessionSummary
+from storage.records import (
+    ArtifactInfo,
+    BranchRecord,
+    MessageRecord,
+    RequestRecord,
+    SessionFilter,
+    SessionRecord,
+    SessionSummary,
+)
 
 
 class ReadQueries:
@@ -18,12 +26,13 @@ class ReadQueries:
         raise NotImplementedError
 
     async def list_sessions(
-        self, tenant: str | None, limit: int, after: str | None = None, after_tenant: str | None = None
+        self, tenant: str | None, limit: int, after: str | None = None, after_tenant: str | None = None,
+        where: SessionFilter | None = None,
     ) -> tuple[list[SessionSummary], bool]:
         """A keyset page of sessions, newest first, and ``has_more``; see ``reads.list_sessions``.
-        ``tenant=None`` is an admin listing of every tenant. Raises ``InvalidCursor``."""
+        ``tenant=None`` is an admin listing of every tenant; ``where`` filters. Raises ``InvalidCursor``."""
         async with self._read("list_sessions") as conn:
-            return await reads.list_sessions(conn, tenant, limit, after, after_tenant)
+            return await reads.list_sessions(conn, tenant, limit, after, after_tenant, where)
 
     async def find_session(self, session_id: str, tenant: str | None) -> SessionRecord | None:
         """The tenant's session ``session_id`` (``tenant=None``: admin, newest match)."""

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from storage.columns import is_hex_hash
 from storage.errors import InvalidCursor
-from storage.records import MessageRecord, RequestRecord, SessionRecord, SessionSummary
+from storage.records import MessageRecord, RequestRecord, SessionFilter, SessionRecord, SessionSummary
 from storage.tables import events, messages, requests, sessions
 
 _children = messages.alias("children")
@@ -104,8 +104,21 @@ async def find_session(conn: AsyncConnection, session_id: str, tenant: str | Non
     return None if row is None else SessionRecord(**row._mapping)
 
 
+def _filtered(query: sa.Select[Any], where: SessionFilter) -> sa.Select[Any]:
+    """``query`` (over ``sessions``) keeping the sessions ``where`` names."""
+    if where.model is not None:
+        used = sa.select(requests.c.id).where(requests.c.session_pk == sessions.c.pk, requests.c.model == where.model)
+        query = query.where(used.exists())
+    if where.updated_after is not None:
+        query = query.where(sessions.c.updated_at >= where.updated_after)
+    if where.updated_before is not None:
+        query = query.where(sessions.c.updated_at < where.updated_before)
+    return query
+
+
 async def list_sessions(
-    conn: AsyncConnection, tenant: str | None, limit: int, after: str | None, after_tenant: str | None = None
+    conn: AsyncConnection, tenant: str | None, limit: int, after: str | None, after_tenant: str | None = None,
+    where: SessionFilter | None = None,
 ) -> tuple[list[SessionSummary], bool]:
     """A page of sessions, newest ``updated_at`` first (ties: higher pk first), and ``has_more``.
 
@@ -114,11 +127,13 @@ async def list_sessions(
     that session's tenant (an admin's cursor: several tenants may use one id, and without it the
     newest session of the id is meant). Raises ``InvalidCursor`` if they name no session visible
     to ``tenant``. A session updated between two pages moves to the front and is not listed
-    again on later pages.
+    again on later pages. ``where``: only the sessions it names (the cursor need not be one of them).
     """
     query = sa.select(*sessions.c, *_summary_columns(sessions.c.pk))
     if tenant is not None:
         query = query.where(sessions.c.tenant == tenant)
+    if where is not None:
+        query = _filtered(query, where)
     if after is not None:
         owner = tenant if after_tenant is None else after_tenant
         cursor = None if tenant not in (None, owner) else await find_session(conn, after, owner)

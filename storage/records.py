@@ -126,6 +126,19 @@ class RequestRecord:
     created_at: datetime | None = None
     finish_reason: str | None = None
     """The reply's ``finish_reason`` (choice 0), as the upstream sent it; ``None`` when there was none."""
+    overflow_retries: int = 0
+    """Times the provider's overflow was compacted for and the request sent again (0 to
+    ``max_overflow_retries``); 0 in records stored before migration 0007."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionFilter:
+    """Which sessions a listing keeps: ``model``, those with a request to that model (exact name);
+    ``updated_after`` / ``updated_before``, those last updated at or after / before that time."""
+
+    model: str | None = None
+    updated_after: datetime | None = None
+    updated_before: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ REQUEST_ROW_KEYS = tuple(f.name for f in dataclasses.fields(RequestRecord))
 RecordItem = tuple[int, list[dict[str, Any]], dict[str, Any], datetime]
 """An end-of-request write: ``(session_pk, message rows, request row values, now)``."""
 
-_COUNT_FIELDS = ("status", "added_messages", "first_added_seq")
+_COUNT_FIELDS = ("status", "added_messages", "first_added_seq", "overflow_retries")
 _TOKEN_FIELDS = ("tokens_client", "tokens_forwarded")
 
 
@@ -47,7 +47,7 @@ def request_values(record: RequestRecord, now: datetime, added: tuple[int, int |
             value = values[name]
             if value is not None and (type(value) is not int or not -maximum <= value <= maximum):
                 values[name] = clamp_count(value, maximum)  # (the usual in-range int skips the call)
-    for name in ("status", "added_messages"):
+    for name in ("status", "added_messages", "overflow_retries"):
         if values[name] is None:
             values[name] = 0
     if type(values["latency_ms"]) is float:

@@ -102,6 +102,7 @@ requests = sa.Table(
     sa.Column("error", SafeText, nullable=True),
     sa.Column("finish_reason", SafeText, nullable=True),
     sa.Column("created_at", UTC_TIME, nullable=False),
+    sa.Column("overflow_retries", sa.Integer, nullable=False, server_default="0"),
     sa.Index("ix_requests_session_created", "session_pk", "created_at"),
 )
 

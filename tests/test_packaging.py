@@ -56,6 +56,14 @@ def _assemble_context(root: Path) -> Path:
     return root
 
 
+UI_FILES = {p.name for p in (REPO_DIR / "proxy" / "ui").iterdir() if p.is_file()}
+
+
+def venv_ui(venv: Path) -> Path:
+    """The installed ``proxy/ui`` directory of ``venv``."""
+    return next(venv.glob("lib/python*/site-packages/proxy/ui"))
+
+
 def _clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("CONTEXT_PROXY_", "PYTHON", "VIRTUAL_ENV", "TIKTOKEN", "PIP_"))}
@@ -103,6 +111,11 @@ def test_install_and_start_scripts_in_a_clean_environment(tmp_path: Path) -> Non
         families = {f.name: f for f in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=5).text)}
         exact = {s.labels["encoding"]: s.value for s in families["context_proxy_tokenizer_exact"].samples}
         assert exact == {"o200k_base": 1.0}
+        # The web viewer's files are package data: the installed proxy serves them.
+        for name in ("", "app.js", "style.css"):
+            page = httpx.get(f"{url}/ui/{name}", timeout=5)
+            assert page.status_code == 200 and page.headers["content-security-policy"], name
+        assert (UI_FILES - {p.name for p in (venv_ui(venv)).iterdir()}) == set()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     finally:

@@ -232,6 +232,7 @@ def _record(ctx: ChatContext, latency_ms: float, status: int, usage: dict[str, A
         event_ids=list(p.event_ids) if p else [],
         error=error.replace("\x00", "") if error else error,
         finish_reason=finish_reason,
+        overflow_retries=ctx.retries,
     )
 
 

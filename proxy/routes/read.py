@@ -8,6 +8,7 @@ indistinguishable from one that does not exist.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Query, Request
@@ -20,6 +21,7 @@ from storage.records import (
     EventRecord,
     MessageRecord,
     RequestRecord,
+    SessionFilter,
     SessionRecord,
     SessionSummary,
 )
@@ -127,6 +129,18 @@ async def session_of(request: Request, session_id: str, tenant: str | None = Non
     return session
 
 
+async def session_branch(request: Request, session_id: str, leaf: str | None,
+                         tenant: str | None = None) -> tuple[SessionRecord, str | None]:
+    """``(the session, the chain hash of its branch's last message)``: the branch ending at ``leaf``,
+    or the newest (``None`` for a session with no message). Raises ``NotFound`` for a session the
+    caller cannot see, or a ``leaf`` not in it."""
+    session = await session_of(request, session_id, tenant)
+    tip = await request.app.state.proxy.store.branch_leaf(session.pk, leaf)
+    if tip is None and leaf is not None:
+        raise NotFound(f"No message '{leaf}' in this session.")
+    return session, None if tip is None else tip.chain_hash
+
+
 def admin_cursor(s: SessionSummary) -> str:
     """An admin's cursor for a session, ``<tenant>:<session id>``: several tenants may use one
     session id, and a tenant (``t_`` + hex, or ``anonymous``) holds no colon."""
@@ -134,18 +148,26 @@ def admin_cursor(s: SessionSummary) -> str:
 
 
 async def session_page(
-    store: Store, scope: str | None, limit: int, after: str | None, admin: bool
+    store: Store, scope: str | None, limit: int, after: str | None, admin: bool, where: SessionFilter | None = None
 ) -> tuple[list[SessionSummary], bool]:
-    """A page of ``scope``'s sessions (``None``: every tenant) after the session ``after`` names:
-    its id, or for an admin ``admin_cursor``'s ``<tenant>:<session id>``, and a plain id (the
-    newest session of that id) where that names none. Raises ``InvalidCursor``."""
+    """A page of ``scope``'s sessions (``None``: every tenant) that ``where`` keeps, after the
+    session ``after`` names: its id, or for an admin ``admin_cursor``'s ``<tenant>:<session id>``,
+    and a plain id (the newest session of that id) where that names none. Raises ``InvalidCursor``."""
     if admin and after is not None and ":" in after:
         tenant, _, session_id = after.partition(":")
         try:
-            return await store.list_sessions(scope, limit, session_id, tenant)
+            return await store.list_sessions(scope, limit, session_id, tenant, where)
         except InvalidCursor:
             pass
-    return await store.list_sessions(scope, limit, after)
+    return await store.list_sessions(scope, limit, after, where=where)
+
+
+UNIX_MAX = 253_402_300_799
+"""The latest unix-seconds query value: the last second of year 9999."""
+
+
+def _utc(seconds: int | None) -> datetime | None:
+    return None if seconds is None else datetime.fromtimestamp(seconds, UTC)
 
 
 @router.get("/sessions", summary="Sessions, newest first")
@@ -153,13 +175,18 @@ async def list_sessions(
     request: Request, limit: int = Query(20, ge=1, le=100), tenant: str | None = TENANT_QUERY,
     after: str | None = Query(None, description="The previous page's last_id: a session id; for admins "
                               "<tenant>:<session id> (a plain id there means the newest session of that id)"),
+    model: str | None = Query(None, min_length=1, max_length=200,
+                              description="Only sessions with a request to this model (its exact name)"),
+    updated_after: int | None = Query(None, ge=0, le=UNIX_MAX, description="Only sessions updated since (unix s)"),
+    updated_before: int | None = Query(None, ge=0, le=UNIX_MAX, description="Only sessions updated before (unix s)"),
 ) -> JSONResponse:
     state = request.app.state.proxy
     scope, admin = _scope(request, tenant)
     if scope == "":
         return list_response([], False)
+    where = SessionFilter(model, _utc(updated_after), _utc(updated_before))
     try:
-        rows, has_more = await session_page(state.store, scope, limit, after, admin)
+        rows, has_more = await session_page(state.store, scope, limit, after, admin, where)
     except InvalidCursor:
         raise BadRequest(f"'after' is not a session id you can see: {after}", param="after") from None
     cursors = [admin_cursor(s) for s in rows] if admin else None
@@ -268,11 +295,8 @@ async def archive(
     tenant: str | None = TENANT_QUERY,
 ) -> StreamingResponse:
     store = request.app.state.proxy.store
-    session = await session_of(request, session_id, tenant)
-    tip = await store.branch_leaf(session.pk, leaf)
-    if tip is None and leaf is not None:
-        raise NotFound(f"No message '{leaf}' in this session.")
-    lines = stream_archive_lines(store, session.session_id, session.pk, None if tip is None else tip.chain_hash)
+    session, tip = await session_branch(request, session_id, leaf, tenant)
+    lines = stream_archive_lines(store, session.session_id, session.pk, tip)
     chunks = _chunks(lines, offset, limit)
     first = await anext(chunks, b"")  # storage errors before the response starts answer as errors
     return StreamingResponse(_then(first, chunks), media_type="text/markdown; charset=utf-8")

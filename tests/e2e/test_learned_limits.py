@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from proxy.cli import app as cli
 from proxy.routes.auth import tenant_of
-from tests.e2e.conftest import CLIENT_KEY, Proxy, Upstream
+from tests.e2e.conftest import CLIENT_KEY, Proxy, Upstream, wait_logged
 
 ADMIN_KEY = "sk-admin-0123456789abcdef"
 OTHER_KEY = "sk-other-tenant-0123456789"
@@ -47,6 +47,12 @@ def test_a_learned_window_is_the_tenants_own_and_operators_can_list_and_reset_it
     assert first.headers["x-context-proxy-overflow-retries"] == "1"  # learned from the provider's overflow
     again = post(proxy, CLIENT_KEY, big_request("beta"), "a2")
     assert again.status_code == 200 and "x-context-proxy-overflow-retries" not in again.headers  # compacted first
+    # the request records say it too (the web viewer shows them)
+    for session, retries in (("a1", 1), ("a2", 0)):
+        wait_logged(proxy, session, 1)
+        with proxy.http(CLIENT_KEY) as http:
+            records = http.get(f"/sessions/{session}/requests").json()["data"]
+        assert [r["overflow_retries"] for r in records] == [retries]
 
     other = post(proxy, OTHER_KEY, big_request("gamma"), "b1")  # another tenant learns for itself
     assert other.status_code == 200 and other.headers["x-context-proxy-overflow-retries"] == "1"

@@ -16,6 +16,8 @@ from storage.migrate import MIGRATIONS_DIR, upgrade
 from storage.tables import metadata
 
 TABLES = {"sessions", "messages", "events", "artifacts", "requests", "learned_limits"}
+HEAD = "0007"
+"""The newest revision."""
 
 
 async def _inspect(url: str) -> tuple[set[str], str | None, list[Any]]:
@@ -38,16 +40,16 @@ async def test_upgrade_creates_schema_and_is_idempotent(empty_database_url: str)
     assert await _inspect(empty_database_url) == (set(), None, [])
     await upgrade(empty_database_url)
     tables, revision, diff = await _inspect(empty_database_url)
-    assert tables >= TABLES and revision == "0006"
+    assert tables >= TABLES and revision == HEAD
     assert diff == []  # storage/tables.py describes exactly what the migrations create
     await upgrade(empty_database_url)
-    assert await _inspect(empty_database_url) == (tables, "0006", [])
+    assert await _inspect(empty_database_url) == (tables, HEAD, [])
 
 
 async def test_concurrent_upgrades_both_succeed(empty_database_url: str) -> None:
     await asyncio.gather(*(upgrade(empty_database_url) for _ in range(3)))
     tables, revision, _ = await _inspect(empty_database_url)
-    assert tables >= TABLES and revision == "0006"
+    assert tables >= TABLES and revision == HEAD
 
 
 async def test_upgrade_of_unreachable_database_raises_unavailable() -> None:
@@ -71,25 +73,25 @@ async def test_0004_widens_the_token_columns_of_an_existing_database(empty_datab
     now = datetime(2026, 1, 1, tzinfo=UTC)
     await upgrade(empty_database_url, "0003")
     engine = create_engine(empty_database_url, pool_size=1)
-    try:  # (the session row as revision 0003 has it: the current Store writes 0005's columns)
+    try:  # (the rows as revision 0003 has them: the current Store writes 0005's and 0007's columns)
         async with engine.begin() as conn:
             pk = (await conn.execute(sa.text(
                 "INSERT INTO sessions (session_id, tenant, created_at, updated_at) VALUES ('old', 't', :n, :n) RETURNING pk"),
                 {"n": now})).scalar_one()
+            await conn.execute(sa.text(
+                "INSERT INTO requests (id, session_pk, model, status, latency_ms, stream, added_messages, tokens_client,"
+                " tokens_forwarded, defenses, event_ids, created_at)"
+                " VALUES ('r1', :p, 'm', 200, 1.0, false, 0, :t, :t, '[]', '[]', :n)"), {"p": pk, "t": 2**31 - 1, "n": now})
     finally:
         await engine.dispose()
     session = SessionRecord(pk=pk, session_id="old", tenant="t", created_at=now, updated_at=now)
-    store = await Store.open(empty_database_url, pool_size=2)
-    try:
-        def record(i: int, tokens: int) -> RequestRecord:
-            return RequestRecord(id=f"r{i}", session_pk=session.pk, model="m", status=200, latency_ms=1.0, stream=False,
-                                 usage=None, added_messages=0, first_added_seq=None, tokens_client=tokens,
-                                 tokens_forwarded=tokens, created_at=now)
-        await store.add_request(record(1, 2**31 - 1))
-    finally:
-        await store.close()
+
+    def record(i: int, tokens: int) -> RequestRecord:
+        return RequestRecord(id=f"r{i}", session_pk=session.pk, model="m", status=200, latency_ms=1.0, stream=False,
+                             usage=None, added_messages=0, first_added_seq=None, tokens_client=tokens,
+                             tokens_forwarded=tokens, created_at=now)
     await upgrade(empty_database_url)
-    assert (await _inspect(empty_database_url))[1:] == ("0006", [])
+    assert (await _inspect(empty_database_url))[1:] == (HEAD, [])
     store = await Store.open(empty_database_url, pool_size=2)
     try:
         await store.add_request(record(2, 3_000_000_000))
@@ -170,7 +172,7 @@ async def test_0005_records_the_api_of_a_session_and_old_ones_are_chat(empty_dat
                                        " VALUES ('older', 't', :n, :n)"), {"n": now})
     finally:
         await engine.dispose()
-    assert (await _inspect(empty_database_url))[1:] == ("0006", [])
+    assert (await _inspect(empty_database_url))[1:] == (HEAD, [])
     store = await Store.open(empty_database_url, pool_size=2)
     try:
         for session_id in ("before", "older"):
@@ -192,25 +194,11 @@ async def test_0006_records_the_message_of_an_artifact_and_old_ones_have_none(em
 
     from storage.records import ArtifactRecord
     from storage.store import Store
-    from tests.storage.test_layout import downgrade
 
     now = datetime(2026, 1, 1, tzinfo=UTC)
     insert = ("INSERT INTO artifacts (tenant, id, session_pk, media_type, content, size_bytes, line_count, created_at)"
               " VALUES ('t', :id, :pk, 'text/plain', 'old content', 11, 1, :n)")
-    await upgrade(empty_database_url, "0005")
-    engine = create_engine(empty_database_url, pool_size=1)
-    try:
-        async with engine.begin() as conn:
-            await conn.execute(sa.text("INSERT INTO sessions (session_id, tenant, created_at, updated_at)"
-                                       " VALUES ('s', 't', :n, :n)"), {"n": now})
-            pk = (await conn.execute(sa.text("SELECT pk FROM sessions"))).scalar_one()
-            await conn.execute(sa.text(insert), {"id": "art_before", "pk": pk, "n": now})
-        await upgrade(empty_database_url)
-        async with engine.begin() as conn:  # an older replica's insert, after the upgrade
-            await conn.execute(sa.text(insert), {"id": "art_older", "pk": pk, "n": now})
-    finally:
-        await engine.dispose()
-    assert (await _inspect(empty_database_url))[1:] == ("0006", [])
+    pk = await _rows_across_an_upgrade(empty_database_url, "0005", insert, ("art_before", "art_older"), now)
     store = await Store.open(empty_database_url, pool_size=2)
     try:
         await store.put_artifacts([ArtifactRecord("art_new", "t", pk, "text/plain", "new", 3, 1, now, "ab" * 32)])
@@ -220,14 +208,71 @@ async def test_0006_records_the_message_of_an_artifact_and_old_ones_have_none(em
         assert (await store.get_artifact("art_new", "t")).message_hash == "ab" * 32  # type: ignore[union-attr]
     finally:
         await store.close()
-    await downgrade(empty_database_url, "0005")
-    engine = create_engine(empty_database_url, pool_size=1)
+    columns, indexes, rows = await _after_downgrade(empty_database_url, "0005", "artifacts",
+                                                    "SELECT id, content FROM artifacts ORDER BY id")
+    assert "message_hash" not in columns and "ix_artifacts_session_list" not in indexes
+    assert rows == [("art_before", "old content"), ("art_new", "new"), ("art_older", "old content")]
+
+
+async def test_0007_records_overflow_retries_and_old_requests_have_none(empty_database_url: str) -> None:
+    """A request written before 0007 (and one an older replica writes during a rolling upgrade, which
+    names no ``overflow_retries``) reads 0; a new one keeps its count; the downgrade drops the
+    column and the rows read back as 0006 wrote them."""
+    from datetime import UTC, datetime
+
+    from storage.records import RequestRecord
+    from storage.store import Store
+
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    insert = ("INSERT INTO requests (id, session_pk, status, latency_ms, stream, added_messages, defenses, event_ids,"
+              " created_at) VALUES (:id, :pk, 200, 1.0, false, 1, '[]', '[]', :n)")
+    pk = await _rows_across_an_upgrade(empty_database_url, "0006", insert, ("req_before", "req_older"), now)
+    store = await Store.open(empty_database_url, pool_size=2)
     try:
-        async with engine.connect() as conn:
-            columns = await conn.run_sync(lambda sync: {c["name"] for c in sa.inspect(sync).get_columns("artifacts")})
-            indexes = await conn.run_sync(lambda sync: {i["name"] for i in sa.inspect(sync).get_indexes("artifacts")})
-            rows = (await conn.execute(sa.text("SELECT id, content FROM artifacts ORDER BY id"))).all()
+        await store.add_request(RequestRecord("req_new", pk, "m", 200, 1.0, False, None, 1, 0, 10, 5,
+                                              created_at=now, overflow_retries=2))
+        listed, _ = await store.list_requests(pk, 10, None)
+        assert sorted((r.id, r.overflow_retries) for r in listed) == [("req_before", 0), ("req_new", 2), ("req_older", 0)]
+    finally:
+        await store.close()
+    columns, _, rows = await _after_downgrade(empty_database_url, "0006", "requests",
+                                              "SELECT id, status FROM requests ORDER BY id")
+    assert "overflow_retries" not in columns
+    assert rows == [("req_before", 200), ("req_new", 200), ("req_older", 200)]
+
+
+async def _rows_across_an_upgrade(url: str, before: str, insert: str, ids: tuple[str, str], now: object) -> int:
+    """At revision ``before``: a session, and ``insert`` (SQL with ``:id``, ``:pk``, ``:n``) run as
+    ``ids[0]``; then the upgrade to head, and ``insert`` again as ``ids[1]`` (an older replica's
+    insert during a rolling upgrade). Returns the session's pk; checks the database is at head."""
+    await upgrade(url, before)
+    engine = create_engine(url, pool_size=1)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(sa.text("INSERT INTO sessions (session_id, tenant, created_at, updated_at)"
+                                       " VALUES ('s', 't', :n, :n)"), {"n": now})
+            pk: int = (await conn.execute(sa.text("SELECT pk FROM sessions"))).scalar_one()
+            await conn.execute(sa.text(insert), {"id": ids[0], "pk": pk, "n": now})
+        await upgrade(url)
+        async with engine.begin() as conn:  # an older replica's insert, after the upgrade
+            await conn.execute(sa.text(insert), {"id": ids[1], "pk": pk, "n": now})
     finally:
         await engine.dispose()
-    assert "message_hash" not in columns and "ix_artifacts_session_list" not in indexes
-    assert [tuple(r) for r in rows] == [("art_before", "old content"), ("art_new", "new"), ("art_older", "old content")]
+    assert (await _inspect(url))[1:] == (HEAD, [])
+    return pk
+
+
+async def _after_downgrade(url: str, revision: str, table: str, select: str) -> tuple[set[str], set[str], list[tuple]]:
+    """Downgrade to ``revision``; then ``table``'s column names, index names, and ``select``'s rows."""
+    from tests.storage.test_layout import downgrade
+
+    await downgrade(url, revision)
+    engine = create_engine(url, pool_size=1)
+    try:
+        async with engine.connect() as conn:
+            columns = await conn.run_sync(lambda sync: {c["name"] for c in sa.inspect(sync).get_columns(table)})
+            indexes = await conn.run_sync(lambda sync: {i["name"] for i in sa.inspect(sync).get_indexes(table)})
+            rows = [tuple(r) for r in (await conn.execute(sa.text(select))).all()]
+    finally:
+        await engine.dispose()
+    return columns, indexes, rows

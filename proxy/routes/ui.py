@@ -1,0 +1,51 @@
+"""The web viewer at ``/ui``: static files (HTML, ES modules, CSS) from the package's ``ui``
+directory, no build step. The pages call the read API with the key the user signs in with (kept
+in the tab's ``sessionStorage``); nothing here reads a key or the store.
+
+Every ``/ui`` response carries ``SECURITY_HEADERS``: a Content-Security-Policy that runs only the
+viewer's own scripts (no inline script, no ``eval``, no plugin, no framing, no ``<base>``), and
+headers that stop MIME sniffing and referrers. ``/ui`` is not in the OpenAPI schema (it is HTML).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from starlette.datastructures import MutableHeaders
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+UI_DIR = Path(__file__).resolve().parent.parent / "ui"
+"""The viewer's files (package data: ``pyproject.toml`` ships ``proxy/ui/*``)."""
+
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+       "object-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
+SECURITY_HEADERS = {
+    "content-security-policy": CSP,
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "x-frame-options": "DENY",
+    "cache-control": "no-cache",
+}
+
+
+class SecuredFiles:
+    """``app`` (the static files) with ``SECURITY_HEADERS`` on every response it starts."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def secured(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in SECURITY_HEADERS.items():
+                    headers[name] = value
+            await send(message)
+
+        await self.app(scope, receive, secured)
+
+
+def ui_app() -> SecuredFiles:
+    """The ``/ui`` mount: ``index.html`` at ``/ui/``, the other files by name."""
+    return SecuredFiles(StaticFiles(directory=UI_DIR, html=True))

@@ -1,0 +1,115 @@
+"""``GET /sessions/{id}/archive/search`` and ``GET /artifacts/{id}/search`` (issue 20, for the
+web viewer), in process: the read tool's search (``proxy.tools.search.Searcher``) over one
+document, its matches numbered as ``?offset=`` numbers the document's lines, bounded queries
+refused in the API's envelope, scoped to the tenant."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from proxy.routes.auth import tenant_of
+from proxy.tools.search import MAX_QUERY_CHARS
+from storage.records import ArtifactRecord
+from tests.support.inprocess import CLIENT_KEY, InProcessProxy
+
+OTHER_KEY = "sk-other-tenant-key-9876543210"
+ART = "art_" + "ab" * 16
+
+
+async def two_turns(proxy: InProcessProxy) -> None:
+    proxy.provider.state.script.extend([{"role": "assistant", "content": "the needle is in hay"},
+                                        {"role": "assistant", "content": "plain answer"}])
+    first = [{"role": "user", "content": "Where is the needle?\nand the thread"}]
+    r = await proxy.chat({"model": "gpt-4o", "messages": first}, headers={"x-session-id": "doc"})
+    assert r.status_code == 200, r.text
+    second = [*first, {"role": "assistant", "content": "the needle is in hay"}, {"role": "user", "content": "thread only"}]
+    r = await proxy.chat({"model": "gpt-4o", "messages": second}, headers={"x-session-id": "doc"})
+    assert r.status_code == 200, r.text
+    await proxy.wait_logged("doc", requests=2)
+
+
+async def test_archive_matches_name_the_lines_the_archive_pages_by(inprocess_proxy: InProcessProxy) -> None:
+    await two_turns(inprocess_proxy)
+    http = inprocess_proxy.http
+    lines = (await http.get("/sessions/doc/archive")).text.split("\n")
+    resp = await http.get("/sessions/doc/archive/search", params={"q": "needle thread"})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["object"] == "list" and body["stopped"] is False and body["has_more"] is False
+    expected = [n for n, line in enumerate(lines) if "needle" in line.lower() or "thread" in line.lower()]
+    assert body["total"] == len(expected) >= 4
+    assert sorted(m["line"] for m in body["data"]) == expected
+    for match in body["data"]:
+        assert match["object"] == "search.match"
+        assert match["text"] == lines[match["line"]]
+        page = (await http.get("/sessions/doc/archive", params={"offset": match["line"], "limit": 1})).text
+        assert page == lines[match["line"]] + "\n"
+        assert all(c["text"] == lines[c["line"]] for c in match["context"])
+    # best first: a line with both words ranks above the later lines with one
+    both = [n for n in expected if "needle" in lines[n].lower() and "thread" in lines[n].lower()]
+    assert [m["line"] for m in body["data"][: len(both)]] == sorted(both, reverse=True)
+    # a page of the matches
+    one = (await http.get("/sessions/doc/archive/search", params={"q": "needle thread", "limit": 1, "offset": 1})).json()
+    assert one["data"] == body["data"][1:2] and one["has_more"] is True
+
+
+async def test_a_regex_runs_on_re2_and_a_refused_query_is_a_400(inprocess_proxy: InProcessProxy) -> None:
+    await two_turns(inprocess_proxy)
+    http = inprocess_proxy.http
+    found = (await http.get("/sessions/doc/archive/search", params={"q": "ne+dle is", "regex": "true"})).json()
+    assert [m["text"].strip() for m in found["data"]] == ["the needle is in hay"]
+    for params in ({"q": "(unclosed", "regex": "true"}, {"q": "x" * (MAX_QUERY_CHARS + 1)}, {"q": ""}, {"q": "   "},
+                   {"q": "a", "limit": 201}, {"q": "a", "offset": -1}):
+        resp = await http.get("/sessions/doc/archive/search", params=params)
+        assert resp.status_code == 400, (params, resp.text)
+        assert resp.json()["error"]["type"] == "invalid_request_error"
+    resp = await http.get("/sessions/doc/archive/search", params={"q": "(unclosed", "regex": "true"})
+    assert "does not compile" in resp.json()["error"]["message"] and resp.json()["error"]["param"] == "q"
+
+
+async def test_a_branch_is_searched_by_its_leaf(inprocess_proxy: InProcessProxy) -> None:
+    await two_turns(inprocess_proxy)
+    inprocess_proxy.provider.state.script.append({"role": "assistant", "content": "a haystack elsewhere"})
+    fork = [{"role": "user", "content": "Where is the needle?\nand the thread"},
+            {"role": "assistant", "content": "the needle is in hay"}, {"role": "user", "content": "fork here"}]
+    r = await inprocess_proxy.chat({"model": "gpt-4o", "messages": fork}, headers={"x-session-id": "doc"})
+    assert r.status_code == 200
+    await inprocess_proxy.wait_logged("doc", requests=3)
+    http = inprocess_proxy.http
+    branches = (await http.get("/sessions/doc/branches")).json()["data"]
+    totals = {}
+    for branch in branches:
+        found = (await http.get("/sessions/doc/archive/search", params={"q": "haystack", "leaf": branch["leaf"]})).json()
+        totals[branch["newest"]] = found["total"]
+    assert totals == {True: 1, False: 0}
+    missing = await http.get("/sessions/doc/archive/search", params={"q": "x", "leaf": "0" * 64})
+    assert missing.status_code == 404
+
+
+async def test_artifact_matches_name_the_lines_it_pages_by(inprocess_proxy: InProcessProxy) -> None:
+    await two_turns(inprocess_proxy)
+    content = "".join(f"row {i}: {'target' if i % 7 == 3 else 'filler'}\r\n" if i % 2 else f"row {i} plain\n"
+                      for i in range(60))
+    tenant = tenant_of(CLIENT_KEY, inprocess_proxy.settings.tenant_salt)
+    await inprocess_proxy.app.state.proxy.store.put_artifacts([ArtifactRecord(
+        ART, tenant, None, "text/plain", content, len(content.encode()), 60, datetime.now(UTC))])
+    http = inprocess_proxy.http
+    found = (await http.get(f"/artifacts/{ART}/search", params={"q": "target", "limit": 200})).json()
+    assert found["total"] == len(found["data"]) == sum(1 for i in range(60) if i % 2 and i % 7 == 3)
+    for match in found["data"]:
+        line = (await http.get(f"/artifacts/{ART}", params={"offset": match["line"], "limit": 1})).json()["content"]
+        assert line.rstrip("\r\n") == match["text"] and "target" in line
+
+
+async def test_another_tenant_finds_nothing(inprocess_proxy: InProcessProxy) -> None:
+    await two_turns(inprocess_proxy)
+    tenant = tenant_of(CLIENT_KEY, inprocess_proxy.settings.tenant_salt)
+    await inprocess_proxy.app.state.proxy.store.put_artifacts([ArtifactRecord(
+        ART, tenant, None, "text/plain", "needle\n", 7, 1, datetime.now(UTC))])
+    other = inprocess_proxy.http_client(OTHER_KEY)
+    for path in ("/sessions/doc/archive/search", f"/artifacts/{ART}/search"):
+        resp = await other.get(path, params={"q": "needle"})
+        assert resp.status_code == 404, resp.text
+        assert resp.json()["error"]["type"] == "not_found_error"
+    mine = await inprocess_proxy.http.get(f"/artifacts/{ART}/search", params={"q": "needle"})
+    assert mine.json()["total"] == 1
