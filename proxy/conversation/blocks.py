@@ -17,6 +17,7 @@ places), never mutates its input, and raises nothing for a part of any other sha
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from proxy.conversation.model import Piece
@@ -61,10 +62,27 @@ def tool_use_with_input(native: object, arguments: object) -> object:
     return {**native, "input": arguments}
 
 
+MAX_MEDIA_TYPE_CHARS = 127
+"""RFC 6838 §4.2's bound on a type or subtype name; a longer media type is not one."""
+_MEDIA_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*")
+UNKNOWN_MEDIA_TYPE = "application/octet-stream"
+
+
+def media_type_of(value: object) -> str:
+    """``value`` when it is a ``type/subtype`` media type of at most ``MAX_MEDIA_TYPE_CHARS``
+    characters (RFC 6838's name characters), else ``application/octet-stream``: the client names
+    it, and it becomes a stub's text and an indexed column (PostgreSQL refuses index rows past
+    2,704 bytes)."""
+    if isinstance(value, str) and len(value) <= MAX_MEDIA_TYPE_CHARS and _MEDIA_TYPE.fullmatch(value):
+        return value
+    return UNKNOWN_MEDIA_TYPE
+
+
 def inline_image(native: object) -> tuple[str, str] | None:
     """``(data_url, media_type)`` of an inline image part: chat ``image_url`` with a ``data:`` URL,
     Anthropic ``image`` with a ``base64`` source (as a ``data:`` URL). ``None`` otherwise (remote
-    ``http(s)`` URLs are small and left alone)."""
+    ``http(s)`` URLs are small and left alone). ``media_type`` is bounded (``media_type_of``); the
+    chat URL is kept as sent."""
     if not isinstance(native, dict):
         return None
     part: dict[str, Any] = native
@@ -72,12 +90,11 @@ def inline_image(native: object) -> tuple[str, str] | None:
         image = part.get("image_url")
         url = image.get("url") if isinstance(image, dict) else image
         if isinstance(url, str) and url.startswith("data:"):
-            media_type = url[5:].split(";", 1)[0].split(",", 1)[0] or "application/octet-stream"
-            return url, media_type
+            return url, media_type_of(url[5:].split(";", 1)[0].split(",", 1)[0])
     if part.get("type") == "image":
         source = part.get("source")
         if isinstance(source, dict) and source.get("type") == "base64" and isinstance(source.get("data"), str):
-            media_type = str(source.get("media_type") or "application/octet-stream")
+            media_type = media_type_of(source.get("media_type"))
             return f"data:{media_type};base64,{source['data']}", media_type
     return None
 

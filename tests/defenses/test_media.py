@@ -39,3 +39,21 @@ def test_anthropic_base64_image_block():
 def test_unstorable_image_becomes_an_explicit_error_placeholder():
     new, artifacts = offload_media(screenshot(), frozenset({artifact_id(DATA_URL)}), codec=CHAT)
     assert artifacts == [] and new["content"][1] == {"type": "text", "text": UNSTORED_TEXT}
+
+
+def test_a_media_type_the_client_names_past_rfc_6838_becomes_octet_stream():
+    """The media type becomes the stub's text and an indexed column: one of 5,000 characters, one
+    with spaces or quotes, or none at all reads as application/octet-stream; a real one is kept."""
+    hostile = ["image/" + "p" * 5000, "image/png\" onerror=\"x", "", "png", 42]
+    for media_type in hostile:
+        url = f"data:{media_type};base64,QUJD" if isinstance(media_type, str) else "data:;base64,QUJD"
+        new, artifacts = offload_media(screenshot(url), codec=CHAT)
+        assert artifacts[0].media_type == "application/octet-stream", media_type
+        assert artifacts[0].content == url  # the chat URL is stored as sent
+        assert len(new["content"][1]["text"]) < 400
+        block = {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": "QUJD"}}
+        _, artifacts = offload_media({"role": "user", "content": [block]}, codec=CHAT)
+        assert artifacts[0].media_type == "application/octet-stream"
+        assert artifacts[0].content == "data:application/octet-stream;base64,QUJD"
+    _, artifacts = offload_media(screenshot("data:image/svg+xml;base64,QUJD"), codec=CHAT)
+    assert artifacts[0].media_type == "image/svg+xml"

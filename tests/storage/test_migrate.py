@@ -276,3 +276,35 @@ async def _after_downgrade(url: str, revision: str, table: str, select: str) -> 
     finally:
         await engine.dispose()
     return columns, indexes, rows
+
+
+async def test_0006_upgrades_a_database_holding_a_media_type_past_rfc_6838s_bound(empty_database_url: str) -> None:
+    """An artifact stored before the proxy bounded media types, with a 3,000-character one (a client
+    names it), does not stop the upgrade (PostgreSQL refuses an index row past 2,704 bytes, and 0006
+    indexes ``media_type``): it reads back as ``application/octet-stream``, its content unchanged."""
+    from datetime import UTC, datetime
+
+    from storage.store import Store
+
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    long_type = "image/" + "".join(chr(0x61 + (i * 7919) % 26) for i in range(3000))
+    await upgrade(empty_database_url, "0005")
+    engine = create_engine(empty_database_url, pool_size=1)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(sa.text("INSERT INTO sessions (session_id, tenant, created_at, updated_at)"
+                                       " VALUES ('s', 't', :n, :n)"), {"n": now})
+            pk = (await conn.execute(sa.text("SELECT pk FROM sessions"))).scalar_one()
+            await conn.execute(sa.text(
+                "INSERT INTO artifacts (tenant, id, session_pk, media_type, content, size_bytes, line_count, created_at)"
+                " VALUES ('t', 'art_long', :pk, :mt, 'x', 1, 1, :n)"), {"pk": pk, "mt": long_type, "n": now})
+    finally:
+        await engine.dispose()
+    await upgrade(empty_database_url)
+    assert (await _inspect(empty_database_url))[1:] == (HEAD, [])
+    store = await Store.open(empty_database_url, pool_size=2)
+    try:
+        artifact = await store.get_artifact("art_long", "t")
+        assert artifact is not None and artifact.media_type == "application/octet-stream" and artifact.content == "x"
+    finally:
+        await store.close()

@@ -15,7 +15,9 @@ The list reads a session's artifacts without their content: the index
 ``size_bytes`` and the columns after it behind the content, in its overflow pages, so reading them
 from the table would walk every page of the content). The downgrade drops the index, then the
 column in place (``ALTER TABLE ... DROP COLUMN``; SQLite 3.35 or newer), never by rebuilding the
-table.
+table; the recorded messages are lost with it. The upgrade first sets a media type longer than RFC
+6838 allows (127 characters) to ``application/octet-stream``: it is indexed now, and PostgreSQL
+refuses an index row past 2,704 bytes.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ LIST_COLUMNS = ["session_pk", "created_at", "id", "media_type", "size_bytes", "l
 
 def upgrade() -> None:
     op.add_column("artifacts", sa.Column("message_hash", sa.LargeBinary, nullable=True))
+    # media_type is indexed now: a client-named one past RFC 6838's bound (stored before the proxy
+    # bounded it, proxy.conversation.blocks.media_type_of) would make PostgreSQL refuse the index row
+    op.execute("UPDATE artifacts SET media_type = 'application/octet-stream' WHERE length(media_type) > 127")
     op.create_index("ix_artifacts_session_list", "artifacts", LIST_COLUMNS)
 
 
