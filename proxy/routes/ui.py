@@ -19,7 +19,8 @@ UI_DIR = Path(__file__).resolve().parent.parent / "ui"
 """The viewer's files (package data: ``pyproject.toml`` ships ``proxy/ui/*``)."""
 
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
-       "object-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
+       "object-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'; "
+       "require-trusted-types-for 'script'; trusted-types 'none'")  # any HTML sink (innerHTML, ...) throws
 SECURITY_HEADERS = {
     "content-security-policy": CSP,
     "x-content-type-options": "nosniff",

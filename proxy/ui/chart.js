@@ -19,7 +19,7 @@ export function tokensChart(requests, events) {
   const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, class: "chart", role: "img", id: "tokens-chart",
     "aria-label": "Tokens the client sent and tokens forwarded, per request" });
   const n = requests.length;
-  const top = Math.max(1, ...requests.map((r) => Math.max(r.tokens_client || 0, r.tokens_forwarded || 0)));
+  const top = requests.reduce((m, r) => Math.max(m, r.tokens_client || 0, r.tokens_forwarded || 0), 1);  // no spread: a long session has more requests than a call takes arguments
   const x = (i) => PAD.left + (n <= 1 ? 0 : (i * (W - PAD.left - PAD.right)) / (n - 1));
   const y = (v) => H - PAD.bottom - ((v || 0) * (H - PAD.top - PAD.bottom)) / top;
   for (const f of [0, 0.5, 1]) {

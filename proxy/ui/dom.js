@@ -23,6 +23,26 @@ function append(node, children) {
   }
 }
 
+// A "Load more" button for a paged list: disabled while a page loads; a failed page says so beside
+// it and the button stays, to try again. ``load`` fetches the next page and sets ``button.hidden``.
+export function loadMore(id, text, load) {
+  const button = el("button", { id, type: "button", text, hidden: true });
+  const status = el("span", { class: "error load-error", role: "status" });
+  button.addEventListener("click", async () => {
+    button.disabled = true;
+    status.textContent = "";
+    try {
+      await load();
+    } catch (err) {
+      status.textContent = `Could not load more: ${err.message}`;
+      button.hidden = false;
+    } finally {
+      button.disabled = false;
+    }
+  });
+  return { button, controls: el("div", { class: "more" }, button, status) };
+}
+
 // Only "#/..." routes of this app: anything else (javascript:, data:, http:) becomes "#/".
 export function internalHref(value) {
   return typeof value === "string" && value.startsWith("#/") ? value : "#/";

@@ -2,7 +2,7 @@
 // branch switcher and the messages of one branch, paged from the server.
 import { getJson, seg } from "./api.js";
 import { tokensChart } from "./chart.js";
-import { el, fmt, route } from "./dom.js";
+import { el, fmt, loadMore, route } from "./dom.js";
 import { compactionView, messageView } from "./messages.js";
 
 const MESSAGE_PAGE = 100;
@@ -49,20 +49,17 @@ async function requestsSection(base, tenant, events) {
   let after = null;
   const chartBox = el("div", { id: "chart" });
   const body = el("tbody", { id: "requests" });
-  const more = el("button", { id: "more-requests", type: "button", text: "Load more requests", hidden: true });
   const recoveries = el("span", { id: "overflow-recoveries", class: "muted" });
   async function load() {
-    more.disabled = true;
     const page = await getJson(`${base}/requests`, { limit: REQUEST_PAGE, after, tenant });
     page.data.forEach((r) => { body.append(requestRow(r, requests.length)); requests.push(r); });
     const recovered = requests.filter((r) => r.overflow_retries > 0).length;
     recoveries.textContent = `${recovered} of ${requests.length} requests recovered from an overflow`;
     after = page.last_id;
-    more.hidden = !page.has_more;
-    more.disabled = false;
+    more.button.hidden = !page.has_more;
     chartBox.replaceChildren(requests.length ? tokensChart(requests, events) : el("p", { class: "muted", text: "No requests logged." }));
   }
-  more.addEventListener("click", load);
+  const more = loadMore("more-requests", "Load more requests", load);
   await load();
   const head = el("tr", {}, ["#", "time (UTC)", "model", "status", "tokens sent", "tokens forwarded", "defenses",
     "events", "overflow retries", "finish", "error"].map((t) => el("th", { text: t })));
@@ -72,7 +69,7 @@ async function requestsSection(base, tenant, events) {
       el("span", { class: "key forwarded", text: "forwarded to the provider" }),
       el("span", { class: "key event", text: "compaction" }),
       el("span", { class: "key overflow", text: "overflow recovered" }), recoveries),
-    chartBox, more,
+    chartBox, more.controls,
     el("details", { class: "requests" }, el("summary", { text: "Requests" }), el("table", { class: "list" }, el("thead", {}, head), body)));
 }
 
@@ -83,12 +80,10 @@ async function messagesSection(base, params, events) {
     byAnchor.get(e.anchor_hash).push(e);
   }
   const list = el("div", { id: "messages" });
-  const more = el("button", { id: "more-messages", type: "button", text: "Load more messages", hidden: true });
   const count = el("p", { id: "messages-status", class: "muted" });
   let after = null;
   let shown = 0;
   async function load() {
-    more.disabled = true;
     const page = await getJson(`${base}/messages`, { limit: MESSAGE_PAGE, after, leaf: params.get("leaf"), tenant: params.get("tenant") });
     for (const m of page.data) {
       list.append(messageView(m));
@@ -96,23 +91,20 @@ async function messagesSection(base, params, events) {
     }
     shown += page.data.length;
     after = page.last_id;
-    more.hidden = !page.has_more;
-    more.disabled = false;
+    more.button.hidden = !page.has_more;
     count.textContent = `${shown} messages shown${page.has_more ? ", more to load" : ""}`;
   }
-  more.addEventListener("click", load);
+  const more = loadMore("more-messages", "Load more messages", load);
   await load();
-  return el("section", {}, el("h2", { text: "Messages" }), list, count, more);
+  return el("section", {}, el("h2", { text: "Messages" }), list, count, more.controls);
 }
 
 async function artifactsSection(base, tenant) {
   const body = el("tbody", { id: "artifacts" });
-  const more = el("button", { id: "more-artifacts", type: "button", text: "Load more artifacts", hidden: true });
   const heading = el("h2", {});
   let after = null;
   let count = 0;
   async function load() {
-    more.disabled = true;
     const page = await getJson(`${base}/artifacts`, { limit: ARTIFACT_PAGE, after, tenant });
     for (const a of page.data) {
       body.append(el("tr", { class: "artifact-row", dataset: { id: a.id } },
@@ -124,15 +116,14 @@ async function artifactsSection(base, tenant) {
     }
     count += page.data.length;
     after = page.last_id;
-    more.hidden = !page.has_more;
-    more.disabled = false;
+    more.button.hidden = !page.has_more;
     heading.textContent = `Artifacts (${count}${page.has_more ? "+" : ""})`;
   }
-  more.addEventListener("click", load);
+  const more = loadMore("more-artifacts", "Load more artifacts", load);
   await load();
   const head = el("tr", {}, ["artifact", "kind", "bytes", "lines", "from message", "created (UTC)"].map((t) => el("th", { text: t })));
   return el("section", { id: "artifacts-section" }, heading,
-    count ? el("table", { class: "list" }, el("thead", {}, head), body) : el("p", { class: "muted", text: "Nothing offloaded." }), more);
+    count ? el("table", { class: "list" }, el("thead", {}, head), body) : el("p", { class: "muted", text: "Nothing offloaded." }), more.controls);
 }
 
 export async function showSession(root, id, params) {

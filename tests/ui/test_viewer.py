@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
-from playwright.sync_api import Page, Request, Response
+from playwright.sync_api import Page, Request, Response, Route
 
 from tests.support.real_server import CLIENT_KEY
 from tests.ui.conftest import ADMIN_KEY, OTHER_KEY, Viewer, screenshots_dir
@@ -319,6 +319,31 @@ def test_a_large_session_is_read_in_bounded_pages(tab: Page, viewer: Viewer) -> 
     total = sum(size for _, size in responses)
     assert max(size for _, size in responses) < 1_200_000  # one page of 100 messages of 6,000 characters
     assert total < 5_000_000, json.dumps(responses)  # of a 60 MB session
+
+
+def test_a_page_that_fails_to_load_says_so_and_can_be_loaded_again(tab: Page, viewer: Viewer) -> None:
+    """The second page of messages answers 503 once: the page says so beside the button (no unhandled
+    error), the button stays usable, and a second click loads the page."""
+    failed: list[str] = []
+
+    def once(route: Route) -> None:
+        if "after=" in route.request.url and not failed:
+            failed.append(route.request.url)
+            route.fulfill(status=503, content_type="application/json",
+                          body='{"error": {"message": "busy", "type": "proxy_busy", "code": "proxy_busy"}}')
+        else:
+            route.continue_()
+
+    tab.route(f"**/sessions/{LARGE}/messages*", once)
+    sign_in(tab, viewer, route=f"#/session/{LARGE}")
+    tab.locator("#messages .message").nth(99).wait_for()
+    tab.click("#more-messages")
+    tab.locator(".load-error", has_text="Could not load more").wait_for()
+    assert failed and tab.locator("#messages .message").count() == 100
+    assert tab.locator("#more-messages").is_enabled()
+    tab.click("#more-messages")
+    tab.locator("#messages .message").nth(199).wait_for()
+    assert tab.inner_text(".load-error") == ""
 
 
 def test_read_tool_rounds_are_marked_and_their_artifact_is_linked(tab: Page, viewer: Viewer) -> None:
