@@ -89,8 +89,17 @@ class Authenticator:
         return tenant
 
     def reader(self, headers: Mapping[str, str]) -> str | None:
-        """Tenant whose data a read-API call may see; ``None`` means an admin (every tenant)."""
-        tenant = tenant_of(client_key(headers), self._salt)
+        """Tenant whose data a read-API call may see; ``None`` means an admin (every tenant).
+
+        Raises ``Unauthorized`` for a call with no key: what clients sent without a key (the
+        ``anonymous`` tenant, possible only in the pass-through mode) is anybody's who can reach
+        the port, so only an admin key reads it. Raises it too, with a proxy-held upstream key, for
+        a key that is not one of ``client_api_keys`` (or an admin key)."""
+        key = client_key(headers)
+        if not key:
+            raise Unauthorized("The read API needs a key: send the one your client sends (Authorization: Bearer KEY). "
+                               "What was sent without a key is readable with an admin key only.")
+        tenant = tenant_of(key, self._salt)
         if tenant in self._admins:
             return None
         if self._holds_upstream_key and tenant not in self._clients:

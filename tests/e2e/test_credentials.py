@@ -59,6 +59,27 @@ def chat(client: openai.OpenAI, session_id: str, content: str = "hello") -> Any:
                                           extra_headers={"X-Session-Id": session_id})
 
 
+def test_what_was_sent_without_a_key_is_read_with_an_admin_key_only(proxy_factory: Callable[..., Proxy]) -> None:
+    """Pass-through mode: a request without a key is forwarded and logged (the ``anonymous`` tenant),
+    but anybody who reaches the port could send that (no key), so no call without a key reads the log:
+    401 in OpenAI's envelope on every read route, while an admin key reads it."""
+    proxy = proxy_factory(admin_api_keys=ADMIN_KEY)
+    with proxy.http(None) as anonymous, proxy.http(ADMIN_KEY) as admin, proxy.http() as a:
+        resp = anonymous.post("/v1/chat/completions", headers={"x-session-id": "sess-keyless"},
+                              json={"model": "gpt-4o", "messages": [{"role": "user", "content": "no key here"}]})
+        assert resp.status_code == 200
+        assert wait_for(lambda: admin.get("/sessions/sess-keyless").status_code == 200)
+        for path in ("/sessions", "/sessions/sess-keyless", "/sessions/sess-keyless/messages",
+                     "/sessions/sess-keyless/archive", "/sessions/sess-keyless/branches"):
+            resp = anonymous.get(path)
+            assert resp.status_code == 401, path
+            assert resp.json()["error"]["type"] == "authentication_error"
+            assert "Traceback" not in resp.text
+        assert anonymous.get("/sessions", headers={"x-api-key": ""}).status_code == 401
+        assert admin.get("/sessions/sess-keyless/messages").json()["data"][0]["content"] == "no key here"
+        assert a.get("/sessions/sess-keyless").status_code == 404  # a key's tenant is not the keyless one
+
+
 def test_tenants_are_isolated_and_admin_sees_all(proxy_factory: Callable[..., Proxy], upstream: Upstream,
                                                  database_url: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
@@ -75,7 +96,7 @@ def test_tenants_are_isolated_and_admin_sees_all(proxy_factory: Callable[..., Pr
             resp = b.get(path)
             assert resp.status_code == 404, path
             assert resp.json()["error"]["type"] == "not_found_error"
-            assert anonymous.get(path).status_code == 404
+            assert anonymous.get(path).status_code == 401  # the read API takes no call without a key
             assert admin.get(path).status_code == 200, path
         assert a.get("/sessions/sess-b-only").status_code == 404
         assert [s["id"] for s in a.get("/sessions").json()["data"]] == ["sess-shared-name"]
