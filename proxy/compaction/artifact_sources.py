@@ -19,17 +19,25 @@ from proxy.defenses.offload import ArtifactToStore
 
 MAX_DEPTH = 64
 """Nesting walked into a message (JSON the proxy parsed is at most 254 deep; content sits near the top)."""
+_END = object()
 
 
-def _strings(value: Any, depth: int = 0) -> Iterator[str]:
-    if isinstance(value, str):
-        yield value
-    elif depth < MAX_DEPTH and isinstance(value, dict):
-        for item in value.values():
-            yield from _strings(item, depth + 1)
-    elif depth < MAX_DEPTH and isinstance(value, list):
-        for item in value:
-            yield from _strings(item, depth + 1)
+def _strings(value: Any) -> Iterator[str]:
+    """The strings in ``value`` (a JSON value: dicts' values, lists' items), containers entered down
+    to ``MAX_DEPTH`` (``value`` is depth 0; a string at depth ``MAX_DEPTH`` is still yielded). One
+    generator with a stack of iterators: each value costs the same however deep it sits (a recursive
+    generator passed every string up through one frame per level), and memory is the depth."""
+    stack: list[Iterator[Any]] = [iter((value,))]
+    while stack:
+        item = next(stack[-1], _END)
+        if item is _END:
+            stack.pop()
+        elif isinstance(item, str):
+            yield item
+        elif len(stack) <= MAX_DEPTH and isinstance(item, dict):
+            stack.append(iter(item.values()))
+        elif len(stack) <= MAX_DEPTH and isinstance(item, list):
+            stack.append(iter(item))
 
 
 def source_messages(
