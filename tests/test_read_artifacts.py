@@ -160,3 +160,25 @@ def test_the_source_is_the_newest_message_holding_the_content() -> None:
                                                       "art_gif": chain[3]}
     assert source_messages(messages[:4], chain[:4], arts[:1]) == {artifact_id(text): chain[2]}
     assert source_messages(messages, chain, []) == {}
+
+
+async def test_pages_over_artifacts_with_equal_times_list_each_once(
+        inprocess_factory: Callable[..., Awaitable[InProcessProxy]], fake_provider: FakeProvider) -> None:
+    """31 artifacts stored at two instants (ties on ``created_at``): every page size lists each once,
+    oldest first, ties by id."""
+    from tests.test_read_branches import every_page
+
+    proxy = await inprocess_factory(**SETTINGS)
+    fake_provider.state.script.append({"role": "assistant", "content": "Hi"})
+    await proxy.chat({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]},
+                     headers={"x-session-id": "ties"})
+    await proxy.wait_logged("ties", requests=1)
+    store = proxy.app.state.proxy.store
+    session = await store.find_session("ties", None)
+    assert session is not None
+    early, late = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 2, tzinfo=UTC)
+    await store.put_artifacts([ArtifactRecord(f"art_{i:03d}", session.tenant, session.pk, "text/plain", f"c{i}", 2, 1,
+                                              late if i % 3 == 0 else early) for i in range(31)])
+    order = sorted((f"art_{i:03d}" for i in range(31)), key=lambda a: (int(a[4:]) % 3 == 0, a))
+    for limit in (1, 2, 4, 10, 20, 30, 31):
+        assert await every_page(proxy.http, "/sessions/ties/artifacts", "id", limit) == order, limit
