@@ -1,13 +1,15 @@
-"""The message each artifact was offloaded from, found by its content among a request's messages.
+"""The message each artifact was offloaded from, where the projection did not name it: found by
+its content among a request's messages.
 
-An offload replaces a string of a message (a tool result's text, a long user message's text, an
-inline image's ``data:`` URL, or an Anthropic image block's base64 ``data``) by a stub naming a
-content-addressed artifact; the defenses are pure functions of a message's content and do not know
-where it sits in the log. So the compactor, storing new artifacts, looks for each artifact's content
-among the strings of the request's messages, newest first (new content is offloaded when its message
-is first seen, so it is nearly always among the last few: the walk stops there, whatever the
-conversation's length), and records that message's chain hash with the artifact
-(``storage.records.ArtifactRecord.message_hash``).
+The projection names the message each artifact was offloaded from (``ArtifactToStore.source``);
+clipping a request that overflowed does not (``proxy.defenses.overflow_clip``). For those, the
+compactor looks for each artifact's content among the strings of the request's messages (a tool
+result's text, a long user message's text, an inline image's ``data:`` URL, or an Anthropic image
+block's base64 ``data``), newest first (new content is offloaded when its message is first seen, so
+it is nearly always among the last few: the walk stops there, whatever the conversation's length),
+and records that message's chain hash with the artifact (``storage.records.ArtifactRecord.message_hash``).
+A content that a newer message holds as sent (under its own threshold) is attributed to that one:
+only the projection can tell them apart.
 """
 
 from __future__ import annotations
