@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import compress
 from typing import Any
 
@@ -182,7 +182,9 @@ class _Projector:
         if self.items[i].sealed:
             return m, cnt  # signed (a Messages thinking turn): kept or dropped whole, never rewritten
         if m is not self.messages[i]:
-            return self._transform(i, truncate, media, kinds)
+            out, n, arts = self._transform(i, truncate, media, kinds)
+            self._collect(i, arts)
+            return out, n
         # the counter is part of the key: another tokenizer counts (and offloads) differently
         key = (self.digests[i], truncate, media, self.cfg, self.unavailable,
                self.counter.encoding_name, self.counter.exact)
@@ -193,23 +195,27 @@ class _Projector:
             new_kinds: set[str] = set()
             # every artifact the stub names, not only those new to this request: a later hit (in
             # another session or tenant) must store all of them itself
-            outer, self.artifacts = self.artifacts, {}
-            try:
-                out, n = self._transform(i, truncate, media, new_kinds)
-                arts = tuple(self.artifacts.values())
-            finally:
-                self.artifacts = outer
+            out, n, arts = self._transform(i, truncate, media, new_kinds)
             hit = (out, n, tuple(sorted(new_kinds)), arts)
             with memos.lock:
                 memos.transforms.put(key, hit)
         out, n, new, arts = hit
         kinds.update(new)
-        self.artifacts.update((a.id, a) for a in arts)
+        self._collect(i, arts)
         return out, n
 
-    def _transform(self, i: int, truncate: bool, media: bool, kinds: set[str]) -> tuple[Piece, int]:
+    def _collect(self, i: int, arts: Sequence[ArtifactToStore]) -> None:
+        """Note ``arts``, offloaded from message ``i``, as content to store, each naming that
+        message as its ``source`` (a content offloaded from several: the last of them)."""
+        self.artifacts.update((a.id, replace(a, source=self.chain[i])) for a in arts)
+
+    def _transform(self, i: int, truncate: bool, media: bool,
+                   kinds: set[str]) -> tuple[Piece, int, tuple[ArtifactToStore, ...]]:
+        """Message ``i`` transformed, its tokens and the artifacts its stubs name (no ``source``:
+        memoized by content, the result holds nothing of where the message sits)."""
         cfg = self.cfg
         m, cnt, changed = self.cur[i], self.counts[i], False
+        found: dict[str, ArtifactToStore] = {}
         if truncate:
             t = truncate_message(m, cfg.truncate_args_tools, cfg.truncate_args_max_chars, cfg.truncate_args_keep_chars,
                                  item=self.items[i], codec=self.codec)
@@ -221,7 +227,7 @@ class _Projector:
             if mm is not None:
                 m, changed = mm, True
                 kinds.add("media")
-                self.artifacts.update((a.id, a) for a in arts)
+                found.update((a.id, a) for a in arts)
         if changed:
             cnt = self.count_new(m)
         o, arts = offload_message(m, cnt, self.counter.count_text, cfg, self.unavailable, item=self.items[i],
@@ -229,8 +235,8 @@ class _Projector:
         if o is not None:
             m, cnt = o, self.count_new(o)
             kinds.add("offload")
-            self.artifacts.update((a.id, a) for a in arts)
-        return m, cnt
+            found.update((a.id, a) for a in arts)
+        return m, cnt, tuple(found.values())
 
 
 def project(
@@ -417,7 +423,8 @@ def _project(messages: list[Piece], digests: list[str], chain_hashes: list[str],
         if clipped is not None:
             for j in idx:
                 p.replace(lo + j, clipped[j])
-            p.artifacts.update((a.id, a) for a in arts)
+            for a in arts:  # (their source is left to the compactor to find: clipping names none)
+                p.artifacts.setdefault(a.id, a)
             p.kinds.add("clip")
             total = fixed + head_tokens + summary_tokens + sum(p.counts[lo:])
         if window is not None and total > window:

@@ -174,6 +174,29 @@ def test_a_compaction_shows_its_summary_after_naming_the_lines_it_summarized() -
     assert len(headings) == 2, "the forged heading inside the summary is not a heading"
 
 
+def test_a_compaction_from_another_branch_names_what_it_summarized() -> None:
+    """A compaction made on a branch forked before this branch's first cutoff, cut inside the shared
+    start (its anchor is on both branches), is shown here after the messages stored before it: it
+    summarized from message 0 (it never saw this branch's compaction), and the compaction after it
+    still starts after this branch's own cutoff (it said "Messages 6 to 2", then "3 to 7")."""
+    log = Log()
+    for n in range(6):
+        log.add({"role": "user" if n % 2 == 0 else "assistant", "content": f"turn {n}"})
+    log.compact(5)
+    log.add({"role": "user", "content": "turn 6"})
+    log.compact(2)  # the other branch's: anchored on message 2, stored after this branch's turn 6
+    log.add({"role": "assistant", "content": "turn 7"})
+    log.compact(7)
+    lines = log.lines()
+    starts = {int(m.group(1)): i for i, line in enumerate(lines) if (m := re.match(r"### \[(\d+)\] ", line))}
+    said = [lines[i + 2] for i, line in enumerate(lines) if line.startswith("## Compaction ")]
+    assert said == [
+        f"Messages 0 to 5 above (from line {starts[0]}) were summarized; the model was given this summary instead:",
+        "Messages 0 to 2 above were summarized; the model was given this summary instead:",
+        f"Messages 6 to 7 above (from line {starts[6]}) were summarized; the model was given this summary instead:",
+    ]
+
+
 def test_archive_lines_is_render_archive() -> None:
     from proxy.tools.archive import archive_lines
 

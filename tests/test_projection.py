@@ -463,3 +463,23 @@ def test_shortcut_for_untouched_requests_agrees_with_the_full_projection(counter
                 compared += 1
     assert shortcuts >= compared // 4, (shortcuts, compared)  # the shortcut is exercised...
     assert shortcuts < compared, (shortcuts, compared)  # ...and so is the full path's doing something
+
+
+def test_each_artifact_names_the_message_it_was_offloaded_from(counter):
+    """A tool result over the tool threshold is offloaded; the same text in a later user message,
+    under the user threshold, is forwarded as sent: the artifact's ``source`` is the tool message's
+    chain hash, also when the transform comes from the memo for a message at another position."""
+    text = "\n".join(f"row {i}: {'x' * (i % 13)} café" for i in range(400))
+    cfg = DefenseConfig(context_window_tokens=128_000, offload_tool_tokens=300)
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}]}
+    messages = [{"role": "user", "content": "Read it."}, call, {"role": "tool", "tool_call_id": "c1", "content": text},
+                {"role": "user", "content": text}]
+    memos = ProjectionMemos()
+    p = project_once(messages, cfg, counter, memos=memos)
+    chain = digests_and_chain(messages)[1]
+    assert [m.get("content") == text for m in p.messages] == [False, False, False, True], "only the tool result"
+    assert [(a.id, a.source) for a in p.artifacts] == [(artifact_id(text), chain[2])]
+    moved = [{"role": "system", "content": "Be brief."}, *messages]  # the tool message now at index 3, from the memo
+    p2 = project_once(moved, cfg, counter, memos=memos)
+    assert [(a.id, a.source) for a in p2.artifacts] == [(artifact_id(text), digests_and_chain(moved)[1][3])]

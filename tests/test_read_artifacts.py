@@ -160,3 +160,46 @@ def test_the_source_is_the_newest_message_holding_the_content() -> None:
                                                       "art_gif": chain[3]}
     assert source_messages(messages[:4], chain[:4], arts[:1]) == {artifact_id(text): chain[2]}
     assert source_messages(messages, chain, []) == {}
+
+
+async def test_pages_over_artifacts_with_equal_times_list_each_once(
+        inprocess_factory: Callable[..., Awaitable[InProcessProxy]], fake_provider: FakeProvider) -> None:
+    """31 artifacts stored at two instants (ties on ``created_at``): every page size lists each once,
+    oldest first, ties by id."""
+    from tests.test_read_branches import every_page
+
+    proxy = await inprocess_factory(**SETTINGS)
+    fake_provider.state.script.append({"role": "assistant", "content": "Hi"})
+    await proxy.chat({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]},
+                     headers={"x-session-id": "ties"})
+    await proxy.wait_logged("ties", requests=1)
+    store = proxy.app.state.proxy.store
+    session = await store.find_session("ties", None)
+    assert session is not None
+    early, late = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 2, tzinfo=UTC)
+    await store.put_artifacts([ArtifactRecord(f"art_{i:03d}", session.tenant, session.pk, "text/plain", f"c{i}", 2, 1,
+                                              late if i % 3 == 0 else early) for i in range(31)])
+    order = sorted((f"art_{i:03d}" for i in range(31)), key=lambda a: (int(a[4:]) % 3 == 0, a))
+    for limit in (1, 2, 4, 10, 20, 30, 31):
+        assert await every_page(proxy.http, "/sessions/ties/artifacts", "id", limit) == order, limit
+
+
+async def test_the_message_is_the_one_offloaded_not_a_newer_one_holding_the_text(
+        inprocess_factory: Callable[..., Awaitable[InProcessProxy]], fake_provider: FakeProvider) -> None:
+    """A tool result over the tool threshold and the same text pasted in the next user message,
+    under the user threshold (forwarded as sent): the artifact came from the tool message (the
+    newest message holding the text was named before)."""
+    proxy = await inprocess_factory(**SETTINGS)
+    text = listing(200, "alpha")
+    history = [{"role": "user", "content": "Read the file."}, call("c1"),
+               {"role": "tool", "tool_call_id": "c1", "content": text}, {"role": "user", "content": text}]
+    fake_provider.state.script.append({"role": "assistant", "content": "Read."})
+    resp = await proxy.chat({"model": "gpt-4o", "messages": history}, headers={"x-session-id": "pasted"})
+    assert resp.status_code == 200, resp.text
+    await proxy.wait_logged("pasted", requests=1)
+    forwarded = fake_provider.state.chat_requests[-1].json["messages"]
+    assert [m["content"] == text for m in forwarded] == [False, False, False, True], "the tool result was offloaded"
+    (artifact,) = (await proxy.http.get("/sessions/pasted/artifacts")).json()["data"]
+    messages = (await proxy.http.get("/sessions/pasted/messages")).json()["data"]
+    assert artifact["id"] == artifact_id(text)
+    assert artifact["message"] == messages[2]["id"] and messages[2]["role"] == "tool"

@@ -4,12 +4,15 @@ leaf of a session with its message count and last activity, usable as ``?leaf=``
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import pytest
 
+from storage.records import NewMessage
 from tests.support.inprocess import FakeProvider, InProcessProxy
 
 OTHER_KEY = "sk-other-tenant-key-9876543210"
@@ -129,3 +132,46 @@ async def test_another_tenants_session_is_a_404_and_admins_name_the_tenant(
     assert (await admin.get("/sessions/tree/branches", params={"tenant": tenant})).json() == mine
     assert (await admin.get("/sessions/tree/branches")).json() == mine
     assert (await admin.get("/sessions/tree/branches", params={"tenant": "t_nobody"})).status_code == 404
+
+
+async def every_page(http: httpx.AsyncClient, path: str, key: str, limit: int) -> list[str]:
+    """The ``key`` of every item of ``path``'s list, following ``last_id`` page by page; checks each
+    page's ``last_id`` and that the page after the last one is empty."""
+    seen: list[str] = []
+    params: dict[str, Any] = {"limit": limit}
+    while True:
+        page = (await http.get(path, params=params)).json()
+        assert page["last_id"] == (page["data"][-1][key] if page["data"] else None)
+        seen += [item[key] for item in page["data"]]
+        if not page["has_more"]:
+            break
+        params["after"] = page["last_id"]
+    past_end = (await http.get(path, params={"after": seen[-1]})).json()
+    assert past_end["data"] == [] and past_end["has_more"] is False
+    return seen
+
+
+async def test_pages_over_leaves_with_equal_times_list_each_once(inprocess_proxy: InProcessProxy,
+                                                                 fake_provider: FakeProvider) -> None:
+    """23 replies to one message, stored at two instants (10 and 13 leaves sharing a time), plus the
+    session's first exchange: every page size lists the 24 leaves once each, in the full list's order."""
+    fake_provider.state.script.append({"role": "assistant", "content": "Blue"})
+    await send(inprocess_proxy, "ties", [U1], 1)
+    store = inprocess_proxy.app.state.proxy.store
+    session = await store.find_session("ties", None)
+    assert session is not None
+
+    def chain(name: str) -> str:
+        return hashlib.sha256(name.encode()).hexdigest()
+
+    root = NewMessage(chain("root"), None, 0, "user", {"role": "user", "content": "Pick one"})
+    replies = [NewMessage(chain(f"reply {i}"), root.chain_hash, 1, "assistant", {"role": "assistant", "content": f"{i}"})
+               for i in range(23)]
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    await store.append_messages(session.pk, [root, *replies[:10]], when)
+    await store.append_messages(session.pk, replies[10:], when.replace(second=1))
+    whole = (await inprocess_proxy.http.get("/sessions/ties/branches", params={"limit": 100})).json()["data"]
+    assert len(whole) == 24
+    for limit in (1, 2, 3, 7, 10, 23, 24):
+        assert await every_page(inprocess_proxy.http, "/sessions/ties/branches", "leaf", limit) == [
+            b["leaf"] for b in whole], limit

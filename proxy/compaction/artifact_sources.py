@@ -1,13 +1,15 @@
-"""The message each artifact was offloaded from, found by its content among a request's messages.
+"""The message each artifact was offloaded from, where the projection did not name it: found by
+its content among a request's messages.
 
-An offload replaces a string of a message (a tool result's text, a long user message's text, an
-inline image's ``data:`` URL, or an Anthropic image block's base64 ``data``) by a stub naming a
-content-addressed artifact; the defenses are pure functions of a message's content and do not know
-where it sits in the log. So the compactor, storing new artifacts, looks for each artifact's content
-among the strings of the request's messages, newest first (new content is offloaded when its message
-is first seen, so it is nearly always among the last few: the walk stops there, whatever the
-conversation's length), and records that message's chain hash with the artifact
-(``storage.records.ArtifactRecord.message_hash``).
+The projection names the message each artifact was offloaded from (``ArtifactToStore.source``);
+clipping a request that overflowed does not (``proxy.defenses.overflow_clip``). For those, the
+compactor looks for each artifact's content among the strings of the request's messages (a tool
+result's text, a long user message's text, an inline image's ``data:`` URL, or an Anthropic image
+block's base64 ``data``), newest first (new content is offloaded when its message is first seen, so
+it is nearly always among the last few: the walk stops there, whatever the conversation's length),
+and records that message's chain hash with the artifact (``storage.records.ArtifactRecord.message_hash``).
+A content that a newer message holds as sent (under its own threshold) is attributed to that one:
+only the projection can tell them apart.
 """
 
 from __future__ import annotations
@@ -19,17 +21,25 @@ from proxy.defenses.offload import ArtifactToStore
 
 MAX_DEPTH = 64
 """Nesting walked into a message (JSON the proxy parsed is at most 254 deep; content sits near the top)."""
+_END = object()
 
 
-def _strings(value: Any, depth: int = 0) -> Iterator[str]:
-    if isinstance(value, str):
-        yield value
-    elif depth < MAX_DEPTH and isinstance(value, dict):
-        for item in value.values():
-            yield from _strings(item, depth + 1)
-    elif depth < MAX_DEPTH and isinstance(value, list):
-        for item in value:
-            yield from _strings(item, depth + 1)
+def _strings(value: Any) -> Iterator[str]:
+    """The strings in ``value`` (a JSON value: dicts' values, lists' items), containers entered down
+    to ``MAX_DEPTH`` (``value`` is depth 0; a string at depth ``MAX_DEPTH`` is still yielded). One
+    generator with a stack of iterators: each value costs the same however deep it sits (a recursive
+    generator passed every string up through one frame per level), and memory is the depth."""
+    stack: list[Iterator[Any]] = [iter((value,))]
+    while stack:
+        item = next(stack[-1], _END)
+        if item is _END:
+            stack.pop()
+        elif isinstance(item, str):
+            yield item
+        elif len(stack) <= MAX_DEPTH and isinstance(item, dict):
+            stack.append(iter(item.values()))
+        elif len(stack) <= MAX_DEPTH and isinstance(item, list):
+            stack.append(iter(item))
 
 
 def source_messages(

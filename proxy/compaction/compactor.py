@@ -148,7 +148,7 @@ class ProjectingCompactor(Compactor):
         if not todo:
             return True
         created = datetime.now(UTC)
-        sources = source_messages(ctx.messages, ctx.chain, todo)
+        sources = source_messages(ctx.messages, ctx.chain, [a for a in todo if a.source is None])
         records = [
             ArtifactRecord(
                 id=a.id,
@@ -159,7 +159,7 @@ class ProjectingCompactor(Compactor):
                 size_bytes=len(a.content.encode()),
                 line_count=a.content.count("\n") + (0 if a.content.endswith("\n") or not a.content else 1),
                 created_at=created,
-                message_hash=sources.get(a.id),
+                message_hash=a.source or sources.get(a.id),
             )
             for a in todo
         ]

@@ -38,11 +38,14 @@ class ArtifactToStore:
     """Content the pipeline must store before forwarding a reference to it.
 
     ``content`` is text (for media: the ``data:`` URL as sent); ``media_type`` is a MIME type.
+    ``source``: the chain hash of the request's message it was offloaded from, set by the
+    projection, which knows where each message sits (``None`` from the defenses, which do not).
     """
 
     id: str
     content: str
     media_type: str
+    source: str | None = None
 
 
 def artifact_id(content: str) -> str:

@@ -225,7 +225,8 @@ class ArchiveRenderer:
         self._seen: dict[str, int] = {}  # anchor hash -> seq, for pending events' anchors only
         self._anchors = {e.anchor_hash for e in self._pending}
         self._count = 0
-        self._next_first = 0
+        self._next_first = 0  # the seq after the highest cutoff shown
+        self._cutoffs: list[int] = []  # shown compactions' cutoffs, in the order shown
         self._line = 0  # the number of the next line (0-based, as ``?offset=`` counts)
         self._starts: dict[int, int] = {}  # seq -> the line its heading is on, for seq >= _next_first
 
@@ -257,11 +258,22 @@ class ArchiveRenderer:
                 kept.append(event)
                 continue
             self._count += 1
-            yield from self._counted(_event_lines(self._count, event, self._next_first, cutoff,
-                                                  self._starts.get(self._next_first)))
-            self._next_first = cutoff + 1
-            self._starts = {seq: line for seq, line in self._starts.items() if seq >= self._next_first}
+            first = self._first_summarized(cutoff)
+            yield from self._counted(_event_lines(self._count, event, first, cutoff, self._starts.get(first)))
+            self._cutoffs.append(cutoff)
+            if cutoff >= self._next_first:
+                self._next_first = cutoff + 1
+                self._starts = {seq: line for seq, line in self._starts.items() if seq >= self._next_first}
         self._pending = kept
+
+    def _first_summarized(self, cutoff: int) -> int:
+        """The seq of the first message a compaction with this cutoff summarized: the one after the
+        previous shown compaction's cutoff; for a compaction made on another branch whose cutoff is
+        in this one's shared start, before a cutoff shown already (it did not see that one), the one
+        after the highest shown cutoff below its own (0 if none)."""
+        if cutoff >= self._next_first:
+            return self._next_first
+        return 1 + max((c for c in self._cutoffs if c < cutoff), default=-1)
 
     def message(self, record: MessageRecord) -> Iterator[str]:
         yield from self._due(record.created_at)
