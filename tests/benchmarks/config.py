@@ -33,6 +33,14 @@ class BenchConfig:
     storage_traces: int | None = None
     trace_filter: str | None = None
     """Only traces whose file name contains this (storage and compression; smoke test)."""
+    summary_delay_s: float = 5.0
+    """Seconds the compaction-turn section's upstream takes to answer a summary request."""
+    compaction_turn_normal: int = 10
+    """Normal turns timed by the compaction-turn section (their median is the reference)."""
+    overhead_modes: tuple[str, ...] = ("quiet",)
+    """Modes of the overhead section: ``quiet`` (the candidates alone on their core) and/or
+    ``crowded`` (bystander servers beside them, ``candidates.CROWD_SIZE``); the command line
+    runs both unless told otherwise."""
     serve_gc_tuning: bool = False
     """Tune the garbage collector in-process as ``context-proxy serve`` tunes its process
     (``inproc.InProcessProxy``): what production runs with. The command line sets it; the tests
@@ -40,7 +48,8 @@ class BenchConfig:
 
     @classmethod
     def make(cls, out: Path, quick: bool) -> BenchConfig:
+        modes = ("quiet", "crowded")
         if not quick:
-            return cls(out=out, serve_gc_tuning=True)
+            return cls(out=out, serve_gc_tuning=True, overhead_modes=modes)
         return cls(out=out, quick=True, requests={1: 100, 16: 1000, 64: 2000}, reps=3, pipeline_requests=10,
-                   pipeline_compaction_reps=1, serve_gc_tuning=True)
+                   pipeline_compaction_reps=1, serve_gc_tuning=True, overhead_modes=modes)
