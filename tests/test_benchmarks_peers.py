@@ -82,6 +82,9 @@ def test_the_overhead_section_crowded_with_the_history_point(tmp_path: Path) -> 
     cfg = BenchConfig(out=tmp_path, quick=True, concurrencies=(1,), requests={1: 5}, reps=1)
     ov = overhead.run(cfg, kinds=("direct", "floor", "proxy"), crowd=2)
     assert ov["crowd"] == ["floor", "proxy"]
+    # idle before the points: the proxy's main loop ticks once a second, uvicorn's (the floor's) ten times
+    assert {"floor", "proxy"} <= set(ov["idle"])
+    assert ov["idle"]["proxy"]["wakeups_per_s"] < ov["idle"]["floor"]["wakeups_per_s"] / 2
     assert ov["servers_on_candidate_core"] == 2 + 2 + len(candidates.optional_kinds())
     (point,) = ov["history_points"]
     assert point["history_bytes"] >= overhead.HISTORY_BYTES

@@ -18,10 +18,12 @@ Messages rows.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -92,6 +94,34 @@ def history_body() -> bytes | None:
         if len(body) >= HISTORY_BYTES:
             return body
         n = max(n + 1, int(n * HISTORY_BYTES / len(body)))
+
+
+def switches(pid: int) -> int:
+    """Context switches (voluntary and not) of process ``pid`` so far, over its live threads: a
+    sleeping server's wake-ups."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/status") as f:
+            total += sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+    return total
+
+
+IDLE_S = 3.0
+"""Seconds every server is watched while idle, before the points (``idle``)."""
+
+
+def idle(srv: dict[str, Server | None], kinds: tuple[str, ...], seconds: float = IDLE_S) -> dict[str, dict[str, float]]:
+    """Each candidate server's CPU (ms a second) and wake-ups (context switches a second) while
+    nothing is sent to it: what it costs the others on its core (crowded mode)."""
+    watched = {k: srv[k] for k in kinds if srv.get(k) is not None}
+    before = {k: (cpu_ns(s.pid), switches(s.pid)) for k, s in watched.items() if s is not None}
+    time.sleep(seconds)
+    out = {}
+    for k, s in watched.items():
+        assert s is not None
+        cpu, sw = before[k]
+        out[k] = {"cpu_ms_per_s": (cpu_ns(s.pid) - cpu) / 1e6 / seconds, "wakeups_per_s": (switches(s.pid) - sw) / seconds}
+    return out
 
 
 def cpu_ns(pid: int) -> int:
@@ -215,6 +245,7 @@ def run(cfg: BenchConfig, kinds: tuple[str, ...] = CANDIDATES, baseline: Baselin
             servers(Path(tmp), kinds, baseline, crowd) as srv:
         gen = LoadGenerator(near)
         try:
+            idle_cost = idle(srv, kinds)
             for stream in (False, True):
                 for c in cfg.concurrencies:
                     point = measure_point(gen, srv, kinds, c, cfg.requests[c], stream, cfg.reps, cfg.quick)
@@ -238,7 +269,7 @@ def run(cfg: BenchConfig, kinds: tuple[str, ...] = CANDIDATES, baseline: Baselin
                         _progress(point)
         finally:
             gen.stop()
-    return {"points": points, "messages_points": messages_points, "history_points": history_points,
+    return {"points": points, "messages_points": messages_points, "history_points": history_points, "idle": idle_cost,
             **{kind: peer_status(kind) for kind in PEERS},
             "cores": {"loadgen_upstream": near, "candidate": _far}, "crowd": crowd_kinds(kinds, crowd),
             "servers_on_candidate_core": len([k for k in kinds if k != "direct"]) + crowd,

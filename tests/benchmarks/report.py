@@ -110,6 +110,9 @@ def overhead_tables(ov: dict[str, Any], title: str = "Overhead (pass-through)") 
              f"LiteLLM: {ov.get('litellm') or 'measured'}. awecompress: {ov.get('awecompress') or 'measured'}. "
              f"Servers up on the candidate core: {ov.get('servers_on_candidate_core', '–')}"
              + (f" (idle bystanders: {', '.join(crowd)})." if crowd else "."), ""]
+    if ov.get("idle"):
+        lines += ["Idle, before the points (nothing sent): " + "; ".join(
+            f"{k} {v['cpu_ms_per_s']:.2f} ms CPU/s, {v['wakeups_per_s']:.1f} wake-ups/s" for k, v in ov["idle"].items()) + ".", ""]
     for point in [*ov["points"], *(ov.get("history_points") or []), *(ov.get("messages_points") or [])]:
         mode = "streaming" if point["stream"] else "non-streaming"
         api = "" if point.get("api", "chat") == "chat" else "Messages (`POST /v1/messages`), "
