@@ -103,7 +103,8 @@ def _overhead(proxy_ms: float, awe_ms: float, rps: float) -> dict[str, Any]:
             "awecompress": _cand(awe_ms * c, awe_ms)}}
 
     history = {"concurrency": 1, "stream": False, "history_bytes": 400_000, "candidates": {
-        "direct": _cand(0, 0), "floor": _cand(0.8, 0.8), "proxy": _cand(2.0, 2.0), "awecompress": _cand(4.6, 4.6)}}
+        "direct": _cand(0, 0), "floor": _cand(0.8, 0.8), "proxy": _cand(2.0, 2.0), "proxy-httpx": _cand(1.5, 1.5),
+        "awecompress": _cand(4.6, 4.6)}}
     return {"points": [point(1, False), point(16, False), point(1, True)], "history_points": [history]}
 
 
@@ -111,13 +112,13 @@ def test_goals_against_awecompress_and_the_history_point() -> None:
     g = peer_goals.goals(_overhead(0.5, 0.4, 1000))
     assert g["vs_awecompress"] == {"1": {"proxy": 0.5, "awecompress": 0.4}, "16": {"proxy": 8.0, "awecompress": 6.4},
                                    "ttfb": {"proxy": 0.5, "awecompress": 0.4}}
-    assert g["history"]["fastest_peer"] == "proxy"  # the floor is faster, but not a peer
+    assert g["history"]["fastest_peer"] == "proxy"  # the floor and proxy-httpx are faster, but no peers
     assert peer_goals.verdicts(g) == {"vs_awecompress": False, "history_fastest": True}
     assert peer_goals.verdicts(peer_goals.goals(_overhead(0.4, 0.4, 1000)))["vs_awecompress"] is True
     text = "\n".join(peer_goals.rows(g, "crowded"))
     assert "| crowded: added p50 ≤ awecompress's (concurrency 1 / 16) | 0.50 vs 0.40 ms / 8.00 vs 6.40 ms | **not met** |" in text
     assert "| crowded: 400 KB history (concurrency 1), the proxy's added p50 the lowest of the peers | 2.00 ms " \
-           "(floor 0.80, awecompress 4.60) | met |" in text
+           "(floor 0.80, proxy-httpx 1.50, awecompress 4.60) | met |" in text
     assert peer_goals.goals(None) == {"vs_awecompress": None, "history": None}
     assert "not measured (awecompress not installed)" in "\n".join(peer_goals.rows({}, "quiet"))
     ratios = peer_goals.crowded_vs_quiet(_overhead(0.5, 0.4, 1000), _overhead(0.5, 0.4, 500))
@@ -154,3 +155,52 @@ def test_a_compacting_turn_waits_for_the_summarizer(tmp_path: Path) -> None:
     assert r["compaction_ms"] >= 300  # the client waited for the summary (normal turns made none: measure asserts it)
     assert r["stall_ms"] == r["compaction_ms"] - r["normal_ms"]
     assert "| stall (difference) |" in "\n".join(compaction_turn.table(r))
+
+
+CALLGRIND_OUT = """# callgrind format
+version: 1
+positions: line
+events: Ir
+ob=(1) /usr/lib/libpython3.11.so.1.0
+fl=(1) ceval.c
+fn=(1) eval
+10 100
++2 50
+cob=(2) /usr/lib/libsqlite3.so.0
+cfi=(2) vdbe.c
+cfn=(2) step
+calls=3 20
+* 999
+-1 7
+ob=(2)
+fl=(2)
+fn=(2)
+20 40
+ob=(1)
+fn=(1)
+* 3
+totals: 200
+"""
+
+
+def test_instructions_are_read_by_shared_object(tmp_path: Path) -> None:
+    """Self cost by object: a call's inclusive cost (after ``calls=``) is the callee's, not the
+    caller's; an object's name is given once, where first seen (``ob=`` or ``cob=``)."""
+    from tests.benchmarks import instructions
+
+    out = tmp_path / "callgrind.proxy.1"
+    out.write_text(CALLGRIND_OUT)
+    assert instructions.by_object(out) == {"libpython3.11.so.1.0": 160, "libsqlite3.so.0": 40}
+
+
+def test_instructions_section_without_valgrind(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from tests.benchmarks import instructions
+
+    monkeypatch.setattr(instructions.shutil, "which", lambda name: None)
+    r = instructions.run(BenchConfig(out=tmp_path))
+    assert r["status"] is not None and "valgrind" in r["status"]
+    assert "valgrind is not installed" in "\n".join(instructions.table(r))
+    g = report.goals({"instructions": {"status": None, "proxy_vs_floor": 3.1}})
+    assert g["met"]["instructions_vs_floor"] is False
+    assert "| instructions per request ≤ 2× the floor's (callgrind, concurrency 16; load-independent) | 3.10× | " \
+           "**not met** |" in "\n".join(report.goals_table(g))

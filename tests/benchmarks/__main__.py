@@ -1,8 +1,9 @@
 """``python -m tests.benchmarks [--quick] --out DIR [--sections a,b] [--modes quiet,crowded] [--summary-delay-s S] [--readme PATH] [--compare REV | --baseline-tree DIR]``.
 
-Runs the sections in order (overhead, pipeline, compaction_turn, storage, compression), then writes
-``DIR/results.json`` (keys ``overhead``, ``overhead_crowded``, ``pipeline``, ``compaction_turn``,
-``storage``, ``compression``, ``goals``; a section not run is ``null``), ``DIR/report.md``, the PNG plots and ``DIR/README_perf.md``, and
+Runs the sections in order (overhead, instructions, pipeline, compaction_turn, storage, compression),
+then writes ``DIR/results.json`` (keys ``overhead``, ``overhead_crowded``, ``instructions``,
+``pipeline``, ``compaction_turn``, ``storage``, ``compression``, ``goals``; a section not run is
+``null``), ``DIR/report.md``, the PNG plots and ``DIR/README_perf.md``, and
 rewrites the README's text between ``<!-- perf:start -->`` and ``<!-- perf:end -->`` when the
 markers exist. Run from the repository root in the test environment.
 
@@ -26,17 +27,17 @@ from tests.benchmarks.config import BenchConfig
 if TYPE_CHECKING:
     from tests.benchmarks.baseline import Baseline
 
-SECTIONS = ("overhead", "pipeline", "compaction_turn", "storage", "compression")
+SECTIONS = ("overhead", "instructions", "pipeline", "compaction_turn", "storage", "compression")
 
 
 def run_sections(cfg: BenchConfig, sections: tuple[str, ...], baseline: Baseline | None = None) -> dict[str, Any]:
     """Run ``sections``; the results object without ``goals`` (``report.write`` adds it). With
     ``baseline``, each section it supports is measured on it right after this tree's."""
-    from tests.benchmarks import compaction_turn, compression, overhead, pipeline, report, storage_growth
+    from tests.benchmarks import compaction_turn, compression, instructions, overhead, pipeline, report, storage_growth
     from tests.benchmarks.baseline import IN_PROCESS_SECTIONS
 
     modules = {"pipeline": pipeline, "storage": storage_growth, "compression": compression,
-               "compaction_turn": compaction_turn}
+               "compaction_turn": compaction_turn, "instructions": instructions}
     results: dict[str, Any] = {"machine": report.machine(), "config": {"quick": cfg.quick, "sections": list(sections)},
                                "timings_s": {}, "baseline": None}
     if baseline is not None:

@@ -37,6 +37,8 @@ class BenchConfig:
     """Seconds the compaction-turn section's upstream takes to answer a summary request."""
     compaction_turn_normal: int = 10
     """Normal turns timed by the compaction-turn section (their median is the reference)."""
+    instruction_requests: int = 500
+    """Requests counted by the instructions section (under callgrind: ~50x slower)."""
     overhead_modes: tuple[str, ...] = ("quiet",)
     """Modes of the overhead section: ``quiet`` (the candidates alone on their core) and/or
     ``crowded`` (bystander servers beside them, ``candidates.CROWD_SIZE``); the command line

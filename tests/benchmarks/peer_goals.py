@@ -5,7 +5,7 @@
   concurrency (keys ``"1"``, ``"16"``, ...) and to the first streamed event at the first
   concurrency (key ``"ttfb"``); goal: at or below awecompress's everywhere.
 - ``history``: the large-history point (``overhead.HISTORY_BYTES``): every candidate's added p50
-  (ms); goal: the proxy's the lowest of every candidate but the direct call and the floor.
+  (ms); goal: the proxy's the lowest of the peers (every candidate but ``NOT_PEERS``).
 - ``throughput_crowded_vs_quiet``: the proxy's requests/s in crowded mode ÷ in quiet mode, per
   non-streaming concurrency (shown with the floor's, which shares the crowd: no goal, a collapse
   shows as a ratio far below the floor's).
@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-NOT_PEERS = ("direct", "floor")
+NOT_PEERS = ("direct", "floor", "proxy-httpx", "baseline")
+"""Candidates that are no peer: the references and this project's own variants and trees."""
 
 
 def _non_streaming(ov: dict[str, Any]) -> list[dict[str, Any]]:

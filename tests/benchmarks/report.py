@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from tests.benchmarks.overhead import FLOOR_NOISE_MS
+from tests.benchmarks.plots import plots
 
 README_START, README_END = "<!-- perf:start -->", "<!-- perf:end -->"
 PIPELINE_GOAL_MS_PER_MB = 2.0
@@ -87,6 +88,10 @@ def goals(results: dict[str, Any]) -> dict[str, Any]:
         verdicts["pipeline_ms_per_mb"] = out["pipeline_ms_per_mb"] <= PIPELINE_GOAL_MS_PER_MB
     if out["storage_vs_unique_bytes_max"] is not None:
         verdicts["storage_vs_unique_bytes_max"] = out["storage_vs_unique_bytes_max"] <= STORAGE_GOAL_RATIO
+    ins = results.get("instructions") or {}
+    out["instructions_vs_floor"] = ins.get("proxy_vs_floor")
+    if out["instructions_vs_floor"] is not None:
+        verdicts["instructions_vs_floor"] = out["instructions_vs_floor"] <= CPU_FLOOR_GOAL_RATIO
     turn = results.get("compaction_turn")
     out["compaction_turn"] = {k: turn[k] for k in ("normal_ms", "compaction_ms", "stall_ms", "summary_delay_s")} if turn else None
     from tests.benchmarks import side_by_side
@@ -289,6 +294,9 @@ def goals_table(g: dict[str, Any]) -> list[str]:
     if g["storage_vs_unique_bytes_max"] is not None:
         lines.append(f"| storage ≤ {STORAGE_GOAL_RATIO:g}× the unique messages (worst trace) | "
                      f"{g['storage_vs_unique_bytes_max']:.2f}× | {verdict('storage_vs_unique_bytes_max')} |")
+    if g.get("instructions_vs_floor") is not None:
+        lines.append(f"| instructions per request ≤ {CPU_FLOOR_GOAL_RATIO:g}× the floor's (callgrind, concurrency 16; "
+                     f"load-independent) | {g['instructions_vs_floor']:.2f}× | {verdict('instructions_vs_floor')} |")
     turn = g.get("compaction_turn")
     if turn:
         lines.append(f"| (shown, no goal) a turn that compacts against a normal turn (summarizer answering after "
@@ -314,75 +322,6 @@ def _side_by_side(g: dict[str, Any]) -> list[str]:
     return [f"### Side by side with {vs['label']} (same run)", "", *side_by_side.table(vs), ""]
 
 
-def plots(results: dict[str, Any], out: Path) -> list[str]:
-    """Write the PNG plots; returns their file names."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names: list[str] = []
-    ov = results.get("overhead")
-    if ov:
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-        for ax, stream in zip(axes, (False, True), strict=True):
-            pts = [p for p in ov["points"] if p["stream"] is stream]
-            kinds = [k for k in pts[0]["candidates"] if k != "direct"]
-            width = 0.8 / max(1, len(kinds))
-            for j, kind in enumerate(kinds):
-                key = "added_ttfb_p50_ms" if stream else "added_p50_ms"
-                med = [max(p["candidates"][kind][key]["median"], 1e-2) for p in pts]
-                lo = [m - max(p["candidates"][kind][key]["min"], 1e-2) for m, p in zip(med, pts, strict=True)]
-                hi = [max(p["candidates"][kind][key]["max"], 1e-2) - m for m, p in zip(med, pts, strict=True)]
-                xs = [i + j * width for i in range(len(pts))]
-                ax.bar(xs, med, width, yerr=[[max(v, 0) for v in lo], [max(v, 0) for v in hi]], label=kind, capsize=2)
-            ax.set_xticks([i + width * (len(kinds) - 1) / 2 for i in range(len(pts))], [str(p["concurrency"]) for p in pts])
-            ax.set_yscale("log")
-            ax.set_xlabel("concurrency")
-            ax.set_title("added TTFB p50 (streaming)" if stream else "added p50 (non-streaming)")
-        axes[0].set_ylabel("ms over direct")
-        axes[0].legend()
-        fig.tight_layout()
-        fig.savefig(out / "overhead.png", dpi=110)
-        plt.close(fig)
-        names.append("overhead.png")
-    pipe = results.get("pipeline")
-    if pipe:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        mb = [r["history_bytes"] / 1e6 for r in pipe["sizes"]]
-        ax.loglog(mb, [max(r["warm_ms"], 1e-2) for r in pipe["sizes"]], "o-", label="warm request")
-        ax.loglog(mb, [max(r["compaction_ms"], 1e-2) for r in pipe["sizes"]], "s-", label="compaction turn")
-        ax.loglog(mb, [max(r["cold_ms"], 1e-2) for r in pipe["sizes"]], "^--", label="first request (cold)")
-        ax.loglog(mb, [PIPELINE_GOAL_MS_PER_MB * m for m in mb], "k:", label=f"goal {PIPELINE_GOAL_MS_PER_MB:g} ms/MB")
-        for r, m in zip(pipe["sizes"], mb, strict=True):
-            ax.annotate(f"{r['messages']} msgs", (m, max(r["warm_ms"], 1e-2)), fontsize=7)
-        ax.set_xlabel("history (MB)")
-        ax.set_ylabel("proxy CPU ms per request")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "pipeline.png", dpi=110)
-        plt.close(fig)
-        names.append("pipeline.png")
-    cp = results.get("compression")
-    if cp and cp.get("plot"):
-        p = cp["plot"]
-        fig, ax = plt.subplots(figsize=(7, 4))
-        ax.plot(p["client"], label="without the proxy (client prompt)")
-        ax.plot(p["forwarded"], label="forwarded by the proxy")
-        if p.get("deepagents"):
-            ax.plot(p["deepagents"], label="Deep Agents' summarization middleware", ls="--")
-        ax.axhline(p["window"], color="k", ls=":", label=f"window {p['window'] // 1024}k")
-        ax.set_xlabel("turn")
-        ax.set_ylabel("prompt tokens")
-        ax.set_title(p["trace"], fontsize=8)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "compression.png", dpi=110)
-        plt.close(fig)
-        names.append("compression.png")
-    return names
-
-
 def readme_section(results: dict[str, Any], out: Path, readme: Path, command: str) -> str:
     """The README's Performance section (between the markers): machine, date, goals, plots."""
     m = results["machine"]
@@ -400,8 +339,8 @@ def readme_section(results: dict[str, Any], out: Path, readme: Path, command: st
               "that parses nothing. *Crowded*: idle bystander servers of the candidates' kinds up beside them on "
               "the candidate core. awecompress is measured when a Python with it is at hand: `python3 -m venv "
               ".bench-awe && .bench-awe/bin/pip install awecompress==0.2.0`, then run the command with "
-              "`CONTEXT_PROXY_BENCH_AWECOMPRESS_PYTHON=.bench-awe/bin/python` (it never summarizes there: its "
-              "threshold is set above any request). LiteLLM's proxy is measured when a Python with `litellm[proxy]` is at hand: "
+              "`CONTEXT_PROXY_BENCH_AWECOMPRESS_PYTHON=.bench-awe/bin/python` (it never summarizes there: its summary "
+              "trigger is set above any request). LiteLLM's proxy is measured when a Python with `litellm[proxy]` is at hand: "
               "`python3 -m venv .bench-litellm && .bench-litellm/bin/pip install 'litellm[proxy]'`, then run the "
               "command with `CONTEXT_PROXY_BENCH_LITELLM_PYTHON=.bench-litellm/bin/python`. Likewise Deep Agents' "
               "summarization middleware on the same traces: a Python with `deepagents`, named by "
@@ -426,7 +365,7 @@ def write(results: dict[str, Any], out: Path, readme: Path, command: str) -> Non
     """Write ``results.json``, the plots, ``report.md``, ``README_perf.md`` and the README section."""
     out.mkdir(parents=True, exist_ok=True)
     results["goals"] = goals(results)
-    results["plots"] = plots(results, out)
+    results["plots"] = plots(results, out, PIPELINE_GOAL_MS_PER_MB)
     lines = [f"# Benchmarks ({'quick' if results['config']['quick'] else 'full'})", "",
              f"Machine: {results['machine']['nproc']} cores, {results['machine']['cpu_model']}; "
              f"Python {results['machine']['python']}; {results['machine']['date']}. Command: `{command}`.", "",
@@ -436,6 +375,10 @@ def write(results: dict[str, Any], out: Path, readme: Path, command: str) -> Non
                                  else "Overhead (pass-through)")
     if results.get("overhead_crowded"):
         lines += overhead_tables(results["overhead_crowded"], "Overhead (pass-through), crowded")
+    if results.get("instructions"):
+        from tests.benchmarks import instructions
+
+        lines += instructions.table(results["instructions"])
     if results.get("compaction_turn"):
         from tests.benchmarks import compaction_turn
 
