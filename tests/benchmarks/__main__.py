@@ -16,6 +16,7 @@ table.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -69,7 +70,7 @@ def run_sections(cfg: BenchConfig, sections: tuple[str, ...], baseline: Baseline
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.benchmarks", description=__doc__.split("\n\n")[1])
     parser.add_argument("--out", required=True, type=Path, help="Directory for report.md, results.json and the plots.")
-    parser.add_argument("--quick", action="store_true", help="Small counts: the whole run in a few minutes (both overhead modes).")
+    parser.add_argument("--quick", action="store_true", help="Small counts: the whole run in about 12 minutes on 2 cores (both overhead modes).")
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"Comma-separated subset of {','.join(SECTIONS)}.")
     parser.add_argument("--modes", default="quiet,crowded",
                         help="Overhead modes, comma-separated: quiet (the candidates alone on their core) and/or "
@@ -107,7 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if baseline is not None:
             baseline.cleanup()
-    command = "python -m tests.benchmarks" + (" --quick" if args.quick else "") + f" --out {args.out}"
+    from tests.benchmarks.candidates import AWECOMPRESS_PYTHON_ENV, LITELLM_PYTHON_ENV
+
+    named = "".join(f"{env}={os.environ[env]} " for env in (AWECOMPRESS_PYTHON_ENV, LITELLM_PYTHON_ENV) if os.environ.get(env))
+    command = named + "python -m tests.benchmarks" + (" --quick" if args.quick else "") + f" --out {args.out}"
+    if modes != ("quiet", "crowded"):
+        command += f" --modes {','.join(modes)}"
     if args.compare:
         command += f" --compare {args.compare}"
     elif args.baseline_tree:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 @dataclass
 class BenchConfig:
-    """Sizes of one run. ``quick`` keeps the whole run under 3 minutes on 2 cores.
+    """Sizes of one run. ``quick`` keeps the whole run to about 12 minutes on 2 cores (both
+    overhead modes; the overhead section is most of it).
 
     ``requests``: recorded requests per overhead point, by concurrency; ``reps``: repetitions of
     every overhead point (candidates interleaved within each repetition); ``pipeline_sizes``:
