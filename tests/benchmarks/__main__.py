@@ -112,8 +112,12 @@ def main(argv: list[str] | None = None) -> int:
 
     named = "".join(f"{env}={os.environ[env]} " for env in (AWECOMPRESS_PYTHON_ENV, LITELLM_PYTHON_ENV) if os.environ.get(env))
     command = named + "python -m tests.benchmarks" + (" --quick" if args.quick else "") + f" --out {args.out}"
-    if modes != ("quiet", "crowded"):
+    if sections != SECTIONS:
+        command += f" --sections {','.join(sections)}"
+    if modes != ("quiet", "crowded") and "overhead" in sections:
         command += f" --modes {','.join(modes)}"
+    if args.summary_delay_s != 5.0 and "compaction_turn" in sections:
+        command += f" --summary-delay-s {args.summary_delay_s:g}"
     if args.compare:
         command += f" --compare {args.compare}"
     elif args.baseline_tree:

@@ -53,6 +53,7 @@ def _overhead_goals(ov: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str
         "floor_added_p50_ms": g.get("floor_added_p50_ms") or None,
         "messages_added_latency_vs_floor": g.get("messages_added_latency_vs_floor") or None,
         "peers": peer_goals.goals(ov),
+        "overhead_measured": bool(ov),
     }
     verdicts: dict[str, bool | None] = {}
     if out["added_latency_vs_floor"]:  # an undefined ratio (None) cannot show the goal met
@@ -284,7 +285,9 @@ def goals_table(g: dict[str, Any]) -> list[str]:
         return {True: "met", False: "**not met**", None: "–"}[met.get(key)]
 
     crowded = g.get("crowded")
-    lines = ["| goal | measured | verdict |", "|---|---|---|", *_mode_rows(g, met, "quiet: " if crowded else "")]
+    lines = ["| goal | measured | verdict |", "|---|---|---|"]
+    if g.get("overhead_measured", True):
+        lines += _mode_rows(g, met, "quiet: " if crowded else "")
     if crowded:
         lines += _mode_rows(crowded, crowded["met"], "crowded: ")
         lines += peer_goals.crowd_rows(g.get("crowded_vs_quiet"))
