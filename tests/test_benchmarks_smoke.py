@@ -66,6 +66,9 @@ def test_sections_and_report_at_trivial_size(tmp_path: Path) -> None:
         (1, False, "messages"), (4, False, "messages"), (1, True, "messages")]
     assert all(c["errors"] == 0 for p in messages for c in p["candidates"].values())
     assert set(messages[0]["candidates"]) == {"direct", "floor", "proxy"}
+    (history,) = results["overhead"]["history_points"]  # the large-history request at the first concurrency
+    assert history["concurrency"] == 1 and history["history_bytes"] >= overhead.HISTORY_BYTES
+    assert all(c["errors"] == 0 for c in history["candidates"].values())
     assert results["pipeline"]["sizes"][0]["compaction_defenses"].startswith("summary")
     assert results["storage"]["traces"][0]["message_payload_bytes"] > 0
     assert results["compression"]["rows"][0]["turns"] > 0
@@ -78,6 +81,7 @@ def test_sections_and_report_at_trivial_size(tmp_path: Path) -> None:
     goals = saved["goals"]
     assert set(goals["added_latency_vs_floor"]) == {"1", "4"} == set(goals["messages_added_latency_vs_floor"])
     assert "Messages (`POST /v1/messages`" in (tmp_path / "out" / "report.md").read_text()
+    assert "KB history, concurrency 1" in (tmp_path / "out" / "report.md").read_text()
     assert goals["added_latency_vs_litellm"] is None
     assert goals["pipeline_ms_per_mb"] > 0 and goals["storage_vs_unique_bytes_max"] > 0
     assert {"overhead.png", "pipeline.png", "compression.png"} <= {p.name for p in (tmp_path / "out").iterdir()}

@@ -3,7 +3,9 @@ started, never by ``create_app`` or the app's lifespan (tests build many apps in
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,3 +58,34 @@ async def test_the_server_tunes_the_collector_once_the_app_started(monkeypatch: 
     started.append(True)
     await server.startup()
     assert calls == [9_000]
+
+
+async def test_the_main_loop_ticks_with_the_date_header_work_at_every_tick(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every tick gets a counter uvicorn's ``on_tick`` refreshes the ``date`` header at (a
+    multiple of 10), and the loop ends at the tick after ``should_exit`` is set."""
+    monkeypatch.setattr(process, "IDLE_TICK_S", 0.001)
+    server = process.ProxyServer(uvicorn.Config(app=lambda *a: None), gc_young_threshold=0)
+    counters: list[int] = []
+
+    async def on_tick(counter: int) -> bool:
+        counters.append(counter)
+        if len(counters) == 4:
+            server.should_exit = True
+        return server.should_exit
+
+    monkeypatch.setattr(server, "on_tick", on_tick)
+    await asyncio.wait_for(server.main_loop(), 10)
+    assert counters == [0, 10, 20, 30]
+
+
+async def test_a_signal_wakes_the_main_loop_before_its_tick(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a tick of an hour, the loop ends only because ``handle_exit`` (uvicorn's signal
+    handler) woke it."""
+    monkeypatch.setattr(process, "IDLE_TICK_S", 3600.0)
+    server = process.ProxyServer(uvicorn.Config(app=lambda *a: None), gc_young_threshold=0)
+    loop = asyncio.create_task(server.main_loop())
+    await asyncio.sleep(0.05)
+    assert not loop.done()
+    server.handle_exit(signal.SIGTERM, None)
+    await asyncio.wait_for(loop, 10)
+    assert server.should_exit

@@ -9,7 +9,7 @@ Both then lay this tree's ``tests/benchmarks`` over the copy's own, so each side
 the same harness code and only ``proxy/`` and ``storage/`` differ.
 
 - The overhead section serves the baseline as the current proxy is served: the tree's own
-  ``python -m proxy.cli serve`` with the same flags and environment (``overhead.Server``), one
+  ``python -m proxy.cli serve`` with the same flags and environment (``candidates.Server``), one
   more candidate (``baseline``) interleaved with the others in every repetition.
 - The in-process sections (``pipeline``: CPU per MB of history; ``storage``: bytes per unique
   message byte) run for the baseline in a child process (``python -m tests.benchmarks.baseline``)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 @dataclass
 class BenchConfig:
-    """Sizes of one run. ``quick`` keeps the whole run under 3 minutes on 2 cores.
+    """Sizes of one run. ``quick`` keeps the whole run to about 12 minutes on 2 cores (both
+    overhead modes; the overhead section is most of it).
 
     ``requests``: recorded requests per overhead point, by concurrency; ``reps``: repetitions of
     every overhead point (candidates interleaved within each repetition); ``pipeline_sizes``:
@@ -33,6 +34,16 @@ class BenchConfig:
     storage_traces: int | None = None
     trace_filter: str | None = None
     """Only traces whose file name contains this (storage and compression; smoke test)."""
+    summary_delay_s: float = 5.0
+    """Seconds the compaction-turn section's upstream takes to answer a summary request."""
+    compaction_turn_normal: int = 10
+    """Normal turns timed by the compaction-turn section (their median is the reference)."""
+    instruction_requests: int = 500
+    """Requests counted by the instructions section (under callgrind: ~50x slower)."""
+    overhead_modes: tuple[str, ...] = ("quiet",)
+    """Modes of the overhead section: ``quiet`` (the candidates alone on their core) and/or
+    ``crowded`` (bystander servers beside them, ``candidates.CROWD_SIZE``); the command line
+    runs both unless told otherwise."""
     serve_gc_tuning: bool = False
     """Tune the garbage collector in-process as ``context-proxy serve`` tunes its process
     (``inproc.InProcessProxy``): what production runs with. The command line sets it; the tests
@@ -40,7 +51,8 @@ class BenchConfig:
 
     @classmethod
     def make(cls, out: Path, quick: bool) -> BenchConfig:
+        modes = ("quiet", "crowded")
         if not quick:
-            return cls(out=out, serve_gc_tuning=True)
+            return cls(out=out, serve_gc_tuning=True, overhead_modes=modes)
         return cls(out=out, quick=True, requests={1: 100, 16: 1000, 64: 2000}, reps=3, pipeline_requests=10,
-                   pipeline_compaction_reps=1, serve_gc_tuning=True)
+                   pipeline_compaction_reps=1, serve_gc_tuning=True, overhead_modes=modes)

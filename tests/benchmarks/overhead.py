@@ -1,35 +1,45 @@
 """Overhead of the pass-through path: the proxy against a direct call and a raw relay (issue 7, item 2).
 
-Processes: the fast fake upstream and the load generator on the first core, the candidate on the
-second, each a process of its own: the proxy (and, comparing, the ``baseline`` tree) as its tree's
-``python -m proxy.cli serve`` (``SERVED``: what an operator runs), the others
-``python -m tests.benchmarks.servers`` processes. The candidate's CPU time is read from
+Processes (``candidates``): the fast fake upstream and the load generator on the first core, the
+candidate on the second, each a process of its own: the proxy (and, comparing, the ``baseline``
+tree) as its tree's ``python -m proxy.cli serve`` (what an operator runs), awecompress as its own
+``awecompress serve`` (optional), the others ``python -m tests.benchmarks.servers`` processes;
+in crowded mode idle bystander servers beside them on the candidate core. The candidate's CPU time is read from
 ``/proc/<pid>/task/*/schedstat`` (nanoseconds, summed over its threads; ``/proc/<pid>/stat``
 utime+stime as a fallback). For every point (concurrency x streaming) each repetition runs every
-candidate once, in order (direct, floor, proxy, baseline, proxy-httpx, ...), so the candidates are
+candidate once, in order (direct, floor, proxy, baseline, proxy-httpx, awecompress, litellm), so the candidates are
 interleaved in time and a noisy moment hits all of them. Added latency is a candidate's
 percentile minus the direct call's percentile of the same repetition; the ratio to the floor (and,
 comparing, the proxy's added p50 and CPU per request to the baseline's) is taken per repetition,
-then the median and spread (min..max) over repetitions reported.
+then the median and spread (min..max) over repetitions reported. Points: every concurrency
+streamed and not, the large-history request (``HISTORY_BYTES``) at the first concurrency, and the
+Messages rows.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from tests.benchmarks import REPO_DIR, optional_python
+from tests.benchmarks import REPO_DIR, TRACES_DIR
+from tests.benchmarks.candidates import (
+    CROWD_SIZE,
+    PEERS,
+    Server,
+    cores,
+    crowd_kinds,
+    optional_kinds,
+    peer_status,
+    servers,
+)
 from tests.benchmarks.config import BenchConfig
 from tests.benchmarks.stats import percentile, spread
 
@@ -54,9 +64,13 @@ MESSAGES_BODY = {
     "max_tokens": 256,
 }
 """The same conversation as an Anthropic Messages request (the Messages rows)."""
-MESSAGES_CANDIDATES = ("direct", "floor", "proxy")
-"""Candidates of the Messages rows: the proxy's ``POST /v1/messages`` against the same direct call
-and raw relay (the baseline tree has no Messages route; LiteLLM's is another product)."""
+MESSAGES_CANDIDATES = ("direct", "floor", "proxy", "awecompress")
+"""Candidates of the Messages rows: the proxy's ``POST /v1/messages`` against the same direct call,
+raw relay and awecompress when measured (the baseline tree has no Messages route; LiteLLM's is
+another product)."""
+HISTORY_BYTES = 400_000
+"""The large-history point: one request of about this many bytes of real trace messages, at
+concurrency 1, non-streaming (issue 21's "400 KB history" column)."""
 API_PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages"}
 
 
@@ -65,12 +79,49 @@ def request_body(stream: bool, api: str = "chat") -> bytes:
     return orjson.dumps((REQUEST_BODY if api == "chat" else MESSAGES_BODY) | ({"stream": True} if stream else {}))
 
 
-def cores() -> tuple[int | None, int | None]:
-    """(core for load generator + upstream, core for the candidate); ``None`` on one core."""
-    available = sorted(os.sched_getaffinity(0))
-    if len(available) < 2:
-        return None, None
-    return available[0], available[1]
+def history_body() -> bytes | None:
+    """The large-history request: trace messages (``pipeline.trace_messages``) until the body
+    reaches ``HISTORY_BYTES``, then a user question; ``None`` without the shared traces."""
+    if not TRACES_DIR.is_dir():
+        return None
+    from tests.benchmarks.pipeline import build_history, trace_messages
+
+    pool = trace_messages()
+    n = 8
+    while True:
+        messages = [*build_history(n, pool), {"role": "user", "content": "Go on."}]
+        body = orjson.dumps({"model": "bench-model", "messages": messages, "max_tokens": 256})
+        if len(body) >= HISTORY_BYTES:
+            return body
+        n = max(n + 1, int(n * HISTORY_BYTES / len(body)))
+
+
+def switches(pid: int) -> int:
+    """Context switches (voluntary and not) of process ``pid`` so far, over its live threads: a
+    sleeping server's wake-ups."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/status") as f:
+            total += sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+    return total
+
+
+IDLE_S = 3.0
+"""Seconds every server is watched while idle, before the points (``idle``)."""
+
+
+def idle(srv: dict[str, Server | None], kinds: tuple[str, ...], seconds: float = IDLE_S) -> dict[str, dict[str, float]]:
+    """Each candidate server's CPU (ms a second) and wake-ups (context switches a second) while
+    nothing is sent to it: what it costs the others on its core (crowded mode)."""
+    watched = {k: srv[k] for k in kinds if srv.get(k) is not None}
+    before = {k: (cpu_ns(s.pid), switches(s.pid)) for k, s in watched.items() if s is not None}
+    time.sleep(seconds)
+    out = {}
+    for k, s in watched.items():
+        assert s is not None
+        cpu, sw = before[k]
+        out[k] = {"cpu_ms_per_s": (cpu_ns(s.pid) - cpu) / 1e6 / seconds, "wakeups_per_s": (switches(s.pid) - sw) / seconds}
+    return out
 
 
 def cpu_ns(pid: int) -> int:
@@ -85,92 +136,6 @@ def cpu_ns(pid: int) -> int:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
-
-
-SERVED = ("proxy", "baseline")
-"""Candidates run as their tree's ``python -m proxy.cli serve`` (what an operator runs: the HTTP
-guard, the garbage-collector tuning and uvicorn's options of that tree), with the same flags and
-environment; the others are ``tests.benchmarks.servers`` kinds."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def serve_command(python: str, port: int, upstream: str, db: Path) -> list[str]:
-    """``context-proxy serve`` as the benchmark runs it (every tree compared gets the same flags)."""
-    return [python, "-m", "proxy.cli", "serve", "--host", "127.0.0.1", "--port", str(port), "--upstream-url", upstream,
-            "--database-url", f"sqlite:///{db}", "--log-format", "json"]
-
-
-class Server:
-    """A candidate's server process; ``url`` is its base URL (``http://127.0.0.1:P``).
-
-    ``kind`` in ``SERVED``: ``python -m proxy.cli serve`` of ``tree`` (this repository when
-    ``None``; ``env`` its environment), pinned to ``cpu``; else a ``tests.benchmarks.servers``
-    process of this repository, which prints its port."""
-
-    def __init__(self, kind: str, cpu: int | None, workdir: Path, upstream: str | None = None,
-                 ready_path: str = "/healthz", python: str = sys.executable, tree: Path | None = None,
-                 env: dict[str, str] | None = None) -> None:
-        self.kind = kind
-        self.log = open(workdir / f"{kind}.log", "wb")  # noqa: SIM115 (open while the server runs; stop() closes it)
-        env = dict(env or os.environ)
-        if kind in SERVED:
-            assert upstream, f"{kind} needs an upstream"
-            port = free_port()
-            env.setdefault("CONTEXT_PROXY_TIKTOKEN_CACHE_DIR", env.get("TIKTOKEN_CACHE_DIR", ""))
-            # the Messages rows: the same fake upstream, without /v1 (a tree without the setting ignores it)
-            env["CONTEXT_PROXY_ANTHROPIC_UPSTREAM_URL"] = upstream.removesuffix("/v1")
-            pin = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
-            self.proc = subprocess.Popen(serve_command(python, port, upstream, workdir / f"{kind}.db"),
-                                         cwd=tree or REPO_DIR, stdout=self.log, stderr=self.log, env=env,
-                                         preexec_fn=pin)
-            self.url = f"http://127.0.0.1:{port}"
-        else:
-            cmd = [python, "-m", "tests.benchmarks.servers", kind, "--workdir", str(workdir)]
-            if cpu is not None:
-                cmd += ["--cpu", str(cpu)]
-            if upstream:
-                cmd += ["--upstream", upstream]
-            self.proc = subprocess.Popen(cmd, cwd=REPO_DIR, stdout=subprocess.PIPE, stderr=self.log, env=env)
-            assert self.proc.stdout is not None
-            line = self.proc.stdout.readline().decode()
-            if not line.startswith("PORT "):
-                self.stop()
-                raise RuntimeError(f"server {kind} failed to start; see {workdir / (kind + '.log')}")
-            self.url = f"http://127.0.0.1:{int(line.split()[1])}"
-        self._wait_ready(ready_path)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def _wait_ready(self, path: str, timeout_s: float = 90.0) -> None:
-        deadline = time.monotonic() + timeout_s  # LiteLLM's proxy takes seconds to import
-        while True:
-            try:
-                data = b"{}" if path.startswith("/v1/") else None  # the upstream answers POSTs only
-                with urllib.request.urlopen(urllib.request.Request(self.url + path, data=data), timeout=5) as r:
-                    r.read()
-                return
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    self.stop()
-                    raise RuntimeError(f"server {self.kind} not ready") from None
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
 
 
 class LoadGenerator:
@@ -200,25 +165,6 @@ class LoadGenerator:
             self.proc.kill()
 
 
-LITELLM_PYTHON_ENV = "CONTEXT_PROXY_BENCH_LITELLM_PYTHON"
-"""A Python with ``litellm[proxy]`` installed, when the test environment has none (LiteLLM pins
-its own versions of httpx, openai and pydantic: a virtual environment of its own is cleaner)."""
-
-
-def litellm_python() -> str | None:
-    """The interpreter that runs LiteLLM's proxy: this one if it has ``litellm``, else the one
-    named by ``CONTEXT_PROXY_BENCH_LITELLM_PYTHON`` if that has it; ``None``: not measured."""
-    return optional_python("litellm", LITELLM_PYTHON_ENV)
-
-
-def litellm_status() -> str | None:
-    """``None`` when LiteLLM's proxy is measured, else why not."""
-    if litellm_python() is None:
-        return (f"not installed (optional: `pip install 'litellm[proxy]'` in the test environment, or set "
-                f"{LITELLM_PYTHON_ENV} to a Python that has it)")
-    return None
-
-
 def requests_for(kind: str, concurrency: int, requests: int, quick: bool) -> int:
     """Recorded requests of ``kind`` at one point: LiteLLM's proxy serves about 100 requests/s
     (the issue's anchor: 83), so it gets fewer (still many per worker) to keep the run short."""
@@ -227,47 +173,15 @@ def requests_for(kind: str, concurrency: int, requests: int, quick: bool) -> int
     return min(requests, (2 if quick else 20) * concurrency + (20 if quick else 200))
 
 
-@contextlib.contextmanager
-def servers(workdir: Path, kinds: tuple[str, ...], baseline: Baseline | None = None) -> Iterator[dict[str, Server | None]]:
-    """The upstream plus one server per candidate kind (``direct`` has none); ``baseline``: the
-    tree served as the ``baseline`` kind."""
-    near, far = cores()
-    started: list[Server] = []
-    try:
-        upstream = Server("upstream", near, workdir, ready_path="/v1/chat/completions")
-        started.append(upstream)
-        out: dict[str, Server | None] = {"upstream": upstream, "direct": None}
-        for kind in kinds:
-            if kind == "direct":
-                continue
-            if kind == "litellm":
-                python = litellm_python()
-                assert python is not None
-                server = Server(kind, far, workdir, upstream=upstream.url + "/v1", ready_path="/health/liveliness",
-                                python=python)
-                started.append(server)
-                out[kind] = server
-                continue
-            if kind == "baseline":
-                assert baseline is not None, "the baseline candidate needs a baseline tree"
-                server = Server(kind, far, workdir, upstream=upstream.url + "/v1", tree=baseline.tree, env=baseline.env())
-            else:
-                server = Server(kind, far, workdir, upstream=upstream.url + "/v1")
-            started.append(server)
-            out[kind] = server
-        yield out
-    finally:
-        for server in reversed(started):
-            server.stop()
-
-
 def measure_point(gen: LoadGenerator, srv: dict[str, Server | None], kinds: tuple[str, ...], concurrency: int,
-                  requests: int, stream: bool, reps: int, quick: bool = False, api: str = "chat") -> dict[str, Any]:
+                  requests: int, stream: bool, reps: int, quick: bool = False, api: str = "chat",
+                  body: bytes | None = None) -> dict[str, Any]:
     """Every candidate at one point, ``reps`` interleaved repetitions; see the module docstring.
-    ``api``: ``chat`` (``POST /v1/chat/completions``) or ``messages`` (``POST /v1/messages``)."""
+    ``api``: ``chat`` (``POST /v1/chat/completions``) or ``messages`` (``POST /v1/messages``);
+    ``body``: the request (default ``request_body(stream, api)``)."""
     upstream = srv["upstream"]
     assert upstream is not None
-    body = request_body(stream, api)
+    body = body if body is not None else request_body(stream, api)
     runs: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
     for _rep in range(reps):
         for kind in kinds:
@@ -312,25 +226,39 @@ def measure_point(gen: LoadGenerator, srv: dict[str, Server | None], kinds: tupl
     return out
 
 
-def run(cfg: BenchConfig, kinds: tuple[str, ...] = CANDIDATES, baseline: Baseline | None = None) -> dict[str, Any]:
-    """The overhead section: ``{"points": [...], "litellm": reason|None, "cores": [...], "baseline": label|None}``.
-    With ``baseline``, its tree is one more candidate (``baseline``), right after ``proxy``."""
-    near, far = cores()
-    if "litellm" not in kinds and litellm_python() is not None:
-        kinds = (*kinds, "litellm")
+def run(cfg: BenchConfig, kinds: tuple[str, ...] = CANDIDATES, baseline: Baseline | None = None,
+        crowd: int = 0) -> dict[str, Any]:
+    """The overhead section: ``{"points", "messages_points", "history_points", "litellm",
+    "awecompress" (reason not measured | None), "cores", "baseline" (label | None), "crowd"
+    (the bystanders' kinds)}``. The optional peers installed (``candidates.PEERS``) are added
+    after ``kinds``; with ``baseline``, its tree is one more candidate (``baseline``), right after
+    ``proxy``; ``crowd``: bystander servers up on the candidate core (``candidates.servers``)."""
+    near, _far = cores()
+    kinds = (*kinds, *(k for k in optional_kinds() if k not in kinds))
     if baseline is not None and "baseline" not in kinds:
         at = kinds.index("proxy") + 1 if "proxy" in kinds else len(kinds)
         kinds = (*kinds[:at], "baseline", *kinds[at:])
     points: list[dict[str, Any]] = []
     messages_points: list[dict[str, Any]] = []  # POST /v1/messages: every concurrency, streamed at the first
-    with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp, servers(Path(tmp), kinds, baseline) as srv:
+    history_points: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp, \
+            servers(Path(tmp), kinds, baseline, crowd) as srv:
         gen = LoadGenerator(near)
         try:
+            idle_cost = idle(srv, kinds)
             for stream in (False, True):
                 for c in cfg.concurrencies:
                     point = measure_point(gen, srv, kinds, c, cfg.requests[c], stream, cfg.reps, cfg.quick)
                     points.append(point)
                     _progress(point)
+            history = history_body()
+            if history is not None:
+                c = cfg.concurrencies[0]
+                point = measure_point(gen, srv, kinds, c, max(10, cfg.requests[c] // 2), False, cfg.reps, cfg.quick,
+                                      body=history)
+                point["history_bytes"] = len(history)
+                history_points.append(point)
+                _progress(point)
             messages_kinds = tuple(k for k in MESSAGES_CANDIDATES if k in kinds)
             if "proxy" in messages_kinds:
                 for stream, concurrencies in ((False, cfg.concurrencies), (True, cfg.concurrencies[:1])):
@@ -341,14 +269,22 @@ def run(cfg: BenchConfig, kinds: tuple[str, ...] = CANDIDATES, baseline: Baselin
                         _progress(point)
         finally:
             gen.stop()
-    return {"points": points, "messages_points": messages_points, "litellm": litellm_status(),
-            "cores": {"loadgen_upstream": near, "candidate": far},
+    return {"points": points, "messages_points": messages_points, "history_points": history_points, "idle": idle_cost,
+            **{kind: peer_status(kind) for kind in PEERS},
+            "cores": {"loadgen_upstream": near, "candidate": _far}, "crowd": crowd_kinds(kinds, crowd),
+            "servers_on_candidate_core": len([k for k in kinds if k != "direct"]) + crowd,
             "baseline": baseline.label if baseline is not None else None}
+
+
+def crowd_for(kinds: tuple[str, ...]) -> int:
+    """Bystanders that bring the candidate core to ``CROWD_SIZE`` servers in crowded mode."""
+    return max(1, CROWD_SIZE - len([k for k in (*kinds, *optional_kinds()) if k != "direct"]))
 
 
 def _progress(point: dict[str, Any]) -> None:
     cells = [f"{k} +{v['added_p50_ms']['median']:.2f}ms {v['rps']['median']:.0f}/s" for k, v in point["candidates"].items()]
     api = "" if point.get("api", "chat") == "chat" else f" {point['api']}"
+    api += f" history {point['history_bytes'] // 1000} KB" if "history_bytes" in point else ""
     print(f"  overhead{api} c={point['concurrency']} stream={point['stream']}: " + ", ".join(cells), flush=True)
 
 

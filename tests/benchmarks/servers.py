@@ -14,8 +14,9 @@ SIGTERM. ``KIND``:
   one shared ``aiohttp.ClientSession``; parses nothing (the least a Python proxy can do);
 - ``proxy``: ``proxy.app.create_app`` with real settings (session log on SQLite in ``--workdir``,
   compaction on), on its default aiohttp transport: the app alone, for profiling (the overhead
-  section serves the proxy as ``python -m proxy.cli serve``, see ``overhead.SERVED``);
+  section serves the proxy as ``python -m proxy.cli serve``, see ``candidates.SERVED``);
 - ``proxy-httpx``: the same on httpx's own ``AsyncHTTPTransport`` (the transport issue 2 rejected);
+- (``awecompress`` is not served here: it runs as its own CLI, ``candidates.awecompress_command``);
 - ``litellm``: LiteLLM's proxy app (``litellm.proxy.proxy_server.app``, optional: run with a Python
   that has ``litellm[proxy]``), one model routed to ``--upstream``, no master key, no database.
 

@@ -1,0 +1,208 @@
+"""The benchmark's issue-21 parts at trivial size: awecompress as an optional candidate, the
+crowded mode, the large-history point, the compaction turn and the goals against the peers.
+
+Their numbers mean nothing here; what is checked is that each runs, measures what it says and
+lands in ``results.json`` and the report. awecompress is optional: the test that serves it runs
+where ``CONTEXT_PROXY_BENCH_AWECOMPRESS_PYTHON`` names a Python that has it.
+"""
+
+from __future__ import annotations
+
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.benchmarks import TRACES_DIR, candidates, compaction_turn, overhead, peer_goals, report
+from tests.benchmarks.config import BenchConfig
+
+needs_traces = pytest.mark.skipif(not TRACES_DIR.is_dir(), reason="../shared/traces is absent")
+
+
+def test_awecompress_is_optional(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Python without awecompress named by the variable: not measured, and the report says how."""
+    monkeypatch.setenv(candidates.AWECOMPRESS_PYTHON_ENV, sys.executable)
+    if candidates.awecompress_python() == sys.executable:
+        pytest.skip("this environment has awecompress itself")
+    assert candidates.awecompress_python() is None
+    assert "awecompress" not in candidates.optional_kinds()
+    status = candidates.peer_status("awecompress")
+    assert status is not None and candidates.AWECOMPRESS_PYTHON_ENV in status and "awecompress==0.2.0" in status
+    monkeypatch.delenv(candidates.AWECOMPRESS_PYTHON_ENV)
+    assert candidates.awecompress_python() is None
+
+
+def test_awecompress_is_configured_never_to_summarize(tmp_path: Path) -> None:
+    cmd = candidates.awecompress_command("/py", 4321, "http://127.0.0.1:9", tmp_path)
+    assert cmd == ["/py", "-m", "awecompress.cli", "serve", "--port", "4321", "--host", "127.0.0.1",
+                   "--config", str(tmp_path / "awecompress.json")]
+    config = orjson.loads((tmp_path / "awecompress.json").read_bytes())
+    assert config == {"port": 4321, "host": "127.0.0.1", "upstream": "http://127.0.0.1:9",
+                      "thresholdTokens": candidates.AWECOMPRESS_NEVER_TOKENS, "dbPath": str(tmp_path / "awecompress.db")}
+
+
+@pytest.mark.skipif(candidates.awecompress_python() is None,
+                    reason=f"awecompress is optional: set {candidates.AWECOMPRESS_PYTHON_ENV} to run this test")
+def test_awecompress_is_served_in_front_of_the_upstream(tmp_path: Path) -> None:
+    from tests.benchmarks.servers import COMPLETION
+
+    with candidates.servers(tmp_path, ("direct", "awecompress")) as srv:
+        server = srv["awecompress"]
+        assert server is not None and server.kind == "awecompress"
+        request = urllib.request.Request(server.url + "/v1/chat/completions", data=overhead.request_body(False),
+                                         headers={"content-type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            assert resp.read() == COMPLETION  # relayed whole, nothing summarized
+    assert "[awecompress]" not in (tmp_path / "awecompress.log").read_text()  # no outcome line: passthrough
+
+
+def test_crowded_mode_starts_bystanders_that_stay_up(tmp_path: Path) -> None:
+    assert candidates.crowd_kinds(("direct", "floor", "proxy"), 3) == ["floor", "proxy", "floor"]
+    assert candidates.crowd_kinds(("direct",), 3) == []
+    _near, far = candidates.cores()
+    with candidates.servers(tmp_path, ("direct", "floor"), crowd=2) as srv:
+        bystanders = [srv["crowd-0"], srv["crowd-1"]]
+        for server in bystanders:
+            assert server is not None and server.proc.poll() is None and server.kind == "floor"
+            if far is not None:
+                import os
+
+                assert os.sched_getaffinity(server.pid) == {far}  # on the candidate core
+            with urllib.request.urlopen(urllib.request.Request(server.url + "/v1/chat/completions", data=b"{}"),
+                                        timeout=10) as resp:
+                assert resp.status == 200
+    assert all(s is not None and s.proc.poll() is not None for s in bystanders)  # stopped with the others
+
+
+@needs_traces
+def test_the_overhead_section_crowded_with_the_history_point(tmp_path: Path) -> None:
+    cfg = BenchConfig(out=tmp_path, quick=True, concurrencies=(1,), requests={1: 5}, reps=1)
+    ov = overhead.run(cfg, kinds=("direct", "floor", "proxy"), crowd=2)
+    assert ov["crowd"] == ["floor", "proxy"]
+    # idle before the points: the proxy's main loop ticks once a second, uvicorn's (the floor's) ten times
+    assert {"floor", "proxy"} <= set(ov["idle"])
+    assert ov["idle"]["proxy"]["wakeups_per_s"] < ov["idle"]["floor"]["wakeups_per_s"] / 2
+    assert ov["servers_on_candidate_core"] == 2 + 2 + len(candidates.optional_kinds())
+    (point,) = ov["history_points"]
+    assert point["history_bytes"] >= overhead.HISTORY_BYTES
+    assert point["candidates"]["proxy"]["errors"] == 0 and point["candidates"]["floor"]["errors"] == 0
+    assert point["candidates"]["proxy"]["cpu_ms_per_request"]["median"] > 0
+
+
+def _cand(added: float, ttfb: float, rps: float = 100.0) -> dict[str, Any]:
+    return {"added_p50_ms": {"median": added}, "added_ttfb_p50_ms": {"median": ttfb}, "rps": {"median": rps}}
+
+
+def _overhead(proxy_ms: float, awe_ms: float, rps: float) -> dict[str, Any]:
+    def point(c: int, stream: bool) -> dict[str, Any]:
+        return {"concurrency": c, "stream": stream, "candidates": {
+            "direct": _cand(0, 0), "floor": _cand(0.3, 0.3, rps * 2), "proxy": _cand(proxy_ms * c, proxy_ms, rps),
+            "awecompress": _cand(awe_ms * c, awe_ms)}}
+
+    history = {"concurrency": 1, "stream": False, "history_bytes": 400_000, "candidates": {
+        "direct": _cand(0, 0), "floor": _cand(0.8, 0.8), "proxy": _cand(2.0, 2.0), "proxy-httpx": _cand(1.5, 1.5),
+        "awecompress": _cand(4.6, 4.6)}}
+    return {"points": [point(1, False), point(16, False), point(1, True)], "history_points": [history]}
+
+
+def test_goals_against_awecompress_and_the_history_point() -> None:
+    g = peer_goals.goals(_overhead(0.5, 0.4, 1000))
+    assert g["vs_awecompress"] == {"1": {"proxy": 0.5, "awecompress": 0.4}, "16": {"proxy": 8.0, "awecompress": 6.4},
+                                   "ttfb": {"proxy": 0.5, "awecompress": 0.4}}
+    assert g["history"]["fastest_peer"] == "proxy"  # the floor and proxy-httpx are faster, but no peers
+    assert peer_goals.verdicts(g) == {"vs_awecompress": False, "history_fastest": True}
+    assert peer_goals.verdicts(peer_goals.goals(_overhead(0.4, 0.4, 1000)))["vs_awecompress"] is True
+    text = "\n".join(peer_goals.rows(g, "crowded"))
+    assert "| crowded: added p50 ≤ awecompress's (concurrency 1 / 16) | 0.50 vs 0.40 ms / 8.00 vs 6.40 ms | **not met** |" in text
+    assert "| crowded: 400 KB history (concurrency 1), the proxy's added p50 the lowest of the peers | 2.00 ms " \
+           "(floor 0.80, proxy-httpx 1.50, awecompress 4.60) | met |" in text
+    assert peer_goals.goals(None) == {"vs_awecompress": None, "history": None}
+    assert "not measured (awecompress not installed)" in "\n".join(peer_goals.rows({}, "quiet"))
+    ratios = peer_goals.crowded_vs_quiet(_overhead(0.5, 0.4, 1000), _overhead(0.5, 0.4, 500))
+    assert ratios == {"1": {"proxy": 0.5, "floor": 0.5}, "16": {"proxy": 0.5, "floor": 0.5}}
+
+
+def test_both_modes_and_the_compaction_turn_in_the_report(tmp_path: Path) -> None:
+    quiet, crowded = _overhead(0.5, 0.6, 1000), _overhead(0.9, 0.6, 500)
+    turn = {"normal_ms": 3.0, "compaction_ms": 5003.0, "stall_ms": 5000.0, "summary_delay_s": 5.0}
+    results: dict[str, Any] = {"machine": report.machine(), "config": {"quick": True},
+                               "overhead": quiet, "overhead_crowded": crowded, "compaction_turn": None}
+    g = report.goals(results | {"compaction_turn": turn})
+    assert g["met"]["vs_awecompress"] is True and g["met"]["crowded.vs_awecompress"] is False
+    assert g["met"]["history_fastest"] is True and g["met"]["crowded.history_fastest"] is True
+    assert g["compaction_turn"] == turn
+    text = "\n".join(report.goals_table(g))
+    assert "| quiet: added p50 ≤ awecompress's" in text and "| crowded: added p50 ≤ awecompress's" in text
+    assert "(summarizer answering after 5 s) | 5003 vs 3.0 ms (stall 5000 ms) | – |" in text
+    assert "requests/s crowded ÷ quiet (concurrency 1 / 16) | 0.50× (floor 0.50×)" in text
+
+
+def test_an_unknown_mode_is_refused(tmp_path: Path) -> None:
+    from tests.benchmarks.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path), "--modes", "loud"])
+
+
+@needs_traces
+def test_a_compacting_turn_waits_for_the_summarizer(tmp_path: Path) -> None:
+    cfg = BenchConfig(out=tmp_path, quick=True, pipeline_compaction_reps=1, summary_delay_s=0.3, compaction_turn_normal=2)
+    r = compaction_turn.run(cfg)
+    assert r["summary_calls"] >= 1 and r["defenses"].startswith("summary")
+    assert r["compaction_ms"] >= 300  # the client waited for the summary (normal turns made none: measure asserts it)
+    assert r["stall_ms"] == r["compaction_ms"] - r["normal_ms"]
+    assert "| stall (difference) |" in "\n".join(compaction_turn.table(r))
+
+
+CALLGRIND_OUT = """# callgrind format
+version: 1
+positions: line
+events: Ir
+ob=(1) /usr/lib/libpython3.11.so.1.0
+fl=(1) ceval.c
+fn=(1) eval
+10 100
++2 50
+cob=(2) /usr/lib/libsqlite3.so.0
+cfi=(2) vdbe.c
+cfn=(2) step
+calls=3 20
+* 999
+-1 7
+ob=(2)
+fl=(2)
+fn=(2)
+20 40
+ob=(1)
+fn=(1)
+* 3
+totals: 200
+"""
+
+
+def test_instructions_are_read_by_shared_object(tmp_path: Path) -> None:
+    """Self cost by object: a call's inclusive cost (after ``calls=``) is the callee's, not the
+    caller's; an object's name is given once, where first seen (``ob=`` or ``cob=``)."""
+    from tests.benchmarks import instructions
+
+    out = tmp_path / "callgrind.proxy.1"
+    out.write_text(CALLGRIND_OUT)
+    assert instructions.by_object(out) == {"libpython3.11.so.1.0": 160, "libsqlite3.so.0": 40}
+
+
+def test_instructions_section_without_valgrind(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from tests.benchmarks import instructions
+
+    monkeypatch.setattr(instructions.shutil, "which", lambda name: None)
+    r = instructions.run(BenchConfig(out=tmp_path))
+    assert r["status"] is not None and "valgrind" in r["status"]
+    assert "valgrind is not installed" in "\n".join(instructions.table(r))
+    g = report.goals({"instructions": {"status": None, "proxy_vs_floor": 3.1}})
+    assert g["met"]["instructions_vs_floor"] is False
+    text = "\n".join(report.goals_table(g))
+    assert "| instructions per request ≤ 2× the floor's (callgrind, concurrency 16; load-independent) | 3.10× | " \
+           "**not met** |" in text
+    assert "awecompress" not in text and "LiteLLM" not in text  # the overhead section did not run: no rows of it
