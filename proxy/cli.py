@@ -32,17 +32,21 @@ if TYPE_CHECKING:  # imported where used: ``--help`` loads no storage
     from storage.records import SessionRecord
     from storage.store import Store
 
-app = typer.Typer(help="context-proxy: an OpenAI-compatible proxy that keeps agents inside their context window.",
-                  no_args_is_help=True)
-db_app = typer.Typer(help="Database commands.", no_args_is_help=True)
-sessions_app = typer.Typer(help="Browse the stored sessions (all tenants).", no_args_is_help=True)
+def _typer(text: str) -> typer.Typer:
+    """A command group whose help is Markdown: a docstring's paragraphs are reflowed to the terminal."""
+    return typer.Typer(help=text, no_args_is_help=True, rich_markup_mode="markdown")
+
+
+app = _typer("context-proxy: an OpenAI-compatible proxy that keeps agents inside their context window.")
+db_app = _typer("Database commands.")
+sessions_app = _typer("Browse the stored sessions (all tenants).")
 app.add_typer(db_app, name="db")
 app.add_typer(sessions_app, name="sessions")
-limits_app = typer.Typer(help="What the proxy learned about models, per tenant: list and reset.", no_args_is_help=True)
+limits_app = _typer("What the proxy learned about models, per tenant: list and reset.")
 app.add_typer(limits_app, name="limits")
 
 T = TypeVar("T")
-DATABASE_HELP = "sqlite:///PATH or postgresql://… [env CONTEXT_PROXY_DATABASE_URL]."
+DATABASE_HELP = "sqlite:///PATH or postgresql://… (env CONTEXT_PROXY_DATABASE_URL)."
 
 
 def load_settings(**overrides: Any) -> Settings:
@@ -65,20 +69,20 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 @app.command()
 def serve(
-    host: str | None = typer.Option(None, help="Address to bind [env CONTEXT_PROXY_HOST, default 127.0.0.1]."),
-    port: int | None = typer.Option(None, help="Port [env CONTEXT_PROXY_PORT, default 8000]."),
-    upstream_url: str | None = typer.Option(None, help="Provider base URL [env CONTEXT_PROXY_UPSTREAM_URL]."),
+    host: str | None = typer.Option(None, help="Address to bind (env CONTEXT_PROXY_HOST, default 127.0.0.1)."),
+    port: int | None = typer.Option(None, help="Port (env CONTEXT_PROXY_PORT, default 8000)."),
+    upstream_url: str | None = typer.Option(None, help="Provider base URL (env CONTEXT_PROXY_UPSTREAM_URL)."),
     anthropic_upstream_url: str | None = typer.Option(
-        None, help="Anthropic Messages provider base URL, no /v1 [env CONTEXT_PROXY_ANTHROPIC_UPSTREAM_URL]."),
+        None, help="Anthropic Messages provider base URL, no /v1 (env CONTEXT_PROXY_ANTHROPIC_UPSTREAM_URL)."),
     database_url: str | None = typer.Option(None, help=DATABASE_HELP),
-    log_format: str | None = typer.Option(None, help="json or text [env CONTEXT_PROXY_LOG_FORMAT, default json]."),
+    log_format: str | None = typer.Option(None, help="json or text (env CONTEXT_PROXY_LOG_FORMAT, default json)."),
     shutdown_grace_s: float | None = typer.Option(
-        None, help="Seconds in-flight streams get after SIGTERM [env CONTEXT_PROXY_SHUTDOWN_GRACE_S]."),
+        None, help="Seconds in-flight streams get after SIGTERM (env CONTEXT_PROXY_SHUTDOWN_GRACE_S)."),
 ) -> None:
     """Run the proxy (migrates the database at start).
 
     On SIGTERM or Ctrl-C: stop accepting connections, let in-flight requests and streams finish
-    within ``shutdown_grace_s``, drain the log writes, close the database, exit 0.
+    within --shutdown-grace-s seconds, drain the log writes, close the database, exit 0.
     """
     import uvicorn
 
@@ -109,7 +113,7 @@ def serve(
 
 @db_app.command("upgrade")
 def db_upgrade(
-    database_url: str | None = typer.Option(None, help="Database URL [env CONTEXT_PROXY_DATABASE_URL]."),
+    database_url: str | None = typer.Option(None, help="Database URL (env CONTEXT_PROXY_DATABASE_URL)."),
 ) -> None:
     """Create or upgrade the schema to the newest migration."""
     from storage.migrate import upgrade
@@ -160,7 +164,7 @@ def sessions_list(
     as_json: bool = typer.Option(False, "--json", help="Print the API's list object instead of a table."),
     tenant: str | None = typer.Option(None, help="Only this tenant's sessions (t_…)."),
     after: str | None = typer.Option(None, help="Start after this session: the cursor the previous page printed "
-                                     "(<tenant>:<session id>, as GET /sessions' last_id for admins)."),
+                                     "(TENANT:SESSION_ID, as GET /sessions' last_id for admins)."),
     database_url: str | None = typer.Option(None, help=DATABASE_HELP),
 ) -> None:
     """Sessions, newest first: id, tenant, messages, requests, compactions, tokens sent and forwarded."""
@@ -300,16 +304,16 @@ def archive(
 @app.command()
 def retention(
     max_age_days: float | None = typer.Option(
-        None, min=0, help="Delete sessions idle this long [env CONTEXT_PROXY_RETENTION_MAX_AGE_DAYS]."),
+        None, min=0, help="Delete sessions idle this long (env CONTEXT_PROXY_RETENTION_MAX_AGE_DAYS)."),
     max_bytes_per_tenant: int | None = typer.Option(
-        None, min=0, help="Per-tenant byte cap [env CONTEXT_PROXY_RETENTION_MAX_BYTES_PER_TENANT]."),
+        None, min=0, help="Per-tenant byte cap (env CONTEXT_PROXY_RETENTION_MAX_BYTES_PER_TENANT)."),
     batch_size: int | None = typer.Option(
-        None, min=1, help="Rows per delete transaction [env CONTEXT_PROXY_RETENTION_BATCH_SIZE]."),
+        None, min=1, help="Rows per delete transaction (env CONTEXT_PROXY_RETENTION_BATCH_SIZE)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Report what would be deleted; delete nothing."),
     database_url: str | None = typer.Option(None, help=DATABASE_HELP),
 ) -> None:
     """Delete old sessions (and a tenant's oldest past its byte cap) with their messages, events,
-    requests and artifacts, in short batches (storage/retention.py). Prints the counts as JSON."""
+    requests and artifacts, in short batches. Prints the counts as JSON."""
     from storage.errors import StorageError
     from storage.retention import RetentionPolicy, run_retention
 
@@ -351,7 +355,8 @@ def replay(
         try:
             from proxy.offline.plot import plot_replay
         except ImportError as exc:  # matplotlib is the optional 'plot' extra
-            typer.echo("error: --plot needs matplotlib (pip install 'context-proxy[plot]')", err=True)
+            typer.echo("error: --plot needs matplotlib: pip install matplotlib "
+                       "(or, in a checkout of context-proxy, pip install -e '.[plot]')", err=True)
             raise typer.Exit(1) from exc
     settings = load_settings()
     try:

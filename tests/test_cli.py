@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -142,7 +143,8 @@ def test_replay_plot_without_matplotlib_says_what_to_install(tmp_path: Path) -> 
         cwd=REPO_DIR, env=env, capture_output=True, text=True, timeout=120, check=False,
     )
     assert done.returncode == 1, (done.stdout, done.stderr)
-    assert done.stderr.strip() == "error: --plot needs matplotlib (pip install 'context-proxy[plot]')"
+    assert done.stderr.strip() == ("error: --plot needs matplotlib: pip install matplotlib "
+                                   "(or, in a checkout of context-proxy, pip install -e '.[plot]')")
     assert "Traceback" not in done.stdout + done.stderr
     assert not (tmp_path / "p.png").exists() and "total:" not in done.stdout, "refused before replaying"
 
@@ -153,3 +155,24 @@ def test_replay_rejects_a_file_that_is_not_a_trace(runner: CliRunner, tmp_path: 
     result = runner.invoke(app, ["replay", str(bad), "--model", "gpt-4o"])
     assert result.exit_code == 1
     assert "bad.jsonl:2: not JSON" in result.output
+
+
+COMMANDS = [[], ["serve"], ["db"], ["db", "upgrade"], ["sessions"], ["sessions", "list"], ["sessions", "show"],
+            ["archive"], ["retention"], ["replay"], ["limits"], ["limits", "list"], ["limits", "reset"]]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "context-proxy")
+def test_help_reads_cleanly(command: list[str]) -> None:
+    """A new user's ``serve --help`` read "Address to bind ." (a ``[env ...]`` note taken for Rich
+    markup), the docstring's ``shutdown_grace_s`` markup, a source path, and lines broken where the
+    docstring's were. Now: no stray " ." nor markup nor path, and each paragraph reflowed."""
+    done = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb"})
+    assert done.exit_code == 0, done.output
+    text = done.output
+    assert not re.search(r" \.(\s|$)", text), text
+    assert "``" not in text and "[env" not in text, text
+    assert not re.search(r"[\w/]+\.py\b|\b(proxy|storage)/\w", text), text
+    if command == ["serve"]:
+        assert "Address to bind (env CONTEXT_PROXY_HOST, default 127.0.0.1)." in text
+        assert ("On SIGTERM or Ctrl-C: stop accepting connections, let in-flight requests and streams finish within "
+                "--shutdown-grace-s seconds, drain the log writes, close the database, exit 0.") in text
