@@ -36,6 +36,7 @@ from proxy.routes.auth import Authenticator
 from proxy.routes.chat import CHAT_ROUTE, ERROR_SCHEMA, OPENAPI_PATH_ITEM, ChatEndpoint, chat_route
 from proxy.routes.errors import client_error
 from proxy.routes.messages import speaks_anthropic
+from proxy.routes.ui import router as ui_router
 from proxy.routes.ui import ui_app
 from proxy.settings import Settings
 from proxy.telemetry.metrics import Metrics, MetricsMiddleware
@@ -187,6 +188,7 @@ def create_app(settings: Settings, *, upstream_transport: object = None) -> Fast
     app.state.body_budget = BodyBudget(settings.max_held_body_bytes, settings.max_body_bytes)
     app.add_route("/metrics", metrics.endpoint, methods=["GET"], include_in_schema=False)
     app.mount("/ui", ui_app(), name="ui")  # the web viewer: HTML, not in the schema
+    app.include_router(ui_router)  # / redirects to it; /favicon.ico
     _install_error_handlers(app)
     return app
 

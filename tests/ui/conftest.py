@@ -8,9 +8,10 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
-from playwright.sync_api import BrowserContext, Page
+from playwright.sync_api import BrowserContext, ConsoleMessage, Page
 
 from proxy.app import create_app
 from proxy.routes.auth import tenant_of
@@ -71,18 +72,30 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrowserContext
 @pytest.fixture
 def tab(browser: BrowserContext) -> Iterator[Page]:
     """A new tab; after the test, it must have logged no script error and no Content-Security-Policy
-    violation (a refused inline script or style would be one) to the console. Failed fetches (the
-    tests' 401 and 404 answers) are the only errors allowed."""
+    violation (a refused inline script or style would be one) to the console. Failed calls to the read
+    API (the tests' 401, 404 and 503 answers) are the only errors allowed: a failed load of the viewer's
+    own files or of the icon (``/ui/...``, ``/favicon.ico``) is one."""
     page = browser.new_page()
     errors: list[str] = []
+
+    def console(m: ConsoleMessage) -> None:
+        if m.type == "error" and not (m.text.startswith("Failed to load resource") and _api_call(m.location.get("url", ""))):
+            errors.append(f"{m.text} ({m.location.get('url')})")
+
     page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error"
-            and not m.text.startswith("Failed to load resource") else None)
+    page.on("console", console)
+    page.on("response", lambda r: errors.append(f"{r.status} {r.url}") if r.status >= 400 and not _api_call(r.url) else None)
     try:
         yield page
     finally:
         page.close()
     assert errors == []
+
+
+def _api_call(url: str) -> bool:
+    """Whether ``url`` is a call to the read API, not one of the viewer's files or its icon."""
+    path = urlsplit(url).path
+    return bool(path) and not path.startswith("/ui") and path != "/favicon.ico"
 
 
 def screenshots_dir() -> Path | None:

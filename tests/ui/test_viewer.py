@@ -66,6 +66,24 @@ def test_ui_is_served_with_a_strict_content_security_policy(viewer: Viewer) -> N
     assert "/ui/" not in httpx.get(viewer.proxy.url + "/openapi.json").json()["paths"]
 
 
+def test_the_root_leads_to_the_viewer_and_its_icon_is_served(tab: Page, viewer: Viewer) -> None:
+    """``GET /`` redirects to ``/ui/`` (it answered 404 "No route /."); the viewer's icon is served at
+    the ``<link rel="icon">`` of its page and at ``/favicon.ico``, under the viewer's CSP (the ``tab``
+    fixture fails a test whose page loads anything of the viewer's with an error)."""
+    root = httpx.get(viewer.proxy.url + "/")
+    assert root.status_code == 307 and root.headers["location"] == "/ui/"
+    tab.goto(viewer.proxy.url + "/")
+    tab.locator("#signin").wait_for()
+    assert tab.url == viewer.ui
+    href = tab.locator('link[rel="icon"]').get_attribute("href")
+    assert href == "favicon.svg"
+    for path in ("/ui/favicon.svg", "/favicon.ico"):
+        icon = httpx.get(viewer.proxy.url + path)
+        assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg+xml"), path
+        assert icon.text.startswith("<svg") and "content-security-policy" in icon.headers
+    assert "/favicon.ico" not in httpx.get(viewer.proxy.url + "/openapi.json").json()["paths"]
+
+
 def test_sign_in_refuses_a_bad_key_and_keeps_a_good_one_in_this_tab_only(tab: Page, viewer: Viewer) -> None:
     sent: list[Request] = []
     tab.on("request", lambda r: sent.append(r) if "/sessions" in r.url else None)
