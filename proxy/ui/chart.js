@@ -1,6 +1,10 @@
-// Per request: tokens the client sent against tokens forwarded, as SVG built here, with each
-// compaction event marked at the first request it applied to, each overflow recovery (the
-// provider refused, the proxy compacted and sent again) marked at its request, failed requests dotted.
+// Per request: the tokens the client's request needs (its prompt plus the output it reserves with
+// max_tokens) against the tokens forwarded, as SVG built here. Both series have a point per request
+// (each point's title and data attributes carry both numbers); the "sent" line is drawn dashed and
+// wider beneath the forwarded one, so it shows where the two are equal. Each compaction event is
+// marked at the first request it applied to, each overflow recovery (the provider refused, the
+// proxy compacted and sent again) at its request, failed requests with a larger red point.
+export const SENT_MEANS = "what the client's request needs: its prompt plus the output it reserves (max_tokens)";
 const NS = "http://www.w3.org/2000/svg";
 const W = 900, H = 260, PAD = { left: 64, right: 16, top: 16, bottom: 28 };
 
@@ -17,7 +21,7 @@ function svg(tag, attrs = {}, title) {
 
 export function tokensChart(requests, events) {
   const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, class: "chart", role: "img", id: "tokens-chart",
-    "aria-label": "Tokens the client sent and tokens forwarded, per request" });
+    "aria-label": "Tokens the client's request needs (prompt + reserved output) and tokens forwarded, per request" });
   const n = requests.length;
   const top = requests.reduce((m, r) => Math.max(m, r.tokens_client || 0, r.tokens_forwarded || 0), 1);  // no spread: a long session has more requests than a call takes arguments
   const x = (i) => PAD.left + (n <= 1 ? 0 : (i * (W - PAD.left - PAD.right)) / (n - 1));
@@ -51,10 +55,13 @@ export function tokensChart(requests, events) {
   });
   requests.forEach((r, i) => {
     const failed = r.status >= 400;
+    const title = `request ${i + 1} (${r.model || "?"}, status ${r.status}): sent ${r.tokens_client ?? "?"} ` +
+      `(prompt + reserved output), forwarded ${r.tokens_forwarded ?? "?"}; ` +
+      `defenses: ${(r.defenses || []).join(", ") || "none"}`;
+    const numbers = { "data-request": i, "data-tokens-client": r.tokens_client ?? "", "data-tokens-forwarded": r.tokens_forwarded ?? "" };
+    root.append(svg("circle", { cx: x(i), cy: y(r.tokens_client), r: 4, class: "point sent", ...numbers }, title));
     root.append(svg("circle", { cx: x(i), cy: y(r.tokens_forwarded), r: failed ? 4 : 2.5,
-      class: failed ? "point failed" : "point", "data-request": i },
-      `request ${i + 1} (${r.model || "?"}, status ${r.status}): sent ${r.tokens_client ?? "?"}, ` +
-      `forwarded ${r.tokens_forwarded ?? "?"}; defenses: ${(r.defenses || []).join(", ") || "none"}`));
+      class: failed ? "point forwarded failed" : "point forwarded", ...numbers }, title));
   });
   const label = svg("text", { x: PAD.left, y: H - 8, class: "axis" });
   label.textContent = `requests 1–${n}`;

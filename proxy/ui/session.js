@@ -1,7 +1,7 @@
 // One session: counts, the tokens chart with compactions marked, the requests, the events, the
 // branch switcher and the messages of one branch, paged from the server.
 import { getJson, seg } from "./api.js";
-import { tokensChart } from "./chart.js";
+import { SENT_MEANS, tokensChart } from "./chart.js";
 import { el, fmt, loadMore, route } from "./dom.js";
 import { compactionView, messageView } from "./messages.js";
 
@@ -13,7 +13,8 @@ function stats(s) {
   const saved = (s.tokens_client_total || 0) - (s.tokens_forwarded_total || 0);
   const items = [["messages", "message_count"], ["requests", "request_count"], ["compactions", "event_count"],
     ["branches", "branch_count"], ["tokens sent", "tokens_client_total"], ["tokens forwarded", "tokens_forwarded_total"]];
-  const stat = (label, text, key) => el("div", {}, el("dt", { text: label }), el("dd", { dataset: { stat: key }, text }));
+  const stat = (label, text, key) => el("div", {}, el("dt", { text: label, title: key === "tokens_client_total" ? SENT_MEANS : null }),
+    el("dd", { dataset: { stat: key }, text }));
   return el("dl", { class: "stats", id: "session-stats" },
     items.map(([label, key]) => stat(label, fmt.int(s[key]), key)),
     stat("tokens saved", fmt.int(saved), "tokens_saved"), stat("model", s.last_model || "–", "last_model"),
@@ -62,10 +63,10 @@ async function requestsSection(base, tenant, events) {
   const more = loadMore("more-requests", "Load more requests", load);
   await load();
   const head = el("tr", {}, ["#", "time (UTC)", "model", "status", "tokens sent", "tokens forwarded", "defenses",
-    "events", "overflow retries", "finish", "error"].map((t) => el("th", { text: t })));
+    "events", "overflow retries", "finish", "error"].map((t) => el("th", { text: t, title: t === "tokens sent" ? SENT_MEANS : null })));
   return el("section", {},
     el("h2", { text: "Tokens per request" }),
-    el("p", { class: "legend" }, el("span", { class: "key sent", text: "sent by the client" }),
+    el("p", { class: "legend" }, el("span", { class: "key sent", text: "sent: the prompt + reserved output (max_tokens)" }),
       el("span", { class: "key forwarded", text: "forwarded to the provider" }),
       el("span", { class: "key event", text: "compaction" }),
       el("span", { class: "key overflow", text: "overflow recovered" }), recoveries),

@@ -1,5 +1,6 @@
 // The sessions list: newest first, paged from the server (limit/after), filtered there by model and time.
 import { getJson } from "./api.js";
+import { SENT_MEANS } from "./chart.js";
 import { el, fmt, route } from "./dom.js";
 
 const PAGE = 50;
@@ -49,7 +50,7 @@ export async function showSessions(root) {
   function header() {
     head.replaceChildren(el("tr", {}, ...["session", admin ? "tenant" : null, "model", "updated (UTC)", "messages",
       "requests", "compactions", "branches", "tokens sent", "tokens forwarded", "tokens saved"]
-      .filter(Boolean).map((t) => el("th", { text: t }))));
+      .filter(Boolean).map((t) => el("th", { text: t, title: t === "tokens sent" ? SENT_MEANS : null }))));
   }
 
   async function load(fresh) {

@@ -163,9 +163,9 @@ def test_a_session_with_compactions_shows_the_apis_numbers(tab: Page, viewer: Vi
     assert rows.count() == len(requests) == session["request_count"]
     assert [(number(r.locator(".sent").text_content()), number(r.locator(".forwarded").text_content())) for r in rows.all()] \
         == [(r["tokens_client"], r["tokens_forwarded"]) for r in requests]
-    # the chart: one point per request, a mark per compaction at the first request it applied to
+    # the chart: a point per request in each series, a mark per compaction at the first request it applied to
     chart = tab.locator("#tokens-chart")
-    assert chart.locator("circle.point").count() == len(requests)
+    assert chart.locator("circle.point.sent").count() == chart.locator("circle.point.forwarded").count() == len(requests)
     events = api(viewer, f"/sessions/{REPLAYED}/events")["data"]
     assert events and {e["kind"] for e in events} >= {"summary"}
     marks = chart.locator(".event-mark")
@@ -189,6 +189,28 @@ def test_a_session_with_compactions_shows_the_apis_numbers(tab: Page, viewer: Vi
         assert e["kind"] in box.locator("h3").inner_text()
         assert box.locator(".summary pre").text_content() == e["payload"]["summary"]
     shot(tab, "session.png")
+
+
+def test_a_single_request_shows_both_sent_and_forwarded_in_the_chart(tab: Page, viewer: Viewer) -> None:
+    """One request whose tool result was offloaded (sent > forwarded): the chart has a point for each
+    number, at its own height, and each point's title and data attributes carry both numbers as the
+    read API gives them."""
+    session = viewer.seeded.read_tool
+    requests = api(viewer, f"/sessions/{session}/requests")["data"]
+    assert len(requests) == 1 and requests[0]["tokens_client"] != requests[0]["tokens_forwarded"]
+    sent, forwarded = requests[0]["tokens_client"], requests[0]["tokens_forwarded"]
+    sign_in(tab, viewer, route=f"#/session/{session}")
+    chart = tab.locator("#tokens-chart")
+    chart.wait_for()
+    points = {cls: chart.locator(f"circle.point.{cls}") for cls in ("sent", "forwarded")}
+    assert [points[c].count() for c in points] == [1, 1]
+    for point in points.values():
+        assert [int(point.get_attribute(f"data-tokens-{k}") or "") for k in ("client", "forwarded")] == [sent, forwarded]
+        assert f"sent {sent} (prompt + reserved output), forwarded {forwarded}" in point.locator("title").text_content()
+    heights = [float(points[c].get_attribute("cy") or "") for c in points]
+    assert heights[0] != heights[1]  # the larger number higher up (SVG's y grows downwards)
+    assert (heights[0] < heights[1]) == (sent > forwarded)
+    assert "reserved output" in tab.inner_text(".legend .key.sent")
 
 
 def test_the_branch_switcher_reaches_each_branch_in_pages(tab: Page, viewer: Viewer) -> None:
