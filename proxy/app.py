@@ -178,8 +178,9 @@ def create_app(settings: Settings, *, upstream_transport: object = None) -> Fast
         redoc_url=None,
     )
     docs.install(app)
-    for router in (health.router, read.router, read_lists.router, search.router, limits.router):
-        app.include_router(router)
+    app.include_router(health.router)
+    for router in (read.router, read_lists.router, search.router, limits.router):
+        app.include_router(router, dependencies=[docs.KEY_IN_SCHEMA])  # the /docs Authorize button
     app.router.routes.append(chat_route(app.chat))  # before the pass-through's /v1/{path}
     app.router.routes.append(messages.messages_route(app.messages))  # likewise
     app.include_router(messages.router)  # likewise

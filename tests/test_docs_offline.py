@@ -66,3 +66,29 @@ async def test_the_schema_documents_the_read_routes(inprocess_proxy: InProcessPr
         assert "get" in spec["paths"][path], path
         assert spec["paths"][path]["get"]["summary"], path
     assert not any(p.startswith(("/docs", "/redoc")) for p in spec["paths"])
+
+
+async def test_the_schema_declares_the_read_routes_bearer_key_and_auth_is_unchanged(
+        inprocess_proxy: InProcessProxy) -> None:
+    """The read and limits routes declare HTTP bearer security (``/docs`` gets its Authorize button and
+    "Try it out" sends the key); health does not. The declaration decides nothing: without a key the
+    read API still answers 401 in OpenAI's envelope, and a key in another scheme or header (read as
+    ``proxy.routes.auth.client_key`` reads it: this proxy holds no upstream key, so any key is a
+    tenant) is still a tenant's key, whose (empty) list is answered, not refused by the schema's bearer."""
+    http = inprocess_proxy.http_client(None)
+    spec = (await http.get("/openapi.json")).json()
+    scheme = spec["components"]["securitySchemes"]["key"]
+    assert (scheme["type"], scheme["scheme"]) == ("http", "bearer") and "Bearer KEY" in scheme["description"]
+    for path, item in spec["paths"].items():
+        for operation in item.values():
+            tags = set(operation.get("tags", []))
+            if tags & {"read", "limits"}:
+                assert operation["security"] == [{"key": []}], path
+            elif "health" in tags:
+                assert "security" not in operation, path
+    keyless = await http.get("/sessions")
+    assert keyless.status_code == 401 and keyless.json()["error"]["code"]
+    for headers in ({"authorization": "Basic eDp5"}, {"x-api-key": "sk-another-tenant"}):
+        other = await http.get("/sessions", headers=headers)
+        assert other.status_code == 200 and other.json()["data"] == [], headers
+    assert (await inprocess_proxy.http_client().get("/sessions")).status_code == 200

@@ -12,8 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import fastapi_offline
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+from fastapi.security import HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from starlette.responses import HTMLResponse
 
@@ -21,6 +22,13 @@ ASSETS_DIR = Path(fastapi_offline.__file__).parent / "static"
 """``swagger-ui-bundle.js``, ``swagger-ui.css``, ``redoc.standalone.js``, ``favicon.png``."""
 ASSETS_URL = "/docs/assets"
 DOCS_URL, REDOC_URL, OAUTH2_REDIRECT_URL = "/docs", "/redoc", "/docs/oauth2-redirect"
+
+KEY_IN_SCHEMA = Depends(HTTPBearer(
+    auto_error=False, scheme_name="key",
+    description="A client key of this proxy (an admin key reads every tenant), as `Authorization: Bearer KEY`."))
+"""The read and limits routes' key as the schema declares it (HTTP bearer: the Authorize button of
+``/docs``, so "Try it out" sends the key). A router dependency (``proxy.app``) for the schema only: it
+refuses nothing (``auto_error=False``); ``proxy.routes.auth.Authenticator`` decides who may read what."""
 
 router = APIRouter(include_in_schema=False)
 
