@@ -216,9 +216,9 @@ def test_request_path_metrics_are_exposed_as_prometheus_client_exposes_its_own()
     upstream = Histogram("context_proxy_upstream_latency_seconds",
                          "Time from sending a chat request upstream to its response headers.", ("model",),
                          buckets=LATENCY_BUCKETS_S, registry=reference)
-    tokens_client = Counter("context_proxy_tokens_client", "Prompt tokens the clients sent (estimate).", ("model",),
+    tokens_client = Counter("context_proxy_tokens_client", "Tokens the clients' requests need: prompt + reserved output (estimate).", ("model",),
                             registry=reference)
-    tokens_forwarded = Counter("context_proxy_tokens_forwarded", "Prompt tokens forwarded upstream (estimate).",
+    tokens_forwarded = Counter("context_proxy_tokens_forwarded", "Tokens of the requests forwarded upstream: prompt + reserved output (estimate).",
                                ("model",), registry=reference)
     defenses = Counter("context_proxy_defenses_applied", "Forwarded requests changed by each defense.", ("defense",),
                        registry=reference)

@@ -57,7 +57,8 @@ def context_headers(ctx: ChatContext, upstream: Mapping[str, str] | None, *, sha
     """The headers of a logged request's answer: the upstream's a client uses
     (``proxy.upstream.headers.response_headers``; the operator's account headers not under a
     ``shared_key``; the length is the proxy's to set), then the proxy's own: the session and request
-    ids, the tokens the client sent and those forwarded (estimates), the defenses applied and the
+    ids, the tokens the client's request needs (prompt + reserved output: ``max_tokens``) and those
+    forwarded (estimates), the defenses applied and the
     events, the overflow retries and an overflow returned as the provider sent it, a degraded warning."""
     out = response_headers(upstream, keep_encoding=False, shared_key=shared_key) if upstream is not None else {}
     out.pop("content-length", None)

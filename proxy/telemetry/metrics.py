@@ -8,8 +8,8 @@ registry, so several apps in one process, as in the tests, never clash). Metric 
 | ``context_proxy_requests_total`` | counter | route, model, status | middleware, every HTTP request |
 | ``context_proxy_request_duration_seconds`` | histogram | route | middleware (until the last byte) |
 | ``context_proxy_upstream_latency_seconds`` | histogram | model | pipeline (to the upstream's headers) |
-| ``context_proxy_tokens_client_total`` | counter | model | pipeline: prompt tokens as the client sent them |
-| ``context_proxy_tokens_forwarded_total`` | counter | model | pipeline: prompt tokens as forwarded |
+| ``context_proxy_tokens_client_total`` | counter | model | pipeline: the request's prompt + reserved output |
+| ``context_proxy_tokens_forwarded_total`` | counter | model | pipeline: the same, as forwarded |
 | ``context_proxy_defenses_applied_total`` | counter | defense | pipeline: forwarded requests a defense changed |
 | ``context_proxy_compactions_total`` | counter | kind | compactor: compaction events stored |
 | ``context_proxy_overflows_total`` | counter | outcome | pipeline: ``retried``, ``recovered``, ``unrecoverable`` |
@@ -174,10 +174,12 @@ class Metrics:
         self.upstream_latency = LoopHistogram("context_proxy_upstream_latency_seconds",
                                               "Time from sending a chat request upstream to its response headers.",
                                               ("model",), LATENCY_BUCKETS_S)
-        self.tokens_client = LoopCounter("context_proxy_tokens_client", "Prompt tokens the clients sent (estimate).",
-                                         ("model",))
-        self.tokens_forwarded = LoopCounter("context_proxy_tokens_forwarded",
-                                            "Prompt tokens forwarded upstream (estimate).", ("model",))
+        self.tokens_client = LoopCounter(
+            "context_proxy_tokens_client", "Tokens the clients' requests need: prompt + reserved output (estimate).",
+            ("model",))
+        self.tokens_forwarded = LoopCounter(
+            "context_proxy_tokens_forwarded",
+            "Tokens of the requests forwarded upstream: prompt + reserved output (estimate).", ("model",))
         self.defenses = LoopCounter("context_proxy_defenses_applied", "Forwarded requests changed by each defense.",
                                     ("defense",))
         r.register(_LoopCollector([self.requests, self.request_duration, self.upstream_latency, self.tokens_client,
