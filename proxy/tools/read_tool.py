@@ -55,6 +55,26 @@ SEARCH_BATCH_LINES = 2000
 """Archive lines searched per batch (in a worker thread), so memory is about one batch."""
 
 
+async def feed_lines(searcher: Searcher, source: int, reference: str, lines: AsyncGenerator[str, None]) -> None:
+    """Feed ``lines`` (a document's, numbered from 0) to ``searcher`` as source ``source`` named
+    ``reference``, in batches of ``SEARCH_BATCH_LINES`` each searched in a worker thread, holding
+    one batch at a time; stops early when the searcher does (its time budget). Closes ``lines``."""
+    batch: list[str] = []
+    first = 0
+    try:
+        async for line in lines:
+            batch.append(line)
+            if len(batch) >= SEARCH_BATCH_LINES:
+                if not await asyncio.to_thread(searcher.feed, source, reference, batch, first):
+                    return
+                first += len(batch)
+                batch = []
+    finally:
+        await lines.aclose()
+    if batch or not first:
+        await asyncio.to_thread(searcher.feed, source, reference, batch, first)
+
+
 def archive_urls(session_id: str) -> tuple[str, ...]:
     """The forms of the session's archive URL the model may see or pass: encoded, then raw."""
     encoded, raw = archive_url(session_id), f"/sessions/{session_id}/archive"
@@ -198,23 +218,8 @@ class _Loader:
         return kept, False
 
     async def search_archive(self, searcher: Searcher, source: int) -> None:
-        """Feed the archive's lines to ``searcher`` in batches of ``SEARCH_BATCH_LINES`` (each
-        searched in a worker thread); only one batch is held at a time."""
-        batch: list[str] = []
-        first = 0
-        stream = self._archive_stream()
-        try:
-            async for line in stream:
-                batch.append(line)
-                if len(batch) >= SEARCH_BATCH_LINES:
-                    if not await asyncio.to_thread(searcher.feed, source, self.archive_ref, batch, first):
-                        return
-                    first += len(batch)
-                    batch = []
-        finally:
-            await stream.aclose()
-        if batch or not first:
-            await asyncio.to_thread(searcher.feed, source, self.archive_ref, batch, first)
+        """Feed the archive's lines to ``searcher`` (``feed_lines``)."""
+        await feed_lines(searcher, source, self.archive_ref, self._archive_stream())
 
     def archive_named(self) -> bool:
         return self.session.session_id in self.visible.archives
