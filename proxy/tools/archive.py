@@ -4,7 +4,10 @@ It is a *view* of the log (DESIGN.md section 3), rendered on each read from the 
 events, never a second copy. The document is the branch's messages in order (``seq``), each
 rendered on its own, and one "## Compaction N" block per summary event, placed where the event
 happened: after its cutoff message and after every message stored before it (``created_at``). The
-block names the messages it summarized (and the line the first of them starts at), then shows the
+block names the messages it summarized that no block above names (from the event's first summarized
+message, its payload's ``first_hash``: leading system messages are kept, not summarized; a chained
+compaction's from the one after the previous block's cutoff) and the line the first of them starts
+at, then shows the
 summary the model was given instead of them (``payload["summary"]``, fenced like message text).
 So a later compaction, like a later message, appends lines: it never renumbers what was there
 (the read tool and ``GET /sessions/{id}/archive?offset=`` name the same line numbers over time).
@@ -215,6 +218,12 @@ def _event_lines(n: int, event: EventRecord, first_seq: int, cutoff_seq: int, fi
     yield ""
 
 
+def _first_hash(event: EventRecord) -> str:
+    """The chain hash of the first message ``event`` summarized (``""``: not recorded)."""
+    first = event.payload.get("first_hash")
+    return first if isinstance(first, str) else ""
+
+
 class ArchiveRenderer:
     """Renders the archive incrementally: ``head()``, then ``message(m)`` for each message of the
     branch in ``seq`` order, then ``tail()``. Holds the summary events only (not the messages)."""
@@ -222,8 +231,8 @@ class ArchiveRenderer:
     def __init__(self, session_id: str, events: Iterable[EventRecord]) -> None:
         self.session_id = session_id
         self._pending = sorted((e for e in events if e.kind == "summary"), key=lambda e: (e.created_at, e.id))
-        self._seen: dict[str, int] = {}  # anchor hash -> seq, for pending events' anchors only
-        self._anchors = {e.anchor_hash for e in self._pending}
+        self._seen: dict[str, int] = {}  # chain hash -> seq, for pending events' anchors and first messages only
+        self._named = {e.anchor_hash for e in self._pending} | {_first_hash(e) for e in self._pending} - {""}
         self._count = 0
         self._next_first = 0  # the seq after the highest cutoff shown
         self._cutoffs: list[int] = []  # shown compactions' cutoffs, in the order shown
@@ -258,7 +267,7 @@ class ArchiveRenderer:
                 kept.append(event)
                 continue
             self._count += 1
-            first = self._first_summarized(cutoff)
+            first = self._first_summarized(cutoff, self._seen.get(_first_hash(event), -1))
             yield from self._counted(_event_lines(self._count, event, first, cutoff, self._starts.get(first)))
             self._cutoffs.append(cutoff)
             if cutoff >= self._next_first:
@@ -266,20 +275,23 @@ class ArchiveRenderer:
                 self._starts = {seq: line for seq, line in self._starts.items() if seq >= self._next_first}
         self._pending = kept
 
-    def _first_summarized(self, cutoff: int) -> int:
-        """The seq of the first message a compaction with this cutoff summarized: the one after the
-        previous shown compaction's cutoff; for a compaction made on another branch whose cutoff is
-        in this one's shared start, before a cutoff shown already (it did not see that one), the one
-        after the highest shown cutoff below its own (0 if none)."""
-        if cutoff >= self._next_first:
-            return self._next_first
-        return 1 + max((c for c in self._cutoffs if c < cutoff), default=-1)
+    def _first_summarized(self, cutoff: int, named: int) -> int:
+        """The seq of the first message a compaction with this cutoff summarized that no block
+        above names: the one after the previous shown compaction's cutoff; for a compaction made on
+        another branch whose cutoff is in this one's shared start, before a cutoff shown already (it
+        did not see that one), the one after the highest shown cutoff below its own (0 if none). Not
+        before ``named``, the seq of the first message the event says it summarized (its payload's
+        ``first_hash``; -1: not recorded or not seen): the leading system messages are kept, not
+        summarized."""
+        start = self._next_first if cutoff >= self._next_first else 1 + max(
+            (c for c in self._cutoffs if c < cutoff), default=-1)
+        return max(start, named) if named <= cutoff else start
 
     def message(self, record: MessageRecord) -> Iterator[str]:
         yield from self._due(record.created_at)
         self._starts[record.seq] = self._line
         yield from self._counted(message_lines(record))
-        if record.chain_hash in self._anchors:
+        if record.chain_hash in self._named:
             self._seen[record.chain_hash] = record.seq
 
     def tail(self) -> Iterator[str]:
