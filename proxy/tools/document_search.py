@@ -5,7 +5,7 @@ them (``GET /sessions/{id}/archive?offset=``, ``GET /artifacts/{id}?offset=``).
 The search is ``proxy.tools.search.Searcher``, the one the read tool runs: words (a line matches
 when it holds one; more words rank first) or an RE2 pattern, bounded in time
 (``SEARCH_BUDGET_S``) and memory (the best ``offset + limit`` matches kept). The archive is read
-from the store in pages and fed in batches (``proxy.tools.read_tool.feed_lines``), so memory is
+from the store in pages and fed in batches (``feed_lines``, the read tool's too), so memory is
 one batch whatever the session's size. A process runs ``Settings.read_api_max_concurrent_searches``
 at once (``ProxyState.searches``); more wait their turn, so searches never hold more of the
 default thread pool (which forwarding uses) than that.
@@ -18,12 +18,36 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from proxy.tools.archive import stream_archive_lines
-from proxy.tools.read_tool import feed_lines
 from proxy.tools.search import Hit, Query, Searcher, compile_query
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncGenerator
+
     from storage.records import ArtifactRecord, SessionRecord
     from storage.store import Store
+
+SEARCH_BATCH_LINES = 2000
+"""Archive lines searched per batch (in a worker thread), so memory is about one batch."""
+
+
+async def feed_lines(searcher: Searcher, source: int, reference: str, lines: AsyncGenerator[str, None]) -> None:
+    """Feed ``lines`` (a document's, numbered from 0) to ``searcher`` as source ``source`` named
+    ``reference``, in batches of ``SEARCH_BATCH_LINES`` each searched in a worker thread, holding
+    one batch at a time; stops early when the searcher does (its time budget). Closes ``lines``."""
+    batch: list[str] = []
+    first = 0
+    try:
+        async for line in lines:
+            batch.append(line)
+            if len(batch) >= SEARCH_BATCH_LINES:
+                if not await asyncio.to_thread(searcher.feed, source, reference, batch, first):
+                    return
+                first += len(batch)
+                batch = []
+    finally:
+        await lines.aclose()
+    if batch or not first:
+        await asyncio.to_thread(searcher.feed, source, reference, batch, first)
 
 
 class QueryRefused(ValueError):

@@ -35,6 +35,7 @@ from typing import Any
 from proxy.conversation.canonical import text_of
 from proxy.defenses.hints import archive_url
 from proxy.tools.archive import stream_archive_lines
+from proxy.tools.document_search import feed_lines
 from proxy.tools.schemas import ReadRequest, parse_arguments
 from proxy.tools.search import (
     MAX_SEARCH_OFFSET,
@@ -51,28 +52,7 @@ ARCHIVE_RE = re.compile(r"/sessions/([^/\s`'\"?]+)/archive")
 archive a request may read is decided by exact match with the current session's (``archive_urls``)."""
 MAX_SEARCH_ITEMS = 64
 """Artifacts one search without a reference reads at most (the most recently named)."""
-SEARCH_BATCH_LINES = 2000
-"""Archive lines searched per batch (in a worker thread), so memory is about one batch."""
 
-
-async def feed_lines(searcher: Searcher, source: int, reference: str, lines: AsyncGenerator[str, None]) -> None:
-    """Feed ``lines`` (a document's, numbered from 0) to ``searcher`` as source ``source`` named
-    ``reference``, in batches of ``SEARCH_BATCH_LINES`` each searched in a worker thread, holding
-    one batch at a time; stops early when the searcher does (its time budget). Closes ``lines``."""
-    batch: list[str] = []
-    first = 0
-    try:
-        async for line in lines:
-            batch.append(line)
-            if len(batch) >= SEARCH_BATCH_LINES:
-                if not await asyncio.to_thread(searcher.feed, source, reference, batch, first):
-                    return
-                first += len(batch)
-                batch = []
-    finally:
-        await lines.aclose()
-    if batch or not first:
-        await asyncio.to_thread(searcher.feed, source, reference, batch, first)
 
 
 def archive_urls(session_id: str) -> tuple[str, ...]:
