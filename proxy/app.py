@@ -69,6 +69,8 @@ class ProxyState:
     and pool slots (one pool of connections, one tenant share of it)."""
     messages: MessagesPipeline
     """``POST /v1/messages``'s use case (its log writer, session log and health are ``pipeline``'s)."""
+    searches: asyncio.Semaphore
+    """Read API searches running at once (``Settings.read_api_max_concurrent_searches``, set in the lifespan)."""
     migrated: bool = False
     """The schema is at the newest migration (``/readyz`` is not ready until it is)."""
 
@@ -157,7 +159,8 @@ def create_app(settings: Settings, *, upstream_transport: object = None) -> Fast
                                              pipeline.health, metrics, pipeline.digest_memo, messages_compactor,
                                              messages_tools)
         state = ProxyState(settings, Authenticator(settings), store, upstream, pipeline, anthropic_upstream,
-                           messages_pipeline, migrated=migrated)
+                           messages_pipeline,
+                           asyncio.Semaphore(settings.read_api_max_concurrent_searches), migrated=migrated)
         app.state.proxy = state
         retry = None if migrated else asyncio.create_task(_migrate_until_done(state))
         try:

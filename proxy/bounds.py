@@ -74,6 +74,8 @@ BOUNDS: tuple[Bound, ...] = (
           "proxy.conversation.prefix.STORED_SESSIONS_PER_PREFIX"),
     Bound("prefix state lookback", "PrefixStates", "64 newest positions of a request searched",
           "proxy.conversation.prefix.LOOKBACK"),
+    Bound("read API searches running at once", "ProxyState.searches (asyncio.Semaphore)",
+          "searches per process; more wait their turn", "proxy.settings.Settings.read_api_max_concurrent_searches"),
     Bound("message token counts", "TokenCounter", "200,000 messages, idle",
           "proxy.tokens.counter.TokenCounter(memo_size)"),
     Bound("recent tool lists and their counts", "CodecCounter._recent_tools",

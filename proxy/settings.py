@@ -231,6 +231,11 @@ class Settings(BaseSettings):
         "session", description="What the read tool serves: 'session' (the current session's artifacts and archive) or "
         "'tenant' (any artifact of the tenant that the conversation names)."
     )
+    read_api_max_concurrent_searches: int = Field(
+        2, ge=1, le=64, description="Searches of the read API (GET /sessions/{id}/archive/search, "
+        "/artifacts/{id}/search) run at once per process at most; more wait their turn (so searches never take "
+        "the worker threads that forwarding needs)."
+    )
     compact_tool_enabled: bool = Field(
         False, description="Offer the manual compaction tool (also per request: header X-Context-Proxy-Compact-Tool: "
                            "on)."

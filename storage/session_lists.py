@@ -7,9 +7,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from storage.columns import is_hex_hash
 from storage.errors import InvalidCursor
-from storage.reads import is_leaf, past
+from storage.reads import branch_leaf, get_message_by_hash, is_leaf, past
 from storage.records import ArtifactInfo, BranchRecord
 from storage.tables import artifacts, messages
 
@@ -29,21 +28,14 @@ async def list_branches(
         messages.c.session_pk == session_pk, is_leaf(messages)
     )
     if after is not None:
-        anchor = None
-        if is_hex_hash(after):
-            found = sa.select(messages.c.id, messages.c.created_at).where(
-                messages.c.session_pk == session_pk, messages.c.chain_hash == after
-            )
-            anchor = (await conn.execute(found)).first()
+        anchor = await get_message_by_hash(conn, session_pk, after)
         if anchor is None:
             raise InvalidCursor(f"after={after!r} names no message of this session")
         query = query.where(past(messages.c.created_at, messages.c.id, anchor.created_at, anchor.id, newest_first=True))
     query = query.order_by(messages.c.created_at.desc(), messages.c.id.desc()).limit(limit + 1)
     rows = (await conn.execute(query)).all()
-    newest_q = (
-        sa.select(sa.func.max(messages.c.id)).where(messages.c.session_pk == session_pk, is_leaf(messages))
-    )
-    newest = (await conn.execute(newest_q)).scalar()
+    tip = await branch_leaf(conn, session_pk, None)
+    newest = None if tip is None else tip.id
     page = [
         BranchRecord(leaf_hash=r.chain_hash, message_count=r.seq + 1, last_activity=r.created_at, newest=r.id == newest)
         for r in rows[:limit]

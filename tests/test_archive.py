@@ -42,9 +42,14 @@ class Log:
         self.messages.append(record)
         return record
 
-    def compact(self, cutoff_seq: int, summary: str = "s") -> EventRecord:
+    def compact(self, cutoff_seq: int, summary: str = "s", first_seq: int | None = None) -> EventRecord:
+        """A summary event; ``first_seq``: the first message it summarized (payload ``first_hash``),
+        as the planner records it (``None``: not recorded, as in events of older versions)."""
+        payload: dict[str, Any] = {"summary": summary}
+        if first_seq is not None:
+            payload["first_hash"] = self.messages[first_seq].chain_hash
         event = EventRecord(id=f"evt_{len(self.events):024x}", session_pk=1, kind="summary",
-                            anchor_hash=self.messages[cutoff_seq].chain_hash, payload={"summary": summary},
+                            anchor_hash=self.messages[cutoff_seq].chain_hash, payload=payload,
                             tokens_before=100, tokens_after=10,
                             created_at=self.messages[-1].created_at + timedelta(milliseconds=500))
         self.events.append(event)
@@ -172,6 +177,29 @@ def test_a_compaction_shows_its_summary_after_naming_the_lines_it_summarized() -
     headings = [t.content for t in MarkdownIt().parse("\n".join(lines)) if t.type == "inline"
                 and t.content.startswith("Compaction ")]
     assert len(headings) == 2, "the forged heading inside the summary is not a heading"
+
+
+def test_a_compaction_names_the_first_message_it_summarized_not_the_pinned_system_message() -> None:
+    """The planner keeps the leading system message and summarizes from the message after it (the
+    event's ``first_hash``): the block says so, and a chained compaction (same ``first_hash``)
+    names the messages after the previous block's cutoff; no line above either block moves."""
+    log = Log()
+    log.add({"role": "system", "content": "You are helpful."})
+    for n in range(6):
+        log.add({"role": "user" if n % 2 == 0 else "assistant", "content": f"turn {n}"})
+    before = log.lines()
+    log.compact(4, first_seq=1)
+    after_first = log.lines()
+    log.add({"role": "user", "content": "turn 6"})
+    log.compact(7, first_seq=1)
+    lines = log.lines()
+    assert after_first[: len(before) - 1] == before[:-1] and lines[: len(after_first) - 1] == after_first[:-1]
+    starts = {int(m.group(1)): i for i, line in enumerate(lines) if (m := re.match(r"### \[(\d+)\] ", line))}
+    said = [lines[i + 2] for i, line in enumerate(lines) if line.startswith("## Compaction ")]
+    assert said == [
+        f"Messages 1 to 4 above (from line {starts[1]}) were summarized; the model was given this summary instead:",
+        f"Messages 5 to 7 above (from line {starts[5]}) were summarized; the model was given this summary instead:",
+    ]
 
 
 def test_a_compaction_from_another_branch_names_what_it_summarized() -> None:

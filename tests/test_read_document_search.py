@@ -5,10 +5,17 @@ refused in the API's envelope, scoped to the tenant."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from typing import Any
+
+import pytest
 
 from proxy.routes.auth import tenant_of
-from proxy.tools.search import MAX_QUERY_CHARS
+from proxy.tools.search import MAX_QUERY_CHARS, Searcher
 from storage.records import ArtifactRecord
 from tests.support.inprocess import CLIENT_KEY, InProcessProxy
 
@@ -113,3 +120,38 @@ async def test_another_tenant_finds_nothing(inprocess_proxy: InProcessProxy) -> 
         assert resp.json()["error"]["type"] == "not_found_error"
     mine = await inprocess_proxy.http.get(f"/artifacts/{ART}/search", params={"q": "needle"})
     assert mine.json()["total"] == 1
+
+
+async def test_parallel_searches_run_at_most_the_bound_at_once(
+    inprocess_factory: Callable[..., Awaitable[InProcessProxy]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Searches run in worker threads of the default pool that forwarding uses too: however many a
+    client sends at once, no more than ``read_api_max_concurrent_searches`` search at a time (the
+    rest wait their turn and are answered)."""
+    proxy = await inprocess_factory(read_api_max_concurrent_searches=2)
+    await two_turns(proxy)
+    tenant = tenant_of(CLIENT_KEY, proxy.settings.tenant_salt)
+    await proxy.app.state.proxy.store.put_artifacts([ArtifactRecord(
+        ART, tenant, None, "text/plain", "needle\n", 7, 1, datetime.now(UTC))])
+    running = peak = 0
+    lock = threading.Lock()
+    feed = Searcher.feed
+
+    def counted(self: Searcher, *args: Any) -> bool:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        try:
+            time.sleep(0.05)  # hold the thread, as a search of a big document does
+            return feed(self, *args)
+        finally:
+            with lock:
+                running -= 1
+
+    monkeypatch.setattr(Searcher, "feed", counted)
+    paths = ["/sessions/doc/archive/search", f"/artifacts/{ART}/search"] * 5
+    answers = await asyncio.gather(*(proxy.http.get(path, params={"q": "needle"}) for path in paths))
+    assert [a.status_code for a in answers] == [200] * len(paths)
+    assert all(a.json()["total"] >= 1 for a in answers)
+    assert peak == 2

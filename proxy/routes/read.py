@@ -7,14 +7,26 @@ indistinguishable from one that does not exist.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from proxy.errors import BadRequest, NotFound
+from proxy.errors import BadRequest
+from proxy.routes.read_scope import (
+    LEAF_CHARS,
+    LEAF_QUERY,
+    TENANT_QUERY,
+    cursor_page,
+    echo,
+    list_response,
+    reader_scope,
+    session_branch,
+    session_of,
+    unix_seconds,
+)
 from proxy.tools.archive import stream_archive_lines
 from storage.errors import InvalidCursor
 from storage.records import (
@@ -22,41 +34,11 @@ from storage.records import (
     MessageRecord,
     RequestRecord,
     SessionFilter,
-    SessionRecord,
     SessionSummary,
 )
 from storage.store import Store
 
 router = APIRouter(tags=["read"])
-T = TypeVar("T")
-
-
-def list_response(data: list[dict[str, Any]], has_more: bool, cursors: list[str] | None = None) -> JSONResponse:
-    """OpenAI's list object; ``first_id``/``last_id`` are the first and last item's ``id``, or of
-    ``cursors`` (one per item) where an id alone does not name one item."""
-    ids = [d["id"] for d in data] if cursors is None else cursors
-    return JSONResponse(
-        {
-            "object": "list",
-            "data": data,
-            "first_id": ids[0] if ids else None,
-            "last_id": ids[-1] if ids else None,
-            "has_more": has_more,
-        }
-    )
-
-
-async def cursor_page(page: Awaitable[tuple[list[T], bool]], after: str | None, what: str) -> tuple[list[T], bool]:
-    """A page of a session's list; a cursor that names nothing of the session (``InvalidCursor``)
-    is the client's error: a ``BadRequest`` naming ``after`` (``what``: what it should name)."""
-    try:
-        return await page
-    except InvalidCursor:
-        raise BadRequest(f"'after' is not {what} of this session: {after}", param="after") from None
-
-
-def unix_seconds(value: Any) -> int:
-    return int(value.timestamp())
 
 
 def session_json(s: SessionSummary, *, admin: bool = False) -> dict[str, Any]:
@@ -106,41 +88,6 @@ def event_json(e: EventRecord) -> dict[str, Any]:
     }
 
 
-TENANT_QUERY = Query(None, max_length=200, description="Admins: the tenant (hash, as listed) whose session to address; "
-                     "default the newest session of that id. Others: only their own tenant.")
-
-
-def _scope(request: Request, tenant: str | None) -> tuple[str | None, bool]:
-    """The tenant a call may see (``None``: every tenant) and whether the caller is an admin.
-    ``tenant`` (the query parameter) narrows an admin's view; for anyone else it must be their own
-    tenant, or nothing is visible (``""`` names no tenant)."""
-    own = request.app.state.proxy.auth.reader(request.headers)
-    if own is None:
-        return tenant, True
-    return (own if tenant in (None, own) else ""), False
-
-
-async def session_of(request: Request, session_id: str, tenant: str | None = None) -> SessionRecord:
-    state = request.app.state.proxy
-    scope, _ = _scope(request, tenant)
-    session = None if scope == "" else await state.store.find_session(session_id, scope)
-    if session is None:
-        raise NotFound(f"No session '{session_id}'.")
-    return session
-
-
-async def session_branch(request: Request, session_id: str, leaf: str | None,
-                         tenant: str | None = None) -> tuple[SessionRecord, str | None]:
-    """``(the session, the chain hash of its branch's last message)``: the branch ending at ``leaf``,
-    or the newest (``None`` for a session with no message). Raises ``NotFound`` for a session the
-    caller cannot see, or a ``leaf`` not in it."""
-    session = await session_of(request, session_id, tenant)
-    tip = await request.app.state.proxy.store.branch_leaf(session.pk, leaf)
-    if tip is None and leaf is not None:
-        raise NotFound(f"No message '{leaf}' in this session.")
-    return session, None if tip is None else tip.chain_hash
-
-
 def admin_cursor(s: SessionSummary) -> str:
     """An admin's cursor for a session, ``<tenant>:<session id>``: several tenants may use one
     session id, and a tenant (``t_`` + hex, or ``anonymous``) holds no colon."""
@@ -181,14 +128,14 @@ async def list_sessions(
     updated_before: int | None = Query(None, ge=0, le=UNIX_MAX, description="Only sessions updated before (unix s)"),
 ) -> JSONResponse:
     state = request.app.state.proxy
-    scope, admin = _scope(request, tenant)
+    scope, admin = reader_scope(request, tenant)
     if scope == "":
         return list_response([], False)
     where = SessionFilter(model, _utc(updated_after), _utc(updated_before))
     try:
         rows, has_more = await session_page(state.store, scope, limit, after, admin, where)
     except InvalidCursor:
-        raise BadRequest(f"'after' is not a session id you can see: {after}", param="after") from None
+        raise BadRequest(f"'after' is not a session id you can see: {echo(after or '')}", param="after") from None
     cursors = [admin_cursor(s) for s in rows] if admin else None
     return list_response([session_json(s, admin=admin) for s in rows], has_more, cursors)
 
@@ -196,7 +143,7 @@ async def list_sessions(
 @router.get("/sessions/{session_id}", summary="One session: counts, tokens, timestamps, branches")
 async def get_session(request: Request, session_id: str, tenant: str | None = TENANT_QUERY) -> JSONResponse:
     session = await session_of(request, session_id, tenant)
-    admin = _scope(request, tenant)[1]
+    admin = reader_scope(request, tenant)[1]
     return JSONResponse(session_json(await request.app.state.proxy.store.session_summary(session), admin=admin))
 
 
@@ -205,24 +152,21 @@ async def list_messages(
     request: Request,
     session_id: str,
     limit: int = Query(100, ge=1, le=1000),
-    after: str | None = None,
-    leaf: str | None = Query(None, description="Chain hash of the branch's last message (default: newest branch)"),
+    after: str | None = Query(None, max_length=LEAF_CHARS, description="The previous page's last_id (a message id)"),
+    leaf: str | None = LEAF_QUERY,
     tenant: str | None = TENANT_QUERY,
 ) -> JSONResponse:
     store = request.app.state.proxy.store
-    session = await session_of(request, session_id, tenant)
-    tip = await store.branch_leaf(session.pk, leaf)
+    session, tip = await session_branch(request, session_id, leaf, tenant)
     if tip is None:
-        if leaf is not None:
-            raise NotFound(f"No message '{leaf}' in this session.")
         return list_response([], False)
     after_seq = None
     if after is not None:
         anchor = await store.get_message_by_hash(session.pk, after)
         if anchor is None:
-            raise BadRequest(f"'after' is not a message id of this session: {after}", param="after")
+            raise BadRequest(f"'after' is not a message id of this session: {echo(after)}", param="after")
         after_seq = anchor.seq
-    rows, has_more = await store.list_branch_messages(session.pk, tip.chain_hash, after_seq, limit)
+    rows, has_more = await store.list_branch_messages(session.pk, tip, after_seq, limit)
     return list_response([message_json(m) for m in rows], has_more)
 
 
@@ -288,7 +232,7 @@ async def _chunks(lines: AsyncIterator[str], offset: int, limit: int | None) -> 
 async def archive(
     request: Request,
     session_id: str,
-    leaf: str | None = Query(None, description="Chain hash of the branch's last message (default: newest branch)"),
+    leaf: str | None = LEAF_QUERY,
     offset: int = Query(0, ge=0, le=10**9, description="First line (0-based)"),
     limit: int | None = Query(None, ge=1, le=100_000, description="Number of lines (default: to the end); "
                               "a page with fewer lines is the last"),

@@ -1,5 +1,5 @@
 """The read API's per-session lists beside the log: branches and artifacts (tenant-scoped as
-``proxy.routes.read``: another tenant's session or artifact is a 404), and one artifact's lines.
+``proxy.routes.read_scope``: another tenant's session or artifact is a 404), and one artifact's lines.
 
 Lists use OpenAI's list shape (``object: "list"``, ``data``, ``first_id``, ``last_id``,
 ``has_more``) with ``limit`` and ``after`` (the previous page's ``last_id``).
@@ -12,8 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from starlette.responses import JSONResponse
 
-from proxy.errors import NotFound
-from proxy.routes.read import TENANT_QUERY, cursor_page, list_response, session_of, unix_seconds
+from proxy.routes.read_scope import TENANT_QUERY, artifact_of, cursor_page, list_response, session_of, unix_seconds
 from storage.records import ArtifactInfo, BranchRecord
 
 router = APIRouter(tags=["read"])
@@ -95,11 +94,7 @@ async def get_artifact(
     offset: int = Query(0, ge=0, description="First line (0-based)"),
     limit: int = Query(2000, ge=1, le=100_000, description="Number of lines"),
 ) -> JSONResponse:
-    state = request.app.state.proxy
-    tenant = state.auth.reader(request.headers)
-    artifact = await state.store.get_artifact(artifact_id, tenant)
-    if artifact is None:
-        raise NotFound(f"No artifact '{artifact_id}'.")
+    artifact = await artifact_of(request, artifact_id)
     lines = artifact.content.splitlines(keepends=True)
     window = lines[offset : offset + limit]
     return JSONResponse(

@@ -1,11 +1,12 @@
 """The read tool's search over one document, for the read API and the web viewer (tenant-scoped
-as ``proxy.routes.read``): a session's archive, or one artifact. Matches carry the line numbers
+as ``proxy.routes.read_scope``): a session's archive, or one artifact. Matches carry the line numbers
 ``?offset=`` takes on ``GET /sessions/{id}/archive`` and ``GET /artifacts/{id}``.
 
 Answer: ``{"object": "list", "data": [{"object": "search.match", "line", "text", "score",
 "context": [{"line", "text"}]}], "total", "stopped", "has_more"}``, best first (more query words,
 then later lines); ``total`` counts the matching lines seen, ``stopped`` says the time budget ran
 out first. A query the search refuses (empty, too long, a pattern RE2 will not run) is a 400.
+At most ``Settings.read_api_max_concurrent_searches`` searches run at once; more wait their turn.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from starlette.responses import JSONResponse
 
-from proxy.errors import BadRequest, NotFound
-from proxy.routes.read import TENANT_QUERY, session_branch
+from proxy.errors import BadRequest
+from proxy.routes.read_scope import LEAF_QUERY, TENANT_QUERY, artifact_of, session_branch
 from proxy.tools.document_search import Found, QueryRefused, search_archive, search_artifact
 from proxy.tools.search import MAX_MATCHES, MAX_QUERY_CHARS, MAX_SEARCH_OFFSET
 
@@ -42,12 +43,13 @@ def _answer(found: Found, offset: int) -> JSONResponse:
 @router.get("/sessions/{session_id}/archive/search", summary="Search the archive (the read tool's search)")
 async def archive_search(
     request: Request, session_id: str, q: str = Q, regex: bool = REGEX, offset: int = OFFSET, limit: int = LIMIT,
-    leaf: str | None = Query(None, description="Chain hash of the branch's last message (default: newest branch)"),
+    leaf: str | None = LEAF_QUERY,
     tenant: str | None = TENANT_QUERY,
 ) -> JSONResponse:
     session, tip = await session_branch(request, session_id, leaf, tenant)
+    state = request.app.state.proxy
     try:
-        found = await search_archive(request.app.state.proxy.store, session, tip, q, regex=regex, offset=offset,
+        found = await search_archive(state.store, session, tip, q, slots=state.searches, regex=regex, offset=offset,
                                      limit=limit)
     except QueryRefused as exc:
         raise BadRequest(str(exc), param="q") from None
@@ -58,12 +60,10 @@ async def archive_search(
 async def artifact_search(
     request: Request, artifact_id: str, q: str = Q, regex: bool = REGEX, offset: int = OFFSET, limit: int = LIMIT,
 ) -> JSONResponse:
-    state = request.app.state.proxy
-    artifact = await state.store.get_artifact(artifact_id, state.auth.reader(request.headers))
-    if artifact is None:
-        raise NotFound(f"No artifact '{artifact_id}'.")
+    artifact = await artifact_of(request, artifact_id)
     try:
-        found = await search_artifact(artifact, q, regex=regex, offset=offset, limit=limit)
+        found = await search_artifact(artifact, q, slots=request.app.state.proxy.searches, regex=regex, offset=offset,
+                                      limit=limit)
     except QueryRefused as exc:
         raise BadRequest(str(exc), param="q") from None
     return _answer(found, offset)

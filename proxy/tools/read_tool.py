@@ -35,6 +35,7 @@ from typing import Any
 from proxy.conversation.canonical import text_of
 from proxy.defenses.hints import archive_url
 from proxy.tools.archive import stream_archive_lines
+from proxy.tools.document_search import feed_lines
 from proxy.tools.schemas import ReadRequest, parse_arguments
 from proxy.tools.search import (
     MAX_SEARCH_OFFSET,
@@ -51,8 +52,7 @@ ARCHIVE_RE = re.compile(r"/sessions/([^/\s`'\"?]+)/archive")
 archive a request may read is decided by exact match with the current session's (``archive_urls``)."""
 MAX_SEARCH_ITEMS = 64
 """Artifacts one search without a reference reads at most (the most recently named)."""
-SEARCH_BATCH_LINES = 2000
-"""Archive lines searched per batch (in a worker thread), so memory is about one batch."""
+
 
 
 def archive_urls(session_id: str) -> tuple[str, ...]:
@@ -198,23 +198,8 @@ class _Loader:
         return kept, False
 
     async def search_archive(self, searcher: Searcher, source: int) -> None:
-        """Feed the archive's lines to ``searcher`` in batches of ``SEARCH_BATCH_LINES`` (each
-        searched in a worker thread); only one batch is held at a time."""
-        batch: list[str] = []
-        first = 0
-        stream = self._archive_stream()
-        try:
-            async for line in stream:
-                batch.append(line)
-                if len(batch) >= SEARCH_BATCH_LINES:
-                    if not await asyncio.to_thread(searcher.feed, source, self.archive_ref, batch, first):
-                        return
-                    first += len(batch)
-                    batch = []
-        finally:
-            await stream.aclose()
-        if batch or not first:
-            await asyncio.to_thread(searcher.feed, source, self.archive_ref, batch, first)
+        """Feed the archive's lines to ``searcher`` (``feed_lines``)."""
+        await feed_lines(searcher, source, self.archive_ref, self._archive_stream())
 
     def archive_named(self) -> bool:
         return self.session.session_id in self.visible.archives
