@@ -57,7 +57,7 @@ from proxy.forward.log_writer import LogWriter
 from proxy.forward.messages_sse import MessagesAssembler
 from proxy.forward.messages_tools import PING, RoundFilter, ended_by_the_client, has_text, provider_error_event
 from proxy.forward.pipeline import DEGRADED_WARNING, context_headers
-from proxy.forward.rounds import prepare_request
+from proxy.forward.rounds import Recovery, sent_with_rounds
 from proxy.forward.session_ids import client_session_id
 from proxy.forward.session_log import SessionLog, new_id
 from proxy.forward.sse import SSEEvent, SSESplitter
@@ -181,6 +181,8 @@ class MessagesPipeline:
         self.health = health
         self.metrics = metrics
         self.compactor = compactor if compactor is not None else Compactor()
+        self.recovery = Recovery(settings, self.compactor, metrics, health)
+        """Prepares each request and its retries after an overflow (with escalation: signed cycles)."""
         self.tools = tools
         """Serves the proxy's read tool (``None``: a reply's calls to it are never served: removed)."""
 
@@ -267,16 +269,17 @@ class MessagesPipeline:
         """Prepare (the defenses), forward, and on the provider's overflow (an error status, or an
         ``error`` event before a stream's first content block) compact and retry, bounded by
         ``max_overflow_retries``: the client sees only the attempt that answered."""
-        await self._prepare(ctx, None)
+        await self.recovery.prepare(ctx, None)
         while True:
             assert ctx.prepared is not None
-            sent = self._sent(ctx)  # what an overflow error may quote back
+            sent = sent_with_rounds(ctx)  # what an overflow error may quote back
             resp = await self.upstream.send("POST", target, headers=ctx.upstream_headers, content=ctx.prepared.body,
                                             tenant=ctx.tenant)
             if ctx.stream and resp.status_code < 400 and "text/event-stream" in resp.headers.get("content-type", ""):
                 try:
                     start = await _StreamStart.read(resp, self.settings.stream_log_max_bytes, sent)
-                    retry = start.overflow is not None and await self._retry(ctx, start.overflow)
+                    retry = start.overflow is not None and await self.recovery.retry(
+                        ctx, start.overflow, keep_rounds=False, escalate=True)
                 except BaseException:
                     await resp.aclose()
                     raise
@@ -291,7 +294,7 @@ class MessagesPipeline:
                 await resp.aclose()  # read whole: its pool slot is free for a summary call
             if resp.status_code >= 400:
                 overflow = classify_error(resp.status_code, data, resp.headers, sent=sent)
-                if overflow is not None and await self._retry(ctx, overflow):
+                if overflow is not None and await self.recovery.retry(ctx, overflow, keep_rounds=False, escalate=True):
                     continue
             elif ctx.prepared.own_tools and self.tools is not None:
                 answer = await self._own_calls(ctx, data)
@@ -300,17 +303,6 @@ class MessagesPipeline:
                 data = answer
             self._finish_whole(ctx, resp.status_code, data)
             return Buffered(resp.status_code, self._client_headers(ctx, resp.headers), data)
-
-    async def _prepare(self, ctx: ChatContext, overflow: Overflow | None) -> None:
-        """``rounds.prepare_request`` with the Messages compactor (a database failing with
-        ``database_failure_mode`` open forwards the client's bytes)."""
-        await prepare_request(ctx, overflow, self.compactor, self.settings, self.metrics, self.health)
-
-    def _sent(self, ctx: ChatContext) -> Mapping[str, Any]:
-        """The body forwarded last, as a mapping (with this request's tool rounds)."""
-        assert ctx.prepared is not None
-        sent = ctx.prepared.forwarded or ctx.body
-        return sent | {"messages": [*sent["messages"], *ctx.internal]} if ctx.internal else sent
 
     async def _own_calls(self, ctx: ChatContext, data: bytes) -> bytes | None:
         """A whole answer of a request that offered the proxy's tool: ``None`` when it called only
@@ -346,13 +338,14 @@ class MessagesPipeline:
         seen their blocks) or no event stream."""
         while True:
             assert ctx.prepared is not None
-            sent = self._sent(ctx)
+            sent = sent_with_rounds(ctx)
             resp = await self.upstream.send("POST", target, headers=ctx.upstream_headers, content=ctx.prepared.body,
                                             tenant=ctx.tenant)
             if resp.status_code < 400 and "text/event-stream" in resp.headers.get("content-type", ""):
                 try:
                     start = await _StreamStart.read(resp, self.settings.stream_log_max_bytes, sent)
-                    retry = start.overflow is not None and await self._retry(ctx, start.overflow, keep_rounds=True)
+                    retry = start.overflow is not None and await self.recovery.retry(
+                        ctx, start.overflow, keep_rounds=True, escalate=True)
                 except BaseException:
                     await resp.aclose()
                     raise
@@ -366,49 +359,11 @@ class MessagesPipeline:
                 await resp.aclose()
             if resp.status_code >= 400:
                 overflow = classify_error(resp.status_code, data, resp.headers, sent=sent)
-                if overflow is not None and await self._retry(ctx, overflow, keep_rounds=True):
+                if overflow is not None and await self.recovery.retry(ctx, overflow, keep_rounds=True, escalate=True):
                     continue
                 return None, provider_error_event(data)
             return None, stream_error_event(UpstreamUnreachable("The upstream answered a streamed round without "
                                                                 "an event stream."))
-
-    async def _retry(self, ctx: ChatContext, overflow: Overflow, *, keep_rounds: bool = False) -> bool:
-        """After an overflow: learn from it and, when a retry is left and compacting changes what is
-        sent, prepare the retry (``True``); else ``False`` (``ctx.unrecovered``): the provider's
-        answer goes back as it came (the proxy never words an overflow of its own). This request's
-        tool rounds start over, unless ``keep_rounds`` (a stream's client has seen their blocks:
-        they are forwarded again after the compacted request)."""
-        await self.compactor.learn(ctx, overflow)
-        if not keep_rounds:
-            ctx.internal, ctx.read_rounds = [], 0
-        if ctx.retries >= self.settings.max_overflow_retries or not self.compactor.can_retry(ctx, overflow):
-            return self._unrecovered(ctx, overflow)
-        assert ctx.prepared is not None
-        before = ctx.prepared.body
-        await self._prepare_with_rounds(ctx, overflow)
-        if ctx.prepared.body == before and not ctx.escalated:  # the same body would be refused again:
-            ctx.escalated = True  # compact further (a signed cycle summarized whole), once
-            await self._prepare_with_rounds(ctx, overflow)
-        ctx.tools_withdrawn = False  # the body is made anew: the proxy's tool is offered again
-        if ctx.prepared.body == before:
-            return self._unrecovered(ctx, overflow)
-        ctx.retries += 1
-        self.metrics.overflow("retried")
-        return True
-
-    async def _prepare_with_rounds(self, ctx: ChatContext, overflow: Overflow) -> None:
-        """``_prepare``, this request's tool rounds (``ctx.internal``) forwarded after it."""
-        await self._prepare(ctx, overflow)
-        assert ctx.prepared is not None
-        if ctx.internal:
-            base = ctx.prepared.forwarded or ctx.body
-            body = orjson.dumps(base | {"messages": [*base["messages"], *ctx.internal]})
-            ctx.prepared = dataclasses.replace(ctx.prepared, body=body)
-
-    def _unrecovered(self, ctx: ChatContext, overflow: Overflow) -> bool:
-        ctx.unrecovered = overflow
-        self.metrics.overflow("unrecoverable")
-        return False
 
     def _finish_whole(self, ctx: ChatContext, status: int, data: bytes) -> None:
         """Log a complete answer: the Message's ``content`` as the reply, its ``usage`` and
