@@ -69,6 +69,69 @@ async def prepare_request(ctx: ChatContext, overflow: Overflow | None, compactor
         ctx.prepared = Prepared(orjson.dumps(ctx.body | {"messages": ctx.messages}) if ctx.expanded else ctx.raw)
 
 
+def sent_with_rounds(ctx: ChatContext) -> dict[str, Any]:
+    """The body forwarded last, as a mapping: the prepared one (``Prepared.forwarded``, else the
+    client's ``ctx.body``) with this request's tool rounds (``ctx.internal``) after its messages.
+    What an overflow error may quote back, and what a retry forwards."""
+    assert ctx.prepared is not None
+    sent = ctx.prepared.forwarded or ctx.body
+    return sent | {"messages": [*sent["messages"], *ctx.internal]} if ctx.internal else sent
+
+
+class Recovery:
+    """A request's preparation and its retries after an overflow, the one way for either API
+    (chat's ``RoundLoop``, the Messages pipeline); no per-request state."""
+
+    def __init__(self, settings: Settings, compactor: Compactor, metrics: Metrics, health: DatabaseHealth) -> None:
+        self.settings = settings
+        self.compactor = compactor
+        self.metrics = metrics
+        self.health = health
+
+    async def prepare(self, ctx: ChatContext, overflow: Overflow | None) -> None:
+        """``prepare_request`` with this compactor."""
+        await prepare_request(ctx, overflow, self.compactor, self.settings, self.metrics, self.health)
+
+    async def retry(self, ctx: ChatContext, overflow: Overflow, *, keep_rounds: bool, escalate: bool) -> bool:
+        """After an overflow: learn from it; when a retry is left (``max_overflow_retries``, and
+        the compactor can), compact and prepare it (this request's tool rounds, ``ctx.internal``,
+        forwarded after it; the proxy's tools offered again) and return True. The rounds start over
+        on the compacted request unless ``keep_rounds`` (the caller's client has seen what they
+        said). ``escalate``: when compacting changed nothing, compact once more with
+        ``ctx.escalated`` (a signed tool cycle summarized whole: Messages). False (``ctx.unrecovered``)
+        when no retry is left, or when the body is still the one refused (it would overflow again):
+        the provider's answer goes back as it came (the proxy never words an overflow of its own)."""
+        await self.compactor.learn(ctx, overflow)
+        if not keep_rounds:
+            ctx.internal, ctx.read_rounds = [], 0  # rounds that led to an overflow are not kept
+        if ctx.retries >= self.settings.max_overflow_retries or not self.compactor.can_retry(ctx, overflow):
+            return self._unrecovered(ctx, overflow)
+        assert ctx.prepared is not None
+        before = ctx.prepared.body
+        await self._prepare_with_rounds(ctx, overflow)
+        if escalate and ctx.prepared.body == before and not ctx.escalated:  # refused again as it is:
+            ctx.escalated = True  # compact further (a signed cycle summarized whole), once
+            await self._prepare_with_rounds(ctx, overflow)
+        ctx.tools_withdrawn = False  # the body is made anew: the proxy's tools are offered again
+        if ctx.prepared.body == before:
+            return self._unrecovered(ctx, overflow)
+        ctx.retries += 1
+        self.metrics.overflow("retried")
+        return True
+
+    async def _prepare_with_rounds(self, ctx: ChatContext, overflow: Overflow) -> None:
+        """``prepare``, this request's tool rounds (``ctx.internal``) forwarded after it."""
+        await self.prepare(ctx, overflow)
+        assert ctx.prepared is not None
+        if ctx.internal:
+            ctx.prepared = dataclasses.replace(ctx.prepared, body=orjson.dumps(sent_with_rounds(ctx)))
+
+    def _unrecovered(self, ctx: ChatContext, overflow: Overflow) -> bool:
+        ctx.unrecovered = overflow
+        self.metrics.overflow("unrecoverable")
+        return False
+
+
 class RoundLoop:
     """Runs the exchanges of the pipeline's requests (one per pipeline; no per-request state)."""
 
@@ -79,11 +142,11 @@ class RoundLoop:
         self.compactor = compactor
         self.tools = tools
         self.metrics = metrics
-        self.health = health
+        self.recovery = Recovery(settings, compactor, metrics, health)
 
     async def prepare(self, ctx: ChatContext, overflow: Overflow | None) -> None:
-        """``prepare_request`` with this loop's compactor."""
-        await prepare_request(ctx, overflow, self.compactor, self.settings, self.metrics, self.health)
+        """``Recovery.prepare``: ``prepare_request`` with this loop's compactor."""
+        await self.recovery.prepare(ctx, overflow)
 
     async def exchanges(self, ctx: ChatContext, turn: Turn) -> AsyncGenerator[Segment, None]:
         """The loop (module docstring), after ``prepare``. Yields what a stream's client is sent, as
@@ -97,9 +160,7 @@ class RoundLoop:
                 assert ctx.prepared is not None
                 if turn.resp is not None:
                     await turn.resp.aclose()
-                sent = ctx.prepared.forwarded or ctx.body  # what overflow errors may quote back
-                if ctx.internal:
-                    sent = sent | {"messages": [*sent["messages"], *ctx.internal]}
+                sent = sent_with_rounds(ctx)  # what overflow errors may quote back
                 started = time.perf_counter()
                 resp = turn.resp = await self.upstream.send("POST", UPSTREAM_CHAT_PATH, headers=ctx.upstream_headers,
                                                             content=ctx.prepared.body, tenant=ctx.tenant)
@@ -157,37 +218,16 @@ class RoundLoop:
                 await turn.resp.aclose()
 
     async def _retry(self, ctx: ChatContext, turn: Turn, overflow: Overflow) -> bool:
-        """After an overflow: learn from it; when a retry is left (``max_overflow_retries``, and
-        the compactor can), compact and prepare it and return True. The proxy's rounds start over
-        on the compacted request, unless a stream's client has seen text from them: then they are
-        kept after it (asked again from scratch, the model would say that text again). False when no
-        retry is left, or when compacting changed nothing (the same body would overflow again):
-        the provider's answer is returned as it came, with headers saying what was tried (the
-        proxy never words an overflow of its own)."""
-        await self.compactor.learn(ctx, overflow)
-        if not (turn.committed and not turn.assembler.empty):
-            ctx.internal, ctx.read_rounds = [], 0  # rounds that led to an overflow are not kept
-        if ctx.retries >= self.settings.max_overflow_retries or not self.compactor.can_retry(ctx, overflow):
-            return self._unrecovered(ctx, overflow)
-        assert ctx.prepared is not None
-        before = ctx.prepared.body
-        await self.prepare(ctx, overflow)
-        ctx.tools_withdrawn = False  # the body is made anew: the proxy's tools are offered again
-        if ctx.internal:
-            base = ctx.prepared.forwarded or ctx.body
-            body = orjson.dumps(base | {"messages": [*base["messages"], *ctx.internal]})
-            ctx.prepared = dataclasses.replace(ctx.prepared, body=body)
-        if ctx.prepared.body == before:
-            return self._unrecovered(ctx, overflow)
-        ctx.retries += 1
-        self.metrics.overflow("retried")
+        """After an overflow: ``Recovery.retry`` (True: the compacted request is prepared; False:
+        the provider's answer is returned as it came, with headers saying what was tried). The
+        proxy's rounds start over on the compacted request, unless a stream's client has seen text
+        from them: then they are kept after it (asked again from scratch, the model would say that
+        text again). No escalation: that is the Messages pipeline's (signed tool cycles)."""
+        kept = turn.committed and not turn.assembler.empty
+        if not await self.recovery.retry(ctx, overflow, keep_rounds=kept, escalate=False):
+            return False
         turn.assembler.reset_round()
         return True
-
-    def _unrecovered(self, ctx: ChatContext, overflow: Overflow) -> bool:
-        ctx.unrecovered = overflow
-        self.metrics.overflow("unrecoverable")
-        return False
 
 
 def reply_of(data: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str | None]:
