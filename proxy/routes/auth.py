@@ -23,11 +23,14 @@ ANONYMOUS = "anonymous"
 
 
 def client_key(headers: Mapping[str, str]) -> str | None:
-    """The API key a client sent, or None."""
+    """The API key a client sent, or None (``Authorization: Bearer`` with no token is no key: an
+    SDK configured with an empty key sends it, and it must not become a tenant anybody can name)."""
     auth = headers.get("authorization")
     if auth:
         scheme, _, token = auth.partition(" ")
-        return token.strip() if scheme.lower() == "bearer" and token.strip() else auth.strip()
+        if scheme.lower() == "bearer":
+            return token.strip() or None
+        return auth.strip()
     return headers.get("api-key") or headers.get("x-api-key") or None
 
 

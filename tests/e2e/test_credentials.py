@@ -76,6 +76,15 @@ def test_what_was_sent_without_a_key_is_read_with_an_admin_key_only(proxy_factor
             assert resp.json()["error"]["type"] == "authentication_error"
             assert "Traceback" not in resp.text
         assert anonymous.get("/sessions", headers={"x-api-key": ""}).status_code == 401
+        # an SDK given an empty key sends "Authorization: Bearer": no key, not a tenant named "Bearer"
+        resp = anonymous.post("/v1/chat/completions", headers={"x-session-id": "sess-empty-bearer",
+                                                               "authorization": "Bearer"},
+                              json={"model": "gpt-4o", "messages": [{"role": "user", "content": "empty key"}]})
+        assert resp.status_code == 200
+        assert wait_for(lambda: admin.get("/sessions/sess-empty-bearer").status_code == 200)
+        assert admin.get("/sessions/sess-empty-bearer").json()["tenant"] == "anonymous"
+        for header in ("Bearer", "bearer"):
+            assert anonymous.get("/sessions/sess-empty-bearer", headers={"authorization": header}).status_code == 401
         assert admin.get("/sessions/sess-keyless/messages").json()["data"][0]["content"] == "no key here"
         assert a.get("/sessions/sess-keyless").status_code == 404  # a key's tenant is not the keyless one
 
