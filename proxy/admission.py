@@ -15,7 +15,8 @@ budget) and are bounded: a tenant's entry exists only while it holds or waits fo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -87,6 +88,38 @@ class PoolShare:
         entry[0] -= 1  # type: ignore[operator]
         if entry[0] == 0 and self._tenants.get(tenant) is entry:
             del self._tenants[tenant]
+
+
+SEARCHES_WAITING_PER_SLOT = 4
+"""Read API searches that may wait for each one running; past that a search is refused (503)."""
+
+
+class SearchSlots:
+    """At most ``running`` read-API searches at once and ``waiting`` more queued behind them; one
+    more is refused with ``ProxyBusy`` (503, ``retry-after``) rather than queued, so what waits (a
+    request, and nothing loaded yet: ``held`` is entered before the document is read) is bounded."""
+
+    def __init__(self, running: int, waiting: int) -> None:
+        self._running = asyncio.Semaphore(running)
+        self.max_waiting = waiting
+        self.waiting = 0
+
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        """Hold one slot for the block; raises ``ProxyBusy`` when every slot is taken and
+        ``max_waiting`` callers already wait."""
+        if self._running.locked() and self.waiting >= self.max_waiting:
+            raise ProxyBusy("The proxy is busy: as many read API searches as it runs and queues are under way; "
+                            "retry shortly.")
+        self.waiting += 1
+        try:
+            await self._running.acquire()
+        finally:
+            self.waiting -= 1
+        try:
+            yield
+        finally:
+            self._running.release()
 
 
 class BodyBudget:

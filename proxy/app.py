@@ -22,7 +22,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy import __version__
-from proxy.admission import BodyBudget, PoolShare
+from proxy.admission import SEARCHES_WAITING_PER_SLOT, BodyBudget, PoolShare, SearchSlots
 from proxy.compaction.apis import CHAT_API, MESSAGES_API
 from proxy.compaction.base import Compactor
 from proxy.conversation.prefix import PrefixStates
@@ -69,8 +69,9 @@ class ProxyState:
     and pool slots (one pool of connections, one tenant share of it)."""
     messages: MessagesPipeline
     """``POST /v1/messages``'s use case (its log writer, session log and health are ``pipeline``'s)."""
-    searches: asyncio.Semaphore
-    """Read API searches running at once (``Settings.read_api_max_concurrent_searches``, set in the lifespan)."""
+    searches: SearchSlots
+    """Read API searches running at once and waiting (``Settings.read_api_max_concurrent_searches``, set in the
+    lifespan)."""
     migrated: bool = False
     """The schema is at the newest migration (``/readyz`` is not ready until it is)."""
 
@@ -158,9 +159,10 @@ def create_app(settings: Settings, *, upstream_transport: object = None) -> Fast
         messages_pipeline = MessagesPipeline(settings, pipeline.log, anthropic_upstream, pipeline.writer,
                                              pipeline.health, metrics, pipeline.digest_memo, messages_compactor,
                                              messages_tools)
+        searches = settings.read_api_max_concurrent_searches
         state = ProxyState(settings, Authenticator(settings), store, upstream, pipeline, anthropic_upstream,
                            messages_pipeline,
-                           asyncio.Semaphore(settings.read_api_max_concurrent_searches), migrated=migrated)
+                           SearchSlots(searches, SEARCHES_WAITING_PER_SLOT * searches), migrated=migrated)
         app.state.proxy = state
         retry = None if migrated else asyncio.create_task(_migrate_until_done(state))
         try:

@@ -155,3 +155,43 @@ async def test_parallel_searches_run_at_most_the_bound_at_once(
     assert [a.status_code for a in answers] == [200] * len(paths)
     assert all(a.json()["total"] >= 1 for a in answers)
     assert peak == 2
+
+
+async def test_searches_past_the_queue_are_refused_and_queued_ones_hold_no_artifact(
+    inprocess_factory: Callable[..., Awaitable[InProcessProxy]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One search runs and ``SEARCHES_WAITING_PER_SLOT`` (4) wait; the next ones are a 503
+    ``proxy_busy`` with ``retry-after`` in OpenAI's envelope, not an unbounded queue; an artifact is
+    read from the store only once its search holds a slot, so waiting searches hold no content."""
+    from proxy.admission import SEARCHES_WAITING_PER_SLOT
+
+    proxy = await inprocess_factory(read_api_max_concurrent_searches=1)
+    await two_turns(proxy)
+    tenant = tenant_of(CLIENT_KEY, proxy.settings.tenant_salt)
+    store = proxy.app.state.proxy.store
+    await store.put_artifacts([ArtifactRecord(ART, tenant, None, "text/plain", "needle\n", 7, 1, datetime.now(UTC))])
+    loaded: list[str] = []  # each read of an artifact from the store
+    read = store.get_artifact
+    slots = proxy.app.state.proxy.searches
+
+    async def counted_read(*args: Any) -> Any:
+        loaded.append(args[0])
+        return await read(*args)
+
+    feed = Searcher.feed
+
+    def slow(self: Searcher, *args: Any) -> bool:
+        time.sleep(0.05)
+        return feed(self, *args)
+
+    monkeypatch.setattr(store, "get_artifact", counted_read)
+    monkeypatch.setattr(Searcher, "feed", slow)
+    sent = 1 + SEARCHES_WAITING_PER_SLOT + 3
+    answers = await asyncio.gather(*(proxy.http.get(f"/artifacts/{ART}/search", params={"q": "needle"})
+                                     for _ in range(sent)))
+    statuses = sorted(a.status_code for a in answers)
+    assert statuses == [200] * (1 + SEARCHES_WAITING_PER_SLOT) + [503] * 3
+    busy = next(a for a in answers if a.status_code == 503)
+    assert busy.json()["error"]["code"] == "proxy_busy" and busy.headers["retry-after"] == "1"
+    assert len(loaded) == 1 + SEARCHES_WAITING_PER_SLOT  # the refused ones never read it
+    assert slots.waiting == 0

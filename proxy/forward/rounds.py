@@ -137,7 +137,6 @@ class RoundLoop:
 
     def __init__(self, settings: Settings, upstream: Upstream, compactor: Compactor, tools: ToolRounds,
                  metrics: Metrics, health: DatabaseHealth) -> None:
-        self.settings = settings
         self.upstream = upstream
         self.compactor = compactor
         self.tools = tools

@@ -60,10 +60,9 @@ async def archive_search(
 async def artifact_search(
     request: Request, artifact_id: str, q: str = Q, regex: bool = REGEX, offset: int = OFFSET, limit: int = LIMIT,
 ) -> JSONResponse:
-    artifact = await artifact_of(request, artifact_id)
     try:
-        found = await search_artifact(artifact, q, slots=request.app.state.proxy.searches, regex=regex, offset=offset,
-                                      limit=limit)
+        found = await search_artifact(lambda: artifact_of(request, artifact_id), q,
+                                      slots=request.app.state.proxy.searches, regex=regex, offset=offset, limit=limit)
     except QueryRefused as exc:
         raise BadRequest(str(exc), param="q") from None
     return _answer(found, offset)

@@ -21,8 +21,9 @@ from proxy.tools.archive import stream_archive_lines
 from proxy.tools.search import Hit, Query, Searcher, compile_query
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator
+    from collections.abc import AsyncGenerator, Awaitable, Callable
 
+    from proxy.admission import SearchSlots
     from storage.records import ArtifactRecord, SessionRecord
     from storage.store import Store
 
@@ -76,24 +77,27 @@ def _page(searcher: Searcher, offset: int, limit: int) -> Found:
 
 
 async def search_archive(store: Store, session: SessionRecord, leaf: str | None, query: str, *,
-                         slots: asyncio.Semaphore, regex: bool = False, offset: int = 0, limit: int = 20) -> Found:
+                         slots: SearchSlots, regex: bool = False, offset: int = 0, limit: int = 20) -> Found:
     """Matches ``offset``..``offset+limit-1`` of ``query`` in the archive of ``session``'s branch
     ending at chain hash ``leaf`` (``None``: the newest branch). It runs holding one of ``slots``
     (``ProxyState.searches``: waits for one). Raises ``QueryRefused``."""
     compiled = _compiled(query, regex)
-    async with slots:  # the time budget starts once it runs
+    async with slots.held():  # the time budget starts once it runs
         searcher = Searcher(compiled, offset + limit)
         stream = stream_archive_lines(store, session.session_id, session.pk, leaf)
         await feed_lines(searcher, 0, f"/sessions/{session.session_id}/archive", stream)
     return _page(searcher, offset, limit)
 
 
-async def search_artifact(artifact: ArtifactRecord, query: str, *, slots: asyncio.Semaphore, regex: bool = False,
-                          offset: int = 0, limit: int = 20) -> Found:
-    """Matches of ``query`` in ``artifact``'s lines (``str.splitlines``, as ``GET /artifacts/{id}``
-    numbers them), run holding one of ``slots`` as ``search_archive``. Raises ``QueryRefused``."""
+async def search_artifact(load: Callable[[], Awaitable[ArtifactRecord]], query: str, *, slots: SearchSlots,
+                          regex: bool = False, offset: int = 0, limit: int = 20) -> Found:
+    """Matches of ``query`` in the lines (``str.splitlines``, as ``GET /artifacts/{id}`` numbers
+    them) of the artifact ``load`` reads, run holding one of ``slots`` as ``search_archive``: the
+    artifact is read once the slot is held, so queued searches hold no content. Raises
+    ``QueryRefused``, and what ``load`` raises."""
     compiled = _compiled(query, regex)
-    async with slots:
+    async with slots.held():
+        artifact = await load()
         searcher = Searcher(compiled, offset + limit)
         await asyncio.to_thread(searcher.feed, 0, artifact.id, artifact.content.splitlines())
     return _page(searcher, offset, limit)
