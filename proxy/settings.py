@@ -233,8 +233,8 @@ class Settings(BaseSettings):
     )
     read_api_max_concurrent_searches: int = Field(
         2, ge=1, le=64, description="Searches of the read API (GET /sessions/{id}/archive/search, "
-        "/artifacts/{id}/search) run at once per process at most; more wait their turn (so searches never take "
-        "the worker threads that forwarding needs)."
+        "/artifacts/{id}/search) run at once per process at most; up to 4 more per slot wait their turn, and past "
+        "that a search is a 503 proxy_busy (so searches never take the worker threads that forwarding needs)."
     )
     compact_tool_enabled: bool = Field(
         False, description="Offer the manual compaction tool (also per request: header X-Context-Proxy-Compact-Tool: "
