@@ -27,8 +27,8 @@ MODEL = "fake-128k-openai"
 WINDOWS = {MODEL: 128_000}
 MAX_STALL_S = 1.0
 """The issue's bound for a healthy client's answer; the old code stalled 2-4 s at these sizes."""
-STALL_SHARE_OF_ON_LOOP = 0.25
-"""30,000 messages: the longest stall with the work off the loop ÷ the one with it all on the loop."""
+STALL_SHARE_OF_REQUEST = 0.5
+"""30,000 messages: the longest stall ÷ the request's whole time (about 0.2 off the loop, 0.6 on it)."""
 
 
 class Capture(httpx.AsyncBaseTransport):
@@ -115,9 +115,16 @@ async def test_30000_messages_leave_the_loop_responsive_and_forward_the_same_byt
     off = Capture()
     async with InProcessProxy(off, windows=WINDOWS) as p:
         async with Ticker() as t:
+            t0 = asyncio.get_running_loop().time()
             resp = await p.chat(body, session="many")
+            took_s = asyncio.get_running_loop().time() - t0
         assert resp.status_code == 200, resp.text[:300]
     assert where_projected and not any(where_projected)
+    # No one stall takes half the request (here 0.42 s of 2.05 s; with everything on the loop 1.4 s of
+    # 2.2 s): judged against the request's own time, so the bound follows the machine's speed (an
+    # absolute 1 s failed at 1.06 s on a loaded CI machine). The structural check is the one above.
+    assert t.max_gap_s < took_s * STALL_SHARE_OF_REQUEST, (
+        f"the event loop stalled {t.max_gap_s:.2f} s of the request's {took_s:.2f} s")
     # the same request with every stage on the loop: the summary calls and the forwarded body alike
     monkeypatch.setattr(proxy.compaction.plan_loop, "OFF_LOOP_BYTES", 1 << 62)
     monkeypatch.setattr(proxy.conversation.canonical, "OFF_LOOP_DIGEST_BYTES", 1 << 62)
@@ -125,14 +132,8 @@ async def test_30000_messages_leave_the_loop_responsive_and_forward_the_same_byt
     where_projected.clear()
     on = Capture()
     async with InProcessProxy(on, windows=WINDOWS) as p:
-        async with Ticker() as t_on:
-            resp = await p.chat(body, session="many")
+        resp = await p.chat(body, session="many")
         assert resp.status_code == 200
-    # The stall is judged against the same work done on the loop, in the same run, so the bound scales
-    # with the machine's speed (an absolute 1 s failed at 1.06 s on a loaded CI machine, where the
-    # loop-bound version stalls 10 s): here 0.48 s off the loop against 5.8 s on it.
-    assert t.max_gap_s < t_on.max_gap_s * STALL_SHARE_OF_ON_LOOP, (
-        f"the event loop stalled {t.max_gap_s:.2f} s; {t_on.max_gap_s:.2f} s with everything on the loop")
     assert where_projected and all(where_projected)
     assert len(off.bodies) > 1  # summary calls, then the compacted request
     assert off.bodies == on.bodies
