@@ -52,3 +52,22 @@ async def test_an_unknown_session_or_artifact_id_is_repeated_cut_short(inprocess
         assert resp.status_code == 404, resp.text
         message = is_openai_error(resp.json(), "not_found_error")["message"]
         assert long not in message and "s" * ECHO_CHARS + "… (150 chars)" in message
+
+
+async def test_a_too_long_page_cursor_is_a_400_on_the_sessions_and_requests_lists(
+        inprocess_proxy: InProcessProxy) -> None:
+    """``after`` of ``GET /sessions`` (an admin's ``<tenant>:<session id>`` at most) and of
+    ``GET /sessions/{id}/requests`` (a request id) is bounded like the other cursors: past the bound
+    a 400 naming it, before any lookup; at the bound an unknown cursor is the usual 400."""
+    from proxy.routes.read import SESSION_CURSOR_CHARS
+
+    await one_turn(inprocess_proxy)
+    http = inprocess_proxy.http
+    for path, bound in (("/sessions", SESSION_CURSOR_CHARS), ("/sessions/doc/requests", 200)):
+        resp = await http.get(path, params={"after": "c" * (bound + 1)})
+        assert resp.status_code == 400, (path, resp.text)
+        assert is_openai_error(resp.json(), "invalid_request_error")["param"] == "query.after"
+        resp = await http.get(path, params={"after": "c" * bound})
+        assert resp.status_code == 400, (path, resp.text)
+        error = is_openai_error(resp.json(), "invalid_request_error")
+        assert error["param"] == "after" and "c" * bound not in error["message"]

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Query, Request
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from proxy.errors import BadRequest
+from proxy.forward.session_log import MAX_SESSION_ID_CHARS
 from proxy.routes.read_scope import (
     LEAF_CHARS,
     LEAF_QUERY,
@@ -109,6 +110,9 @@ async def session_page(
     return await store.list_sessions(scope, limit, after, where=where)
 
 
+SESSION_CURSOR_CHARS = 2 * MAX_SESSION_ID_CHARS + 1
+"""Longest ``after`` of ``GET /sessions``: an admin's ``<tenant>:<session id>`` (a tenant is at most as
+long as a session id here: ``TENANT_QUERY``'s bound)."""
 UNIX_MAX = 253_402_300_799
 """The latest unix-seconds query value: the last second of year 9999."""
 
@@ -120,7 +124,8 @@ def _utc(seconds: int | None) -> datetime | None:
 @router.get("/sessions", summary="Sessions, newest first")
 async def list_sessions(
     request: Request, limit: int = Query(20, ge=1, le=100), tenant: str | None = TENANT_QUERY,
-    after: str | None = Query(None, description="The previous page's last_id: a session id; for admins "
+    after: str | None = Query(None, max_length=SESSION_CURSOR_CHARS,
+                              description="The previous page's last_id: a session id; for admins "
                               "<tenant>:<session id> (a plain id there means the newest session of that id)"),
     model: str | None = Query(None, min_length=1, max_length=200,
                               description="Only sessions with a request to this model (its exact name)"),
@@ -180,7 +185,8 @@ def request_json(r: RequestRecord) -> dict[str, Any]:
 @router.get("/sessions/{session_id}/requests",
             summary="Request records: model, status, latency, usage, finish reason, defenses")
 async def list_requests(
-    request: Request, session_id: str, limit: int = Query(100, ge=1, le=1000), after: str | None = None,
+    request: Request, session_id: str, limit: int = Query(100, ge=1, le=1000),
+    after: str | None = Query(None, max_length=200, description="The previous page's last_id (a request id)"),
     tenant: str | None = TENANT_QUERY,
 ) -> JSONResponse:
     session = await session_of(request, session_id, tenant)
