@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.benchmarks import TRACES_DIR, candidates, compaction_turn, overhead, peer_goals, peers, report
+from tests.benchmarks import TRACES_DIR, candidates, compaction_turn, overhead, peer_goals, peer_table, peers, report
 from tests.benchmarks.config import BenchConfig
 
 needs_traces = pytest.mark.skipif(not TRACES_DIR.is_dir(), reason="../shared/traces is absent")
@@ -268,3 +268,73 @@ def test_instructions_section_without_valgrind(monkeypatch: pytest.MonkeyPatch, 
            "**not met** |" in text
     assert "awecompress" not in text and "LiteLLM" not in text  # the overhead section did not run: no rows of it
 
+
+def _peer_overhead(installed: tuple[str, ...]) -> dict[str, Any]:
+    """An overhead section at issue 21's points: every concurrency streamed and not, the history
+    point; the floor, the proxy and the ``installed`` peers measured (each its own numbers)."""
+    base = {"floor": 0.25, "proxy": 0.95, "awecompress": 0.43, "cliffcompaction": 1.54, "context-guardian": 1.56,
+            "headroom": 6.4, "litellm": 11.7}
+    kinds = ("direct", "floor", "proxy", *installed)
+
+    def spread(v: float) -> dict[str, float]:
+        return {"median": v, "min": v, "max": v}
+
+    def cand(kind: str, c: int, history: bool) -> dict[str, Any]:
+        added = 0.0 if kind == "direct" else base[kind]
+        return {"added_p50_ms": spread(added * (4 if history else c)), "added_ttfb_p50_ms": spread(added),
+                "added_p99_ms": spread(added * 2), "rps": spread(10_000 / (1 + added * c)),
+                "cpu_ms_per_request": spread(added / 2)}
+
+    def point(c: int, stream: bool, history: bool = False) -> dict[str, Any]:
+        return {"concurrency": c, "stream": stream, "reps": 5, "requests": 100,
+                "candidates": {k: cand(k, c, history) for k in kinds}}
+
+    history = point(1, False, history=True) | {"history_bytes": 402_646}
+    return {"points": [point(c, s) for s in (False, True) for c in (1, 16, 64)], "history_points": [history],
+            "servers_on_candidate_core": len(kinds) - 1,
+            "peer_status": {k: None if k in installed else peers.status(k) for k in peers.PEERS},
+            "peer_versions": {k: {"awecompress": "0.2.0", "cliffcompaction": "0.1.0"}[k] for k in installed}}
+
+
+def test_the_peer_table_has_a_row_each_measured_or_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    for peer in peers.PEER_LIST:
+        monkeypatch.delenv(peer.env, raising=False)
+    if any(peers.python_for(k) for k in ("context-guardian", "headroom", "litellm")):
+        pytest.skip("this environment has a peer the table is expected to show as not installed")
+    ov = _peer_overhead(("awecompress", "cliffcompaction"))
+    lines = peer_table.table(ov, "quiet")
+    assert lines[0].startswith("Against the peers, quiet (4 servers on the candidate core): ")
+    assert lines[2] == ("| candidate | added p50, c=1 | requests/s, c=16 | added p50, c=64 | added time to the first "
+                        "streamed byte, c=1 | added p50, 402 KB history, c=1 |")
+    rows = lines[4:-1]
+    assert [r.split(" | ")[0] for r in rows] == [
+        "| the Python floor (raw ASGI relay on aiohttp)", "| awecompress 0.2.0", "| **context-proxy**",
+        "| cliffcompaction 0.1.0", "| context-guardian 0.12.0", "| headroom-ai 0.42.0 (cache off)", "| LiteLLM proxy"]
+    assert rows[0] == "| the Python floor (raw ASGI relay on aiohttp) | +0.25 ms | 2,000 | +16.0 ms | +0.25 ms | +1.00 ms |"
+    assert rows[2] == "| **context-proxy** | +0.95 ms | 617 | +60.8 ms | +0.95 ms | +3.80 ms |"
+    assert rows[3] == "| cliffcompaction 0.1.0 | +1.54 ms | 390 | +98.6 ms | +1.54 ms | +6.16 ms |"
+    headroom = peers.BY_KIND["headroom"]
+    assert rows[5] == (f"| headroom-ai 0.42.0 (cache off) | not installed (optional: `{headroom.install}` in the test "
+                       f"environment, or in a venv of its own named by {headroom.env}) | – | – | – | – |")
+    assert rows[6].startswith("| LiteLLM proxy | not installed (optional: `pip install 'litellm[proxy]'`")
+    assert "awecompress measured (0.2.0); cliffcompaction measured (0.1.0); context-guardian not installed" in \
+        peers.status_note(ov)
+    # a run without the large-history point or concurrency 64: those cells say so
+    partial = ov | {"history_points": [], "points": [p for p in ov["points"] if p["concurrency"] != 64]}
+    assert peer_table.table(partial, "quiet")[6] == "| **context-proxy** | +0.95 ms | 617 | – | +0.95 ms | – |"
+
+
+def test_the_peer_tables_of_both_modes_in_the_readme(tmp_path: Path) -> None:
+    quiet, crowded = _peer_overhead(("awecompress",)), _peer_overhead(("awecompress", "cliffcompaction"))
+    results: dict[str, Any] = {"machine": report.machine(), "config": {"quick": True}, "overhead": quiet,
+                               "overhead_crowded": crowded}
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n<!-- perf:start -->\nold\n<!-- perf:end -->\n")
+    report.write(results, tmp_path / "out", readme, "python -m tests.benchmarks --quick --out out")
+    text = readme.read_text()
+    at_quiet, at_crowded = text.index("Against the peers, quiet"), text.index("Against the peers, crowded")
+    assert at_quiet < at_crowded
+    assert "| cliffcompaction 0.1.0 | not installed" in text[at_quiet:at_crowded]
+    assert "| cliffcompaction 0.1.0 | +1.54 ms |" in text[at_crowded:]
+    assert f"{results['machine']['date']}" in text and "python -m tests.benchmarks --quick --out out" in text
+    assert text.count("Against the peers") == 2 == (tmp_path / "out" / "report.md").read_text().count("Against the peers")

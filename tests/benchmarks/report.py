@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from tests.benchmarks import peers
+from tests.benchmarks import peer_table, peers
 from tests.benchmarks.overhead import FLOOR_NOISE_MS
 from tests.benchmarks.plots import plots
 
@@ -336,7 +336,7 @@ def readme_section(results: dict[str, Any], out: Path, readme: Path, command: st
              f"Measured by `{command}` on {m['date']}: {m['nproc']} cores ({m['cpu_model']}), Python {m['python']}. "
              "Every comparison is a ratio within one run, candidates interleaved, median of repetitions; "
              f"full tables in [{rel}/report.md]({rel}/report.md).", "",
-             *goals_table(results["goals"]), "", *_side_by_side(results["goals"])]
+             *goals_table(results["goals"]), "", *peer_table.tables(results), *_side_by_side(results["goals"])]
     lines += ["The load generator and the fake upstream share one core (raw HTTP/1.1 on asyncio protocols, far "
               "cheaper than any candidate); the candidate has the other. *Floor*: a raw ASGI relay on aiohttp's client "
               "that parses nothing. *Crowded*: idle bystander servers of the candidates' kinds up beside them on "
@@ -367,7 +367,8 @@ def write(results: dict[str, Any], out: Path, readme: Path, command: str) -> Non
     lines = [f"# Benchmarks ({'quick' if results['config']['quick'] else 'full'})", "",
              f"Machine: {results['machine']['nproc']} cores, {results['machine']['cpu_model']}; "
              f"Python {results['machine']['python']}; {results['machine']['date']}. Command: `{command}`.", "",
-             "## Goals", "", *goals_table(results["goals"]), "", *_side_by_side(results["goals"])]
+             "## Goals", "", *goals_table(results["goals"]), "", *peer_table.tables(results),
+             *_side_by_side(results["goals"])]
     if results.get("overhead"):
         lines += overhead_tables(results["overhead"], "Overhead (pass-through), quiet" if results.get("overhead_crowded")
                                  else "Overhead (pass-through)")
