@@ -17,59 +17,107 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.benchmarks import TRACES_DIR, candidates, compaction_turn, overhead, peer_goals, report
+from tests.benchmarks import TRACES_DIR, candidates, compaction_turn, overhead, peer_goals, peer_table, peers, report
 from tests.benchmarks.config import BenchConfig
 
 needs_traces = pytest.mark.skipif(not TRACES_DIR.is_dir(), reason="../shared/traces is absent")
 
 
-def test_awecompress_is_optional(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A Python without awecompress named by the variable: not measured, and the report says how."""
-    monkeypatch.setenv(candidates.AWECOMPRESS_PYTHON_ENV, sys.executable)
-    if candidates.awecompress_python() == sys.executable:
-        pytest.skip("this environment has awecompress itself")
-    assert candidates.awecompress_python() is None
-    assert "awecompress" not in candidates.optional_kinds()
-    status = candidates.peer_status("awecompress")
-    assert status is not None and candidates.AWECOMPRESS_PYTHON_ENV in status and "awecompress==0.2.0" in status
-    monkeypatch.delenv(candidates.AWECOMPRESS_PYTHON_ENV)
-    assert candidates.awecompress_python() is None
+@pytest.mark.parametrize("kind", peers.PEERS)
+def test_a_peer_is_optional(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Python without the peer named by its variable: not measured, and the report says how."""
+    peer = peers.BY_KIND[kind]
+    monkeypatch.setenv(peer.env, sys.executable)
+    if peers.python_for(kind) == sys.executable:
+        pytest.skip(f"this environment has {kind} itself")
+    assert peers.python_for(kind) is None and peers.version(kind) is None
+    assert kind not in peers.optional_kinds()
+    status = peers.status(kind)
+    assert status is not None and peer.env in status and peer.install in status
+    monkeypatch.delenv(peer.env)
+    assert peers.python_for(kind) is None
+
+
+def test_the_peers_variables_and_install_lines() -> None:
+    assert [(p.kind, p.env, p.install) for p in peers.PEER_LIST] == [
+        ("awecompress", "CONTEXT_PROXY_BENCH_AWECOMPRESS_PYTHON", "pip install awecompress==0.2.0"),
+        ("cliffcompaction", "CONTEXT_PROXY_BENCH_CLIFFCOMPACTION_PYTHON", "pip install cliffcompaction==0.1.0"),
+        ("context-guardian", "CONTEXT_PROXY_BENCH_CONTEXT_GUARDIAN_PYTHON", "pip install context-guardian==0.12.0"),
+        ("headroom", "CONTEXT_PROXY_BENCH_HEADROOM_PYTHON", "pip install 'headroom-ai[proxy]==0.42.0'"),
+        ("litellm", "CONTEXT_PROXY_BENCH_LITELLM_PYTHON", "pip install 'litellm[proxy]'")]
+    note = peers.install_note()
+    assert all(p.env in note and p.install in note for p in peers.PEER_LIST)
 
 
 def test_awecompress_is_configured_never_to_summarize(tmp_path: Path) -> None:
-    cmd = candidates.awecompress_command("/py", 4321, "http://127.0.0.1:9", tmp_path)
+    cmd, env = peers.command("awecompress", "/py", 4321, "http://127.0.0.1:9", tmp_path)
     assert cmd == ["/py", "-m", "awecompress.cli", "serve", "--port", "4321", "--host", "127.0.0.1",
                    "--config", str(tmp_path / "awecompress.json")]
+    assert env == {"AWECOMPRESS_CONFIG_DIR": str(tmp_path)}
     config = orjson.loads((tmp_path / "awecompress.json").read_bytes())
     assert config == {"port": 4321, "host": "127.0.0.1", "upstream": "http://127.0.0.1:9",
-                      "thresholdTokens": candidates.AWECOMPRESS_NEVER_TOKENS, "dbPath": str(tmp_path / "awecompress.db")}
+                      "thresholdTokens": peers.NEVER_TOKENS, "dbPath": str(tmp_path / "awecompress.db")}
 
 
-TEST_AWECOMPRESS_ENV = "CONTEXT_PROXY_TEST_AWECOMPRESS_PYTHON"
-"""A Python with awecompress for this test (``.ci/run`` installs one and names it here)."""
+def test_cliffcompaction_is_configured_never_to_compact(tmp_path: Path) -> None:
+    cmd, env = peers.command("cliffcompaction", "/py", 4321, "http://127.0.0.1:9", tmp_path)
+    assert cmd == ["/py", "-m", "cliffcompaction", "serve", "--host", "127.0.0.1", "--port", "4321",
+                   "--openai-upstream", "http://127.0.0.1:9", "--anthropic-upstream", "http://127.0.0.1:9",
+                   "--threshold", str(peers.NEVER_TOKENS)]
+    assert env == {}
 
 
-def test_awecompress_is_served_in_front_of_the_upstream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Runs where a Python with awecompress is at hand (the benchmark's variable, or this test's);
-    with ``CONTEXT_PROXY_TEST_AWECOMPRESS_PYTHON`` set, a missing awecompress fails the test."""
-    from tests.benchmarks.servers import COMPLETION
+def test_context_guardian_is_configured_never_to_summarize_or_probe(tmp_path: Path) -> None:
+    cmd, env = peers.command("context-guardian", "/py", 4321, "http://127.0.0.1:9", tmp_path)
+    assert cmd == ["/py", "-c", "from context_guardian import main; main()"]
+    assert env == {"GUARDIAN_HOST": "127.0.0.1", "GUARDIAN_PORT": "4321", "GUARDIAN_UPSTREAM_URL": "http://127.0.0.1:9/v1",
+                   "GUARDIAN_NUM_CTX": str(peers.NEVER_TOKENS), "GUARDIAN_DETECT_CONTEXT": "0",
+                   "GUARDIAN_VERSION_CHECK": "0", "GUARDIAN_DATA_DIR": str(tmp_path / "context-guardian")}
 
-    named = os.environ.get(TEST_AWECOMPRESS_ENV)
+
+def test_headroom_is_configured_with_its_cache_and_rate_limit_off(tmp_path: Path) -> None:
+    cmd, env = peers.command("headroom", "/py", 4321, "http://127.0.0.1:9", tmp_path)
+    assert cmd == ["/py", "-m", "headroom.cli", "proxy", "--host", "127.0.0.1", "--port", "4321",
+                   "--openai-api-url", "http://127.0.0.1:9", "--anthropic-api-url", "http://127.0.0.1:9",
+                   "--no-cache", "--no-rate-limit", "--no-telemetry", "--no-subscription-tracking"]
+    assert env == {"HOME": str(tmp_path / "headroom-home"), "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1"}
+    with pytest.raises(ValueError, match="litellm"):
+        peers.command("litellm", "/py", 4321, "http://127.0.0.1:9", tmp_path)
+
+
+def _test_env(kind: str) -> str:
+    """The variable naming a Python with peer ``kind`` for the test that serves it (``.ci/run``
+    names awecompress's): not the benchmark's, which would add the peer to the smoke tests' runs."""
+    return peers.BY_KIND[kind].env.replace("_BENCH_", "_TEST_")
+
+
+@pytest.mark.parametrize("kind", peers.CLI_PEERS)
+def test_a_peer_is_served_in_front_of_the_upstream(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs where a Python with the peer is at hand (the benchmark's variable, or this test's,
+    ``CONTEXT_PROXY_TEST_<NAME>_PYTHON``); with this test's set, a missing peer fails the test.
+    A chat completion and a streamed one come back from the fake upstream through it, relayed whole."""
+    from tests.benchmarks.servers import COMPLETION, SSE_BODY
+
+    named = os.environ.get(_test_env(kind))
     if named:
-        monkeypatch.setenv(candidates.AWECOMPRESS_PYTHON_ENV, named)
-    if candidates.awecompress_python() is None:
+        monkeypatch.setenv(peers.BY_KIND[kind].env, named)
+    if peers.python_for(kind) is None:
         if named:
-            pytest.fail(f"{TEST_AWECOMPRESS_ENV} names a Python without awecompress: {named}")
-        pytest.skip(f"awecompress is optional: set {TEST_AWECOMPRESS_ENV} to run this test")
+            pytest.fail(f"{_test_env(kind)} names a Python without {kind}: {named}")
+        pytest.skip(f"{kind} is optional: set {_test_env(kind)} to run this test")
 
-    with candidates.servers(tmp_path, ("direct", "awecompress")) as srv:
-        server = srv["awecompress"]
-        assert server is not None and server.kind == "awecompress"
-        request = urllib.request.Request(server.url + "/v1/chat/completions", data=overhead.request_body(False),
-                                         headers={"content-type": "application/json"})
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            assert resp.read() == COMPLETION  # relayed whole, nothing summarized
-    assert "[awecompress]" not in (tmp_path / "awecompress.log").read_text()  # no outcome line: passthrough
+    with candidates.servers(tmp_path, ("direct", kind)) as srv:
+        server = srv[kind]
+        assert server is not None and server.kind == kind
+        for stream, expected in ((False, COMPLETION), (True, SSE_BODY)):
+            request = urllib.request.Request(server.url + "/v1/chat/completions", data=overhead.request_body(stream),
+                                             headers={"content-type": "application/json",
+                                                      "authorization": "Bearer sk-bench-client-0123456789"})
+            with urllib.request.urlopen(request, timeout=30) as resp:
+                assert resp.status == 200
+                assert resp.read() == expected  # relayed whole: nothing summarized, compressed or cached
+    if kind == "awecompress":
+        assert "[awecompress]" not in (tmp_path / "awecompress.log").read_text()  # no outcome line: passthrough
 
 
 def test_crowded_mode_starts_bystanders_that_stay_up(tmp_path: Path) -> None:
@@ -98,7 +146,7 @@ def test_the_overhead_section_crowded_with_the_history_point(tmp_path: Path) -> 
     # idle before the points: the proxy's main loop ticks once a second, uvicorn's (the floor's) ten times
     assert {"floor", "proxy"} <= set(ov["idle"])
     assert ov["idle"]["proxy"]["wakeups_per_s"] < ov["idle"]["floor"]["wakeups_per_s"] / 2
-    assert ov["servers_on_candidate_core"] == 2 + 2 + len(candidates.optional_kinds())
+    assert ov["servers_on_candidate_core"] == 2 + 2 + len(peers.optional_kinds())
     (point,) = ov["history_points"]
     assert point["history_bytes"] >= overhead.HISTORY_BYTES
     assert point["candidates"]["proxy"]["errors"] == 0 and point["candidates"]["floor"]["errors"] == 0
@@ -219,3 +267,74 @@ def test_instructions_section_without_valgrind(monkeypatch: pytest.MonkeyPatch, 
     assert "| instructions per request ≤ 2× the floor's (callgrind, concurrency 16; load-independent) | 3.10× | " \
            "**not met** |" in text
     assert "awecompress" not in text and "LiteLLM" not in text  # the overhead section did not run: no rows of it
+
+
+def _peer_overhead(installed: tuple[str, ...]) -> dict[str, Any]:
+    """An overhead section at issue 21's points: every concurrency streamed and not, the history
+    point; the floor, the proxy and the ``installed`` peers measured (each its own numbers)."""
+    base = {"floor": 0.25, "proxy": 0.95, "awecompress": 0.43, "cliffcompaction": 1.54, "context-guardian": 1.56,
+            "headroom": 6.4, "litellm": 11.7}
+    kinds = ("direct", "floor", "proxy", *installed)
+
+    def spread(v: float) -> dict[str, float]:
+        return {"median": v, "min": v, "max": v}
+
+    def cand(kind: str, c: int, history: bool) -> dict[str, Any]:
+        added = 0.0 if kind == "direct" else base[kind]
+        return {"added_p50_ms": spread(added * (4 if history else c)), "added_ttfb_p50_ms": spread(added),
+                "added_p99_ms": spread(added * 2), "rps": spread(10_000 / (1 + added * c)),
+                "cpu_ms_per_request": spread(added / 2)}
+
+    def point(c: int, stream: bool, history: bool = False) -> dict[str, Any]:
+        return {"concurrency": c, "stream": stream, "reps": 5, "requests": 100,
+                "candidates": {k: cand(k, c, history) for k in kinds}}
+
+    history = point(1, False, history=True) | {"history_bytes": 402_646}
+    return {"points": [point(c, s) for s in (False, True) for c in (1, 16, 64)], "history_points": [history],
+            "servers_on_candidate_core": len(kinds) - 1,
+            "peer_status": {k: None if k in installed else peers.status(k) for k in peers.PEERS},
+            "peer_versions": {k: {"awecompress": "0.2.0", "cliffcompaction": "0.1.0"}[k] for k in installed}}
+
+
+def test_the_peer_table_has_a_row_each_measured_or_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    for peer in peers.PEER_LIST:
+        monkeypatch.delenv(peer.env, raising=False)
+    if any(peers.python_for(k) for k in ("context-guardian", "headroom", "litellm")):
+        pytest.skip("this environment has a peer the table is expected to show as not installed")
+    ov = _peer_overhead(("awecompress", "cliffcompaction"))
+    lines = peer_table.table(ov, "quiet")
+    assert lines[0].startswith("Against the peers, quiet (4 servers on the candidate core): ")
+    assert lines[2] == ("| candidate | added p50, c=1 | requests/s, c=16 | added p50, c=64 | added time to the first "
+                        "streamed byte, c=1 | added p50, 402 KB history, c=1 |")
+    rows = lines[4:-1]
+    assert [r.split(" | ")[0] for r in rows] == [
+        "| the Python floor (raw ASGI relay on aiohttp)", "| awecompress 0.2.0", "| **context-proxy**",
+        "| cliffcompaction 0.1.0", "| context-guardian 0.12.0", "| headroom-ai 0.42.0 (cache off)", "| LiteLLM proxy"]
+    assert rows[0] == "| the Python floor (raw ASGI relay on aiohttp) | +0.25 ms | 2,000 | +16.0 ms | +0.25 ms | +1.00 ms |"
+    assert rows[2] == "| **context-proxy** | +0.95 ms | 617 | +60.8 ms | +0.95 ms | +3.80 ms |"
+    assert rows[3] == "| cliffcompaction 0.1.0 | +1.54 ms | 390 | +98.6 ms | +1.54 ms | +6.16 ms |"
+    headroom = peers.BY_KIND["headroom"]
+    assert rows[5] == (f"| headroom-ai 0.42.0 (cache off) | not installed (optional: `{headroom.install}` in the test "
+                       f"environment, or in a venv of its own named by {headroom.env}) | – | – | – | – |")
+    assert rows[6].startswith("| LiteLLM proxy | not installed (optional: `pip install 'litellm[proxy]'`")
+    assert "awecompress measured (0.2.0); cliffcompaction measured (0.1.0); context-guardian not installed" in \
+        peers.status_note(ov)
+    # a run without the large-history point or concurrency 64: those cells say so
+    partial = ov | {"history_points": [], "points": [p for p in ov["points"] if p["concurrency"] != 64]}
+    assert peer_table.table(partial, "quiet")[6] == "| **context-proxy** | +0.95 ms | 617 | – | +0.95 ms | – |"
+
+
+def test_the_peer_tables_of_both_modes_in_the_readme(tmp_path: Path) -> None:
+    quiet, crowded = _peer_overhead(("awecompress",)), _peer_overhead(("awecompress", "cliffcompaction"))
+    results: dict[str, Any] = {"machine": report.machine(), "config": {"quick": True}, "overhead": quiet,
+                               "overhead_crowded": crowded}
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n<!-- perf:start -->\nold\n<!-- perf:end -->\n")
+    report.write(results, tmp_path / "out", readme, "python -m tests.benchmarks --quick --out out")
+    text = readme.read_text()
+    at_quiet, at_crowded = text.index("Against the peers, quiet"), text.index("Against the peers, crowded")
+    assert at_quiet < at_crowded
+    assert "| cliffcompaction 0.1.0 | not installed" in text[at_quiet:at_crowded]
+    assert "| cliffcompaction 0.1.0 | +1.54 ms |" in text[at_crowded:]
+    assert f"{results['machine']['date']}" in text and "python -m tests.benchmarks --quick --out out" in text
+    assert text.count("Against the peers") == 2 == (tmp_path / "out" / "report.md").read_text().count("Against the peers")

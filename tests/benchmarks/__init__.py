@@ -29,13 +29,14 @@ TRACES_DIR = SHARED_DIR / "traces"
 os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED_DIR / "tiktoken"))
 
 
-def optional_python(module: str, env_var: str) -> str | None:
-    """An interpreter that can import ``module`` (an optional comparison's package): this one, else
+def optional_python(modules: str | tuple[str, ...], env_var: str) -> str | None:
+    """An interpreter that can import ``modules`` (an optional comparison's packages): this one, else
     the one the environment variable ``env_var`` names if it can; ``None`` when neither can."""
-    if importlib.util.find_spec(module) is not None:
+    names = (modules,) if isinstance(modules, str) else modules
+    if all(importlib.util.find_spec(name) is not None for name in names):
         return sys.executable
     other = os.environ.get(env_var)
-    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    probe = f"import importlib.util, sys; sys.exit(any(importlib.util.find_spec(n) is None for n in {names!r}))"
     if other and subprocess.run([other, "-c", probe], capture_output=True, check=False).returncode == 0:
         return other
     return None

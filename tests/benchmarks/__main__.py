@@ -108,9 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if baseline is not None:
             baseline.cleanup()
-    from tests.benchmarks.candidates import AWECOMPRESS_PYTHON_ENV, LITELLM_PYTHON_ENV
+    from tests.benchmarks.peers import PEER_LIST
 
-    named = "".join(f"{env}={os.environ[env]} " for env in (AWECOMPRESS_PYTHON_ENV, LITELLM_PYTHON_ENV) if os.environ.get(env))
+    named = "".join(f"{p.env}={os.environ[p.env]} " for p in PEER_LIST if os.environ.get(p.env))
     command = named + "python -m tests.benchmarks" + (" --quick" if args.quick else "") + f" --out {args.out}"
     if sections != SECTIONS:
         command += f" --sections {','.join(sections)}"

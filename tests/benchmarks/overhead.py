@@ -2,13 +2,14 @@
 
 Processes (``candidates``): the fast fake upstream and the load generator on the first core, the
 candidate on the second, each a process of its own: the proxy (and, comparing, the ``baseline``
-tree) as its tree's ``python -m proxy.cli serve`` (what an operator runs), awecompress as its own
-``awecompress serve`` (optional), the others ``python -m tests.benchmarks.servers`` processes;
-in crowded mode idle bystander servers beside them on the candidate core. The candidate's CPU time is read from
-``/proc/<pid>/task/*/schedstat`` (nanoseconds, summed over its threads; ``/proc/<pid>/stat``
-utime+stime as a fallback). For every point (concurrency x streaming) each repetition runs every
-candidate once, in order (direct, floor, proxy, baseline, proxy-httpx, awecompress, litellm), so the candidates are
-interleaved in time and a noisy moment hits all of them. Added latency is a candidate's
+tree) as its tree's ``python -m proxy.cli serve`` (what an operator runs), the optional peers
+(``peers``) as their own command lines, the others ``python -m tests.benchmarks.servers`` processes;
+in crowded mode idle bystander servers beside them on the candidate core. The candidate's CPU time
+is read from ``/proc/<pid>/task/*/schedstat`` (nanoseconds, summed over its threads;
+``/proc/<pid>/stat`` utime+stime as a fallback). For every point (concurrency x streaming) each
+repetition runs every candidate once, in order (direct, floor, proxy, baseline, proxy-httpx, then
+the peers in ``peers.PEERS`` order), so the candidates are interleaved in time and a noisy moment
+hits all of them. Added latency is a candidate's
 percentile minus the direct call's percentile of the same repetition; the ratio to the floor (and,
 comparing, the proxy's added p50 and CPU per request to the baseline's) is taken per repetition,
 then the median and spread (min..max) over repetitions reported. Points: every concurrency
@@ -29,17 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from tests.benchmarks import REPO_DIR, TRACES_DIR
-from tests.benchmarks.candidates import (
-    CROWD_SIZE,
-    PEERS,
-    Server,
-    cores,
-    crowd_kinds,
-    optional_kinds,
-    peer_status,
-    servers,
-)
+from tests.benchmarks import REPO_DIR, TRACES_DIR, peers
+from tests.benchmarks.candidates import CROWD_SIZE, Server, cores, crowd_kinds, servers
 from tests.benchmarks.config import BenchConfig
 from tests.benchmarks.stats import percentile, spread
 
@@ -165,10 +157,14 @@ class LoadGenerator:
             self.proc.kill()
 
 
+SLOW_PEERS = ("cliffcompaction", "context-guardian", "headroom", "litellm")
+"""Peers that served 100-340 requests/s at concurrency 16 in issue 21's run (the proxy: 1,611)."""
+
+
 def requests_for(kind: str, concurrency: int, requests: int, quick: bool) -> int:
-    """Recorded requests of ``kind`` at one point: LiteLLM's proxy serves about 100 requests/s
-    (the issue's anchor: 83), so it gets fewer (still many per worker) to keep the run short."""
-    if kind != "litellm":
+    """Recorded requests of ``kind`` at one point: the slow peers (``SLOW_PEERS``) get fewer above
+    concurrency 1 (still many per worker) to keep the run short; at concurrency 1 all of them."""
+    if kind not in SLOW_PEERS or concurrency == 1:
         return requests
     return min(requests, (2 if quick else 20) * concurrency + (20 if quick else 200))
 
@@ -228,13 +224,14 @@ def measure_point(gen: LoadGenerator, srv: dict[str, Server | None], kinds: tupl
 
 def run(cfg: BenchConfig, kinds: tuple[str, ...] = CANDIDATES, baseline: Baseline | None = None,
         crowd: int = 0) -> dict[str, Any]:
-    """The overhead section: ``{"points", "messages_points", "history_points", "litellm",
-    "awecompress" (reason not measured | None), "cores", "baseline" (label | None), "crowd"
-    (the bystanders' kinds)}``. The optional peers installed (``candidates.PEERS``) are added
-    after ``kinds``; with ``baseline``, its tree is one more candidate (``baseline``), right after
-    ``proxy``; ``crowd``: bystander servers up on the candidate core (``candidates.servers``)."""
+    """The overhead section: ``{"points", "messages_points", "history_points", "peer_status" (by peer:
+    why not measured and how to install it | None), "peer_versions" (by peer measured: its version),
+    "cores", "baseline" (label | None), "crowd" (the bystanders' kinds)}``. The optional peers
+    installed (``peers.PEERS``) are added after ``kinds``; with ``baseline``, its tree is one more
+    candidate (``baseline``), right after ``proxy``; ``crowd``: bystander servers up on the
+    candidate core (``candidates.servers``)."""
     near, _far = cores()
-    kinds = (*kinds, *(k for k in optional_kinds() if k not in kinds))
+    kinds = (*kinds, *(k for k in peers.optional_kinds() if k not in kinds))
     if baseline is not None and "baseline" not in kinds:
         at = kinds.index("proxy") + 1 if "proxy" in kinds else len(kinds)
         kinds = (*kinds[:at], "baseline", *kinds[at:])
@@ -270,7 +267,8 @@ def run(cfg: BenchConfig, kinds: tuple[str, ...] = CANDIDATES, baseline: Baselin
         finally:
             gen.stop()
     return {"points": points, "messages_points": messages_points, "history_points": history_points, "idle": idle_cost,
-            **{kind: peer_status(kind) for kind in PEERS},
+            "peer_status": {kind: peers.status(kind) for kind in peers.PEERS},
+            "peer_versions": {kind: peers.version(kind) for kind in peers.PEERS if kind in kinds},
             "cores": {"loadgen_upstream": near, "candidate": _far}, "crowd": crowd_kinds(kinds, crowd),
             "servers_on_candidate_core": len([k for k in kinds if k != "direct"]) + crowd,
             "baseline": baseline.label if baseline is not None else None}
@@ -278,7 +276,7 @@ def run(cfg: BenchConfig, kinds: tuple[str, ...] = CANDIDATES, baseline: Baselin
 
 def crowd_for(kinds: tuple[str, ...]) -> int:
     """Bystanders that bring the candidate core to ``CROWD_SIZE`` servers in crowded mode."""
-    return max(1, CROWD_SIZE - len([k for k in (*kinds, *optional_kinds()) if k != "direct"]))
+    return max(1, CROWD_SIZE - len([k for k in (*kinds, *peers.optional_kinds()) if k != "direct"]))
 
 
 def _progress(point: dict[str, Any]) -> None:

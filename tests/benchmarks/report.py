@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from tests.benchmarks import peer_table, peers
 from tests.benchmarks.overhead import FLOOR_NOISE_MS
 from tests.benchmarks.plots import plots
 
@@ -113,8 +114,7 @@ def overhead_tables(ov: dict[str, Any], title: str = "Overhead (pass-through)") 
     lines = [f"## {title}", "",
              "Added latency = candidate − direct, same repetition; median (min–max) over repetitions. "
              "CPU per request: the candidate's process (for *direct*: the upstream's). "
-             f"LiteLLM: {ov.get('litellm') or 'measured'}. awecompress: {ov.get('awecompress') or 'measured'}. "
-             f"Servers up on the candidate core: {ov.get('servers_on_candidate_core', '–')}"
+             f"{peers.status_note(ov)} Servers up on the candidate core: {ov.get('servers_on_candidate_core', '–')}"
              + (f" (idle bystanders: {', '.join(crowd)})." if crowd else "."), ""]
     if ov.get("idle"):
         lines += ["Idle, before the points (nothing sent): " + "; ".join(
@@ -336,16 +336,11 @@ def readme_section(results: dict[str, Any], out: Path, readme: Path, command: st
              f"Measured by `{command}` on {m['date']}: {m['nproc']} cores ({m['cpu_model']}), Python {m['python']}. "
              "Every comparison is a ratio within one run, candidates interleaved, median of repetitions; "
              f"full tables in [{rel}/report.md]({rel}/report.md).", "",
-             *goals_table(results["goals"]), "", *_side_by_side(results["goals"])]
+             *goals_table(results["goals"]), "", *peer_table.tables(results), *_side_by_side(results["goals"])]
     lines += ["The load generator and the fake upstream share one core (raw HTTP/1.1 on asyncio protocols, far "
               "cheaper than any candidate); the candidate has the other. *Floor*: a raw ASGI relay on aiohttp's client "
               "that parses nothing. *Crowded*: idle bystander servers of the candidates' kinds up beside them on "
-              "the candidate core. awecompress is measured when a Python with it is at hand: `python3 -m venv "
-              ".bench-awe && .bench-awe/bin/pip install awecompress==0.2.0`, then run the command with "
-              "`CONTEXT_PROXY_BENCH_AWECOMPRESS_PYTHON=.bench-awe/bin/python` (it never summarizes there: its summary "
-              "trigger is set above any request). LiteLLM's proxy is measured when a Python with `litellm[proxy]` is at hand: "
-              "`python3 -m venv .bench-litellm && .bench-litellm/bin/pip install 'litellm[proxy]'`, then run the "
-              "command with `CONTEXT_PROXY_BENCH_LITELLM_PYTHON=.bench-litellm/bin/python`. Likewise Deep Agents' "
+              f"the candidate core. {peers.install_note()} Likewise Deep Agents' "
               "summarization middleware on the same traces: a Python with `deepagents`, named by "
               "`CONTEXT_PROXY_BENCH_DEEPAGENTS_PYTHON`.", ""]
     lines += [f"![{name}]({rel}/{name})" for name in results.get("plots", [])]
@@ -372,7 +367,8 @@ def write(results: dict[str, Any], out: Path, readme: Path, command: str) -> Non
     lines = [f"# Benchmarks ({'quick' if results['config']['quick'] else 'full'})", "",
              f"Machine: {results['machine']['nproc']} cores, {results['machine']['cpu_model']}; "
              f"Python {results['machine']['python']}; {results['machine']['date']}. Command: `{command}`.", "",
-             "## Goals", "", *goals_table(results["goals"]), "", *_side_by_side(results["goals"])]
+             "## Goals", "", *goals_table(results["goals"]), "", *peer_table.tables(results),
+             *_side_by_side(results["goals"])]
     if results.get("overhead"):
         lines += overhead_tables(results["overhead"], "Overhead (pass-through), quiet" if results.get("overhead_crowded")
                                  else "Overhead (pass-through)")

@@ -16,7 +16,7 @@ SIGTERM. ``KIND``:
   compaction on), on its default aiohttp transport: the app alone, for profiling (the overhead
   section serves the proxy as ``python -m proxy.cli serve``, see ``candidates.SERVED``);
 - ``proxy-httpx``: the same on httpx's own ``AsyncHTTPTransport`` (the transport issue 2 rejected);
-- (``awecompress`` is not served here: it runs as its own CLI, ``candidates.awecompress_command``);
+- (the other peers are not served here: each runs as its own command line, ``peers.command``);
 - ``litellm``: LiteLLM's proxy app (``litellm.proxy.proxy_server.app``, optional: run with a Python
   that has ``litellm[proxy]``), one model routed to ``--upstream``, no master key, no database.
 
