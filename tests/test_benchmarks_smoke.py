@@ -111,3 +111,34 @@ def test_load_generator_parses_responses_split_anywhere() -> None:
             ends = [parser.feed(p) for p in pieces]
             assert ends[-1] and not any(ends[:-1]), size
             assert parser.status == 200 and parser.first_body_at is not None
+
+
+def test_quiet_mode_pauses_every_other_candidate_while_one_is_measured() -> None:
+    """``candidates.alone``: the measured server runs, the other candidates are stopped (state
+    ``T``), the upstream is never paused, and all run again afterwards (even after an error)."""
+    import subprocess
+
+    from tests.benchmarks.candidates import Server, alone, process_state
+
+    procs = {name: subprocess.Popen(["sleep", "60"]) for name in ("upstream", "floor", "proxy", "awecompress")}
+    srv: dict[str, Server | None] = {"direct": None}
+    for name, proc in procs.items():
+        server = Server.__new__(Server)
+        server.proc = proc
+        srv[name] = server
+
+    def stopped() -> set[str]:
+        return {name for name, s in srv.items() if s is not None and process_state(s.pid) == "T"}
+
+    try:
+        with alone(srv, "proxy"):
+            assert stopped() == {"floor", "awecompress"}
+        assert stopped() == set()
+        with pytest.raises(RuntimeError), alone(srv, "direct"):
+            assert stopped() == {"floor", "proxy", "awecompress"}
+            raise RuntimeError("the load generator died")
+        assert stopped() == set()
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()

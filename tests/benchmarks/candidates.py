@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -58,6 +59,15 @@ def serve_command(python: str, port: int, upstream: str, db: Path) -> list[str]:
     """``context-proxy serve`` as the benchmark runs it (every tree compared gets the same flags)."""
     return [python, "-m", "proxy.cli", "serve", "--host", "127.0.0.1", "--port", str(port), "--upstream-url", upstream,
             "--database-url", f"sqlite:///{db}", "--log-format", "json"]
+
+
+def process_state(pid: int) -> str | None:
+    """The process's state letter from ``/proc/<pid>/stat`` (``R``, ``S``, ``T`` stopped, ...);
+    ``None`` when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 class Server:
@@ -125,7 +135,26 @@ class Server:
                     raise RuntimeError(f"server {self.kind} not ready") from None
                 time.sleep(0.05)
 
+    def pause(self) -> None:
+        """Stop the process (SIGSTOP): it runs nothing, not even its timers, until ``resume``.
+        Returns once it is stopped (``/proc``'s state ``T``; at most 1 s)."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGSTOP)
+            deadline = time.monotonic() + 1.0
+            while process_state(self.proc.pid) not in ("T", "t", "Z", None) and time.monotonic() < deadline:
+                time.sleep(0.001)
+
+    def resume(self) -> None:
+        """Continue a paused process (SIGCONT; harmless when it runs); returns once it is no
+        longer stopped (at most 1 s)."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            deadline = time.monotonic() + 1.0
+            while process_state(self.proc.pid) in ("T", "t") and time.monotonic() < deadline:
+                time.sleep(0.001)
+
     def stop(self) -> None:
+        self.resume()  # a paused process would hold SIGTERM until continued
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -153,6 +182,21 @@ def crowd_kinds(kinds: tuple[str, ...], crowd: int) -> list[str]:
     """The bystanders' kinds: ``crowd`` servers cycling over the candidates' served kinds."""
     served = [k for k in kinds if k != "direct"]
     return [served[i % len(served)] for i in range(crowd)] if served else []
+
+
+@contextlib.contextmanager
+def alone(srv: dict[str, Server | None], kind: str) -> Iterator[None]:
+    """Every candidate server but ``kind``'s paused while the block runs (quiet mode: the one
+    measured has the candidate core to itself, however many peers are installed and up; the
+    upstream is never paused), all resumed after it."""
+    others = [s for name, s in srv.items() if s is not None and name not in ("upstream", kind)]
+    try:
+        for server in others:
+            server.pause()
+        yield
+    finally:
+        for server in others:
+            server.resume()
 
 
 @contextlib.contextmanager

@@ -3,8 +3,10 @@
 Processes (``candidates``): the fast fake upstream and the load generator on the first core, the
 candidate on the second, each a process of its own: the proxy (and, comparing, the ``baseline``
 tree) as its tree's ``python -m proxy.cli serve`` (what an operator runs), the optional peers
-(``peers``) as their own command lines, the others ``python -m tests.benchmarks.servers`` processes;
-in crowded mode idle bystander servers beside them on the candidate core. The candidate's CPU time
+(``peers``) as their own command lines, the others ``python -m tests.benchmarks.servers`` processes.
+Quiet mode: every other candidate's server is paused (SIGSTOP) while one is measured, so it has the
+candidate core to itself however many peers are installed (``candidates.alone``); crowded mode:
+all of them up and idle beside the one measured, plus bystander servers, on the candidate core. The candidate's CPU time
 is read from ``/proc/<pid>/task/*/schedstat`` (nanoseconds, summed over its threads;
 ``/proc/<pid>/stat`` utime+stime as a fallback). For every point (concurrency x streaming) each
 repetition runs every candidate once, in order (direct, floor, proxy, baseline, proxy-httpx, then
@@ -31,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from tests.benchmarks import REPO_DIR, TRACES_DIR, peers
-from tests.benchmarks.candidates import CROWD_SIZE, Server, cores, crowd_kinds, servers
+from tests.benchmarks.candidates import CROWD_SIZE, Server, alone, cores, crowd_kinds, servers
 from tests.benchmarks.config import BenchConfig
 from tests.benchmarks.stats import percentile, spread
 
@@ -171,10 +173,11 @@ def requests_for(kind: str, concurrency: int, requests: int, quick: bool) -> int
 
 def measure_point(gen: LoadGenerator, srv: dict[str, Server | None], kinds: tuple[str, ...], concurrency: int,
                   requests: int, stream: bool, reps: int, quick: bool = False, api: str = "chat",
-                  body: bytes | None = None) -> dict[str, Any]:
+                  body: bytes | None = None, quiet: bool = False) -> dict[str, Any]:
     """Every candidate at one point, ``reps`` interleaved repetitions; see the module docstring.
     ``api``: ``chat`` (``POST /v1/chat/completions``) or ``messages`` (``POST /v1/messages``);
-    ``body``: the request (default ``request_body(stream, api)``)."""
+    ``body``: the request (default ``request_body(stream, api)``); ``quiet``: the other candidates'
+    servers paused while one is measured (``candidates.alone``)."""
     upstream = srv["upstream"]
     assert upstream is not None
     body = body if body is not None else request_body(stream, api)
@@ -185,9 +188,10 @@ def measure_point(gen: LoadGenerator, srv: dict[str, Server | None], kinds: tupl
             url = (server.url if server is not None else upstream.url) + API_PATHS[api]
             pid = server.pid if server is not None else upstream.pid
             n = requests_for(kind, concurrency, requests, quick)
-            cpu0 = cpu_ns(pid)
-            res = gen.run(url, body, concurrency, n, stream)
-            cpu1 = cpu_ns(pid)
+            with alone(srv, kind) if quiet else contextlib.nullcontext():
+                cpu0 = cpu_ns(pid)
+                res = gen.run(url, body, concurrency, n, stream)
+                cpu1 = cpu_ns(pid)
             runs[kind].append({
                 "rps": n / res["wall_s"], "requests": n,
                 "p50_ms": percentile(res["total_ms"], 0.5), "p99_ms": percentile(res["total_ms"], 0.99),
@@ -238,6 +242,7 @@ def run(cfg: BenchConfig, kinds: tuple[str, ...] = CANDIDATES, baseline: Baselin
     points: list[dict[str, Any]] = []
     messages_points: list[dict[str, Any]] = []  # POST /v1/messages: every concurrency, streamed at the first
     history_points: list[dict[str, Any]] = []
+    quiet = crowd == 0
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp, \
             servers(Path(tmp), kinds, baseline, crowd) as srv:
         gen = LoadGenerator(near)
@@ -245,14 +250,14 @@ def run(cfg: BenchConfig, kinds: tuple[str, ...] = CANDIDATES, baseline: Baselin
             idle_cost = idle(srv, kinds)
             for stream in (False, True):
                 for c in cfg.concurrencies:
-                    point = measure_point(gen, srv, kinds, c, cfg.requests[c], stream, cfg.reps, cfg.quick)
+                    point = measure_point(gen, srv, kinds, c, cfg.requests[c], stream, cfg.reps, cfg.quick, quiet=quiet)
                     points.append(point)
                     _progress(point)
             history = history_body()
             if history is not None:
                 c = cfg.concurrencies[0]
                 point = measure_point(gen, srv, kinds, c, max(10, cfg.requests[c] // 2), False, cfg.reps, cfg.quick,
-                                      body=history)
+                                      body=history, quiet=quiet)
                 point["history_bytes"] = len(history)
                 history_points.append(point)
                 _progress(point)
@@ -261,7 +266,7 @@ def run(cfg: BenchConfig, kinds: tuple[str, ...] = CANDIDATES, baseline: Baselin
                 for stream, concurrencies in ((False, cfg.concurrencies), (True, cfg.concurrencies[:1])):
                     for c in concurrencies:
                         point = measure_point(gen, srv, messages_kinds, c, cfg.requests[c], stream, cfg.reps, cfg.quick,
-                                              api="messages")
+                                              api="messages", quiet=quiet)
                         messages_points.append(point)
                         _progress(point)
         finally:

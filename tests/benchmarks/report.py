@@ -339,8 +339,9 @@ def readme_section(results: dict[str, Any], out: Path, readme: Path, command: st
              *goals_table(results["goals"]), "", *peer_table.tables(results), *_side_by_side(results["goals"])]
     lines += ["The load generator and the fake upstream share one core (raw HTTP/1.1 on asyncio protocols, far "
               "cheaper than any candidate); the candidate has the other. *Floor*: a raw ASGI relay on aiohttp's client "
-              "that parses nothing. *Crowded*: idle bystander servers of the candidates' kinds up beside them on "
-              f"the candidate core. {peers.install_note()} Likewise Deep Agents' "
+              "that parses nothing. *Quiet*: the candidate measured has its core to itself (the other candidates' "
+              "servers are paused meanwhile). *Crowded*: all candidates' servers up, and idle bystanders of their "
+              f"kinds, beside the one measured on the candidate core. {peers.install_note()} Likewise Deep Agents' "
               "summarization middleware on the same traces: a Python with `deepagents`, named by "
               "`CONTEXT_PROXY_BENCH_DEEPAGENTS_PYTHON`.", ""]
     lines += [f"![{name}]({rel}/{name})" for name in results.get("plots", [])]
