@@ -113,9 +113,10 @@ def _skip_ws(raw: bytes, pos: int) -> int:
 def _common_prefix(a: bytes, b: bytes) -> int:
     """Length of the longest common prefix of ``a`` and ``b`` (halving, one C comparison each)."""
     lo, hi = 0, min(len(a), len(b))
+    view = memoryview(b)
     while hi - lo > 64:
         mid = (lo + hi) // 2
-        if a.startswith(b[lo:mid], lo):
+        if a.startswith(view[lo:mid], lo):
             lo = mid
         else:
             hi = mid
@@ -126,13 +127,14 @@ def _common_prefix(a: bytes, b: bytes) -> int:
 
 class _Entry:
     """A kept body: ``head`` its bytes before the messages array's ``[``; ``prefix`` its bytes up to
-    the end of its last message and ``messages`` their parse (a tuple: never handed out, lists are)
-    once known; until then ``raw``, the whole body."""
+    the end of its last message (a view of the body: no copy, and ``bytes.startswith`` compares it
+    without one) and ``messages`` their parse (a tuple: never handed out, lists are) once known;
+    until then ``raw``, the whole body."""
 
     __slots__ = ("head", "key", "messages", "prefix", "raw", "used", "weight")
 
     def __init__(self, key: tuple[str, bytes], head: bytes, messages: tuple[Any, ...], *,
-                 prefix: bytes | None = None, raw: bytes | None = None) -> None:
+                 prefix: memoryview | None = None, raw: bytes | None = None) -> None:
         self.key = key
         self.head = head
         self.messages = messages
@@ -218,7 +220,7 @@ class BodyMemo:
         while end > start and old[end - 1] in _WS:
             end -= 1
         entry.messages = tuple(messages)
-        entry.prefix, entry.raw = old[:end], None
+        entry.prefix, entry.raw = memoryview(old)[:end], None
         return end
 
     def _extend(self, entry: _Entry, raw: bytes, end: int) -> Reused | None:
@@ -244,7 +246,7 @@ class BodyMemo:
         stop = pos + 1 + close
         while raw[stop - 1] in _WS:
             stop -= 1
-        new = _Entry(entry.key, head, tuple(messages), prefix=raw[:stop])
+        new = _Entry(entry.key, head, tuple(messages), prefix=memoryview(raw)[:stop])
         return Reused(body, len(fresh), new, entry)
 
     def keep(self, found: Reused) -> None:
