@@ -25,7 +25,6 @@ so a client whose bodies never repeat the previous one pays no extra parse.
 
 from __future__ import annotations
 
-import re
 import secrets
 import threading
 import time
@@ -35,13 +34,15 @@ from typing import Any
 import orjson
 
 from proxy.cache import MEMO_IDLE_S
+from proxy.conversation.json_spans import WS, array_close, common_prefix, messages_start, skip_ws
 
 MIN_BODY_BYTES = 64 * 1024
 """Bodies smaller than this are parsed whole and not kept (parsing them costs well under 0.2 ms)."""
 BODY_MEMO_MAX_BYTES = 32 * 1024 * 1024
 """Bound of ``BodyMemo``: accounted bytes of the kept bodies, ``PARSED_COST`` times their kept
 bytes (the bytes themselves and the parsed messages; the messages are mostly shared with
-``DigestMemo``); least recently used first out, and an entry unused for ``MEMO_IDLE_S`` leaves."""
+``DigestMemo``); least recently used first out, and an entry unused for ``MEMO_IDLE_S`` leaves.
+A body past ``BODY_MEMO_MAX_BYTES / PARSED_COST`` (12.8 MB) is never kept: parsed whole each turn."""
 PARSED_COST = 2.5
 """Memory a kept body costs per byte: its bytes (1) and its parsed messages (1.55: 8.2 MB of Python
 objects for the benchmark's 5.27 MB history, measured with ``tracemalloc``)."""
@@ -50,80 +51,6 @@ CANDIDATES = 16
 (the same system prompt and tools); the newest kept."""
 KEY_BYTES = 1024
 """How many first bytes of a body index it (with the tenant)."""
-
-_WS = b" \t\n\r"
-_KEY = re.compile(rb'[ \t\n\r]*("(?:[^"\\]|\\.)*")[ \t\n\r]*:[ \t\n\r]*', re.S)
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
-_SCALAR = re.compile(rb"[^,}\]\s]+")
-_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.S)
-_OPEN = re.compile(rb"[ \t\n\r]*\{")
-_NEXT = re.compile(rb"[ \t\n\r]*([,}])")
-
-
-def messages_start(raw: bytes) -> int | None:
-    """Offset of the ``[`` opening the top-level ``messages`` array of ``raw`` (a JSON object already
-    parsed: valid JSON), the members before it skipped; ``None`` when there is none (or its key is
-    written with escapes)."""
-    m = _OPEN.match(raw)
-    if m is None:
-        return None
-    pos = m.end()
-    while True:
-        m = _KEY.match(raw, pos)
-        if m is None:
-            return None
-        pos = m.end()
-        if m.group(1) == b'"messages"':
-            return pos if raw[pos:pos + 1] == b"[" else None
-        pos = _skip_value(raw, pos)
-        m = _NEXT.match(raw, pos)
-        if m is None or m.group(1) == b"}":
-            return None
-        pos = m.end()
-
-
-def _skip_value(raw: bytes, pos: int) -> int:
-    """The offset just after the JSON value starting at ``pos``."""
-    c = raw[pos:pos + 1]
-    if c == b'"':
-        m = _STRING.match(raw, pos)
-        return m.end() if m else len(raw)
-    if c not in (b"[", b"{"):
-        m = _SCALAR.match(raw, pos)
-        return m.end() if m else len(raw)
-    depth = 0
-    for tok in _TOKEN.finditer(raw, pos):
-        t = tok.group()
-        if t in (b"[", b"{"):
-            depth += 1
-        elif t in (b"]", b"}"):
-            depth -= 1
-            if depth == 0:
-                return tok.end()
-    return len(raw)
-
-
-def _skip_ws(raw: bytes, pos: int) -> int:
-    n = len(raw)
-    while pos < n and raw[pos] in _WS:
-        pos += 1
-    return pos
-
-
-def _common_prefix(a: bytes, b: bytes) -> int:
-    """Length of the longest common prefix of ``a`` and ``b`` (halving, one C comparison each)."""
-    lo, hi = 0, min(len(a), len(b))
-    view = memoryview(b)
-    while hi - lo > 64:
-        mid = (lo + hi) // 2
-        if a.startswith(view[lo:mid], lo):
-            lo = mid
-        else:
-            hi = mid
-    while lo < hi and a[lo] == b[lo]:
-        lo += 1
-    return lo
-
 
 class _Entry:
     """A kept body: ``head`` its bytes before the messages array's ``[``; ``prefix`` its bytes up to
@@ -159,8 +86,10 @@ class BodyMemo:
     """Parsed bodies of big requests, per tenant, reused by the next body of their conversation
     (module docstring). Bounded by ``max_bytes`` (``PARSED_COST`` times the kept bytes, least
     recently used first out) and by idleness (``idle_s``); keyed by tenant, so one tenant's bodies
-    are never matched against another's. Thread-safe (one lock, held for lookups and stores only).
-    Built by its owner (the chat pipeline) and passed to ``chat_request.parse_chat_request``."""
+    are never matched against another's (one tenant can still push another's out of the shared bound,
+    as in ``DigestMemo``). Thread-safe (one lock, held for lookups and stores only; an entry learning
+    where its messages end sets its messages before its prefix, which readers test first). Built by
+    its owner (the chat pipeline) and passed to ``chat_request.parse_chat_request``."""
 
     def __init__(self, max_bytes: int = BODY_MEMO_MAX_BYTES, idle_s: float = MEMO_IDLE_S,
                  min_bytes: int = MIN_BODY_BYTES) -> None:
@@ -206,8 +135,8 @@ class BodyMemo:
             return len(prefix) if len(raw) > len(prefix) and raw.startswith(prefix) else None
         old = entry.raw
         assert old is not None
-        p = _common_prefix(old, raw)
-        close, more = _skip_ws(old, p), _skip_ws(raw, p)
+        p = common_prefix(old, raw)
+        close, more = skip_ws(old, p), skip_ws(raw, p)
         if close >= len(old) or old[close] != 0x5D or raw[more:more + 1] != b",":
             return None  # the new body does not continue the old one's messages there
         start = len(entry.head)
@@ -217,9 +146,9 @@ class BodyMemo:
         except ValueError:
             return None
         end = p
-        while end > start and old[end - 1] in _WS:
+        while end > start and old[end - 1] in WS:
             end -= 1
-        entry.messages = tuple(messages)
+        entry.messages = tuple(messages)  # before ``prefix``: a reader that sees the prefix sees them
         entry.prefix, entry.raw = memoryview(old)[:end], None
         return end
 
@@ -227,11 +156,11 @@ class BodyMemo:
         """Parse what ``raw`` has after ``entry``'s messages (``end``): its new messages and the
         members after the array; ``None`` when a check fails (the caller parses it whole)."""
         head = entry.head
-        pos = _skip_ws(raw, end)
+        pos = skip_ws(raw, end)
         if pos >= len(raw) or raw[pos] != 0x2C:  # ","
             return None
         tail = raw[pos + 1:]
-        close = _array_close(tail)
+        close = array_close(tail)
         if close is None:
             return None
         try:  # the new elements at their depth in the body, inside ``[...]``: ``close`` is the array's end
@@ -244,7 +173,7 @@ class BodyMemo:
         messages = [*entry.messages, *fresh]
         body["messages"] = messages
         stop = pos + 1 + close
-        while raw[stop - 1] in _WS:
+        while raw[stop - 1] in WS:
             stop -= 1
         new = _Entry(entry.key, head, tuple(messages), prefix=memoryview(raw)[:stop])
         return Reused(body, len(fresh), new, entry)
@@ -292,26 +221,3 @@ class BodyMemo:
             cands.remove(entry)
             if not cands:
                 del self._index[entry.key]
-
-
-def _array_close(tail: bytes) -> int | None:
-    """Offset in ``tail`` (an array's elements after a ``,``, its ``]``, then more) of that ``]``:
-    orjson's error position for the text after the array is a candidate (in characters, or bytes),
-    checked by the caller's parse; ``None`` when there is none."""
-    doc = b"[" + tail
-    try:
-        orjson.loads(doc)
-    except ValueError as exc:
-        pos = getattr(exc, "pos", None)
-        if not isinstance(pos, int):
-            return None
-    else:
-        return None
-    cands = [pos] if doc.isascii() else [len(doc.decode("utf-8", "replace")[:pos].encode()), pos]
-    for at in cands:
-        at = min(at, len(doc))
-        while at > 0 and doc[at - 1] in _WS:
-            at -= 1
-        if at > 0 and doc[at - 1] == 0x5D:
-            return at - 2  # in ``tail``: one byte of ``[`` less, and the index of the ``]``
-    return None

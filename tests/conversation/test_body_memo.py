@@ -10,8 +10,9 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.conversation.body_memo import BodyMemo, messages_start
+from proxy.conversation.body_memo import BodyMemo
 from proxy.conversation.chat_request import parse_chat_request
+from proxy.conversation.json_spans import messages_start
 from proxy.errors import BadRequest
 
 TOOLS = [{"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}}]
