@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from proxy.conversation.body_memo import BodyMemo
 from proxy.errors import BadRequest
 from proxy.json_text import parse_json
 
@@ -40,7 +41,7 @@ def too_deep() -> BadRequest:
     return BadRequest(f"The request body is nested deeper than {MAX_JSON_DEPTH} levels.")
 
 
-def parse_chat_request(raw: bytes) -> dict[str, Any]:
+def parse_chat_request(raw: bytes, memo: BodyMemo | None = None, tenant: str = "") -> dict[str, Any]:
     """Parse and check a chat-completions body.
 
     Returns the body as a plain dict, a lone surrogate escape in a string replaced by U+FFFD
@@ -50,13 +51,38 @@ def parse_chat_request(raw: bytes) -> dict[str, Any]:
     ``model`` or ``messages``, a message that is not an object, has a role with a NUL character or
     ``tool_calls`` that is not an array, and for the ill-typed shapes the proxy reads
     (``_check_tool_calls``, ``_check_tools``, ``stream_options``).
+
+    With ``memo`` (the caller's ``BodyMemo``; ``tenant`` the caller's), a big body that extends one
+    of ``tenant``'s bodies kept there is parsed by reusing that body's messages (the same objects:
+    do not mutate them) and only its new ones are checked (the kept ones passed the same checks):
+    the same value, or, when a check fails, the body is parsed and checked whole (the same error).
     """
+    if memo is not None and len(raw) >= memo.min_bytes:
+        found = memo.reuse(raw, tenant)
+        if found is not None:
+            messages = found.body["messages"]
+            try:
+                _check(found.body, messages[len(messages) - found.fresh:])
+            except BadRequest:
+                pass  # worded below, on the whole body
+            else:
+                memo.keep(found)
+                return found.body
     try:
         body = parse_json(raw)  # a lone surrogate escape is accepted (``proxy.json_text``)
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"The request body is not valid JSON: {exc}".split("\n")[0]) from None
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object.")
+    _check(body, body.get("messages"))
+    if memo is not None:
+        memo.remember(raw, tenant)
+    return body
+
+
+def _check(body: dict[str, Any], fresh: Any) -> None:
+    """Raise ``BadRequest`` for what ``parse_chat_request`` refuses in ``body`` (a dict), the
+    messages checked being ``fresh`` (all of them, or those not checked before)."""
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise BadRequest("'model' is required and must be a non-empty string.", param="model")
     if "\x00" in body["model"]:  # no model has one, and PostgreSQL text cannot store it
@@ -64,9 +90,9 @@ def parse_chat_request(raw: bytes) -> dict[str, Any]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' is required and must be a non-empty array.", param="messages")
-    if not _messages_valid(messages):
-        _raise_first_invalid(messages)
-    _check_tool_calls(messages)
+    if not _messages_valid(fresh):
+        _raise_first_invalid(fresh)
+    _check_tool_calls(fresh)
     if "stream" in body and not isinstance(body["stream"], bool) and body["stream"] is not None:
         raise BadRequest("'stream' must be a boolean.", param="stream")
     tools = body.get("tools")
@@ -77,7 +103,6 @@ def parse_chat_request(raw: bytes) -> dict[str, Any]:
     stream_options = body.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, dict):
         raise BadRequest("'stream_options' must be an object.", param="stream_options")
-    return body
 
 
 _DICT = frozenset({dict})

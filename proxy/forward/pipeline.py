@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 
 from proxy.compaction.base import Compactor
+from proxy.conversation.body_memo import BodyMemo
 from proxy.conversation.canonical import digests_off_loop
 from proxy.conversation.chat_request import is_too_deep, parse_chat_request, too_deep
 from proxy.conversation.digest_memo import DigestMemo
@@ -97,6 +98,8 @@ class ChatPipeline:
         self.health = DatabaseHealth(session_log.store)
         self.digest_memo = DigestMemo()
         """Digests of the histories seen (bounded: ``digest_memo.MEMO_MAX_BYTES``)."""
+        self.body_memo = BodyMemo()
+        """Big bodies seen, parsed (bounded: ``body_memo.BODY_MEMO_MAX_BYTES``)."""
         tools = ToolRounds(settings, session_log.store, compactor, counter)
         self.loop = RoundLoop(settings, upstream, compactor, tools, self.metrics, self.health)
         self.writer = LogWriter(settings, session_log, self.metrics, self.health)
@@ -110,7 +113,7 @@ class ChatPipeline:
         the database is down and ``database_failure_mode`` is closed: ``StorageError``)."""
         if self.writer.full:
             await self.writer.wait_for_room()
-        body = parse_chat_request(raw)
+        body = parse_chat_request(raw, self.body_memo, tenant)
         messages: list[dict[str, Any]] = body["messages"]
         try:
             digests, chain = await digests_off_loop(messages, len(raw), self.digest_memo)

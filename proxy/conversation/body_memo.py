@@ -1,0 +1,223 @@
+"""``BodyMemo``: a big request body parsed by reusing the parse of its conversation's previous body.
+
+A client resends its whole history every turn, and an SDK writes the messages it wrote before with
+the same bytes: the new body is the previous one up to the end of its last message, then ``,``, the
+new messages, ``]`` and the members after ``messages``. Parsing it whole cost 2.4 ms per MB (orjson,
+11 ms of the pipeline benchmark's 24 ms warm request at 5.3 MB). So the previous body's bytes up to
+the end of its last message (``prefix``) and its parsed messages are kept; a body that starts with
+those bytes gets those very message objects (they are never mutated: ``proxy.conversation.digest_memo``
+keeps them too, and comparing them there is now an identity check) and only its tail is parsed.
+
+Exactness: JSON parsing is deterministic in the bytes read, so a body whose first bytes are a
+prefix whose parse ended inside the top-level ``messages`` array, just after an element, parses to
+those elements and then goes on from there. Every position this module relies on is verified by
+a parse at the same nesting depth as in the whole body (orjson's error position is only a
+candidate), the members after the array are parsed with the head in front of them and a random
+token in the array's place (so a second ``messages`` member, which would win, is noticed), and any
+failure falls back to parsing the whole body (the same value or the same error as before). Only
+text orjson parses as is takes part (a body whose lone surrogate escapes needed the lenient parser
+of ``proxy.json_text`` is not kept, and a tail that needs it fails here: the whole body is parsed).
+
+A body's own end of messages is learnt when the next body of its conversation arrives (where the
+two first differ: there the old body closes its array and the new one continues it with ``,``),
+so a client whose bodies never repeat the previous one pays no extra parse.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+
+import orjson
+
+from proxy.cache import MEMO_IDLE_S
+from proxy.conversation.json_spans import WS, array_close, common_prefix, messages_start, skip_ws
+
+MIN_BODY_BYTES = 64 * 1024
+"""Bodies smaller than this are parsed whole and not kept (parsing them costs well under 0.2 ms)."""
+BODY_MEMO_MAX_BYTES = 32 * 1024 * 1024
+"""Bound of ``BodyMemo``: accounted bytes of the kept bodies, ``PARSED_COST`` times their kept
+bytes (the bytes themselves and the parsed messages; the messages are mostly shared with
+``DigestMemo``); least recently used first out, and an entry unused for ``MEMO_IDLE_S`` leaves.
+A body past ``BODY_MEMO_MAX_BYTES / PARSED_COST`` (12.8 MB) is never kept: parsed whole each turn."""
+PARSED_COST = 2.5
+"""Memory a kept body costs per byte: its bytes (1) and its parsed messages (1.55: 8.2 MB of Python
+objects for the benchmark's 5.27 MB history, measured with ``tracemalloc``)."""
+CANDIDATES = 16
+"""Kept bodies per (tenant, first ``KEY_BYTES`` bytes): conversations of one tenant that start alike
+(the same system prompt and tools); the newest kept."""
+KEY_BYTES = 1024
+"""How many first bytes of a body index it (with the tenant)."""
+
+class _Entry:
+    """A kept body: ``head`` its bytes before the messages array's ``[``; ``prefix`` its bytes up to
+    the end of its last message (a view of the body: no copy, and ``bytes.startswith`` compares it
+    without one) and ``messages`` their parse (a tuple: never handed out, lists are) once known;
+    until then ``raw``, the whole body."""
+
+    __slots__ = ("head", "key", "messages", "prefix", "raw", "used", "weight")
+
+    def __init__(self, key: tuple[str, bytes], head: bytes, messages: tuple[Any, ...], *,
+                 prefix: memoryview | None = None, raw: bytes | None = None) -> None:
+        self.key = key
+        self.head = head
+        self.messages = messages
+        self.prefix = prefix
+        self.raw = raw
+        self.used = time.monotonic()
+        self.weight = int(len(prefix) * PARSED_COST) if prefix is not None else len(raw or b"")
+        """Counted against ``BodyMemo.max_bytes`` while stored (kept whole: its bytes alone)."""
+
+
+class Reused:
+    """A body parsed by reusing a kept one: ``body`` (the whole body's value, ``messages`` a new
+    list), ``fresh`` how many of its last messages were parsed here (the rest were checked before)."""
+
+    __slots__ = ("body", "entry", "fresh", "old")
+
+    def __init__(self, body: dict[str, Any], fresh: int, entry: _Entry, old: _Entry) -> None:
+        self.body, self.fresh, self.entry, self.old = body, fresh, entry, old
+
+
+class BodyMemo:
+    """Parsed bodies of big requests, per tenant, reused by the next body of their conversation
+    (module docstring). Bounded by ``max_bytes`` (``PARSED_COST`` times the kept bytes, least
+    recently used first out) and by idleness (``idle_s``); keyed by tenant, so one tenant's bodies
+    are never matched against another's (one tenant can still push another's out of the shared bound,
+    as in ``DigestMemo``). Thread-safe (one lock, held for lookups and stores only; an entry learning
+    where its messages end sets its messages before its prefix, which readers test first). Built by
+    its owner (the chat pipeline) and passed to ``chat_request.parse_chat_request``."""
+
+    def __init__(self, max_bytes: int = BODY_MEMO_MAX_BYTES, idle_s: float = MEMO_IDLE_S,
+                 min_bytes: int = MIN_BODY_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.idle_s = idle_s
+        self.min_bytes = min_bytes
+        self._index: dict[tuple[str, bytes], list[_Entry]] = {}
+        self._lru: OrderedDict[int, _Entry] = OrderedDict()
+        self._total = 0
+        self._lock = threading.Lock()
+        self._token_text = secrets.token_hex(16)
+        self._token = orjson.dumps(self._token_text)
+        """Put in the messages array's place to parse the members after it (a client cannot guess it)."""
+        self.reused = 0
+        """Bodies parsed by reusing a kept one (since creation; for tests and metrics)."""
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def reuse(self, raw: bytes, tenant: str) -> Reused | None:
+        """``raw`` parsed by reusing a kept body of ``tenant`` it extends, or ``None`` (parse it whole).
+        Nothing is stored until ``keep``."""
+        if len(raw) < self.min_bytes:
+            return None
+        key = (tenant, raw[:KEY_BYTES])
+        with self._lock:
+            cands = list(self._index.get(key, ()))
+        for entry in cands:
+            end = self._end(entry, raw)
+            if end is None:
+                continue
+            found = self._extend(entry, raw, end)
+            if found is not None:
+                return found
+        return None
+
+    def _end(self, entry: _Entry, raw: bytes) -> int | None:
+        """Where ``entry``'s last message ends, when ``raw`` starts with ``entry``'s bytes up to there
+        and continues the array after it (for an entry kept whole: found where the two bodies first
+        differ, and verified by parsing the old array alone, its messages taken from that parse)."""
+        prefix = entry.prefix
+        if prefix is not None:
+            return len(prefix) if len(raw) > len(prefix) and raw.startswith(prefix) else None
+        old = entry.raw
+        assert old is not None
+        p = common_prefix(old, raw)
+        close, more = skip_ws(old, p), skip_ws(raw, p)
+        if close >= len(old) or old[close] != 0x5D or raw[more:more + 1] != b",":
+            return None  # the new body does not continue the old one's messages there
+        start = len(entry.head)
+        try:  # inside ``[...]`` (the elements at their depth in the body), an array closed before
+            # ``close`` would leave ``,"key": ...`` after it, which no array holds
+            messages = orjson.loads(b"[" + old[start:close + 1] + b"]")[0]
+        except ValueError:
+            return None
+        end = p
+        while end > start and old[end - 1] in WS:
+            end -= 1
+        entry.messages = tuple(messages)  # before ``prefix``: a reader that sees the prefix sees them
+        entry.prefix, entry.raw = memoryview(old)[:end], None
+        return end
+
+    def _extend(self, entry: _Entry, raw: bytes, end: int) -> Reused | None:
+        """Parse what ``raw`` has after ``entry``'s messages (``end``): its new messages and the
+        members after the array; ``None`` when a check fails (the caller parses it whole)."""
+        head = entry.head
+        pos = skip_ws(raw, end)
+        if pos >= len(raw) or raw[pos] != 0x2C:  # ","
+            return None
+        tail = raw[pos + 1:]
+        close = array_close(tail)
+        if close is None:
+            return None
+        try:  # the new elements at their depth in the body, inside ``[...]``: ``close`` is the array's end
+            fresh = orjson.loads(b"[[" + tail[:close + 1] + b"]")[0]
+            body = orjson.loads(head + self._token + tail[close + 1:])
+        except ValueError:
+            return None
+        if body.__class__ is not dict or body.get("messages") != self._token_text:
+            return None  # another "messages" member after this one wins: parse the whole body
+        messages = [*entry.messages, *fresh]
+        body["messages"] = messages
+        stop = pos + 1 + close
+        while raw[stop - 1] in WS:
+            stop -= 1
+        new = _Entry(entry.key, head, tuple(messages), prefix=memoryview(raw)[:stop])
+        return Reused(body, len(fresh), new, entry)
+
+    def keep(self, found: Reused) -> None:
+        """Store the body ``found`` (checked by the caller) in place of the one it extended."""
+        self.reused += 1
+        with self._lock:
+            self._drop(found.old)
+            self._store(found.entry)
+
+    def remember(self, raw: bytes, tenant: str) -> None:
+        """Keep ``raw`` (a body parsed whole and checked) for the next body of its conversation;
+        small bodies and bodies without a top-level ``messages`` array are not kept. Nothing of its
+        parse is kept: the next body that extends it has the old array parsed again, alone."""
+        if len(raw) < self.min_bytes or len(raw) > self.max_bytes / PARSED_COST:
+            return
+        start = messages_start(raw)
+        if start is None:
+            return
+        entry = _Entry((tenant, raw[:KEY_BYTES]), raw[:start], (), raw=raw)
+        with self._lock:
+            self._store(entry)
+
+    def _store(self, entry: _Entry) -> None:
+        cands = self._index.setdefault(entry.key, [])
+        cands.insert(0, entry)
+        for old in cands[CANDIDATES:]:
+            self._drop(old)
+        self._lru[id(entry)] = entry
+        self._total += entry.weight
+        now = entry.used
+        while self._lru:
+            first = next(iter(self._lru.values()))
+            if self._total <= self.max_bytes and first.used >= now - self.idle_s:
+                break
+            self._drop(first)
+
+    def _drop(self, entry: _Entry) -> None:
+        if self._lru.pop(id(entry), None) is None:
+            return
+        self._total -= entry.weight
+        cands = self._index.get(entry.key)
+        if cands is not None and entry in cands:
+            cands.remove(entry)
+            if not cands:
+                del self._index[entry.key]

@@ -1,0 +1,108 @@
+"""Byte offsets in JSON text that is known valid, found without parsing it all (for ``body_memo``).
+
+Every offset found here is a candidate its caller verifies by parsing (``proxy.conversation.body_memo``).
+"""
+
+from __future__ import annotations
+
+import re
+
+import orjson
+
+WS = b" \t\n\r"
+"""JSON's whitespace bytes."""
+_KEY = re.compile(rb'[ \t\n\r]*("(?:[^"\\]|\\.)*")[ \t\n\r]*:[ \t\n\r]*', re.S)
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_SCALAR = re.compile(rb"[^,}\]\s]+")
+_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.S)
+_OPEN = re.compile(rb"[ \t\n\r]*\{")
+_NEXT = re.compile(rb"[ \t\n\r]*([,}])")
+
+
+def messages_start(raw: bytes) -> int | None:
+    """Offset of the ``[`` opening the top-level ``messages`` array of ``raw`` (a JSON object already
+    parsed: valid JSON), the members before it skipped; ``None`` when there is none (or its key is
+    written with escapes)."""
+    m = _OPEN.match(raw)
+    if m is None:
+        return None
+    pos = m.end()
+    while True:
+        m = _KEY.match(raw, pos)
+        if m is None:
+            return None
+        pos = m.end()
+        if m.group(1) == b'"messages"':
+            return pos if raw[pos:pos + 1] == b"[" else None
+        pos = _skip_value(raw, pos)
+        m = _NEXT.match(raw, pos)
+        if m is None or m.group(1) == b"}":
+            return None
+        pos = m.end()
+
+
+def _skip_value(raw: bytes, pos: int) -> int:
+    """The offset just after the JSON value starting at ``pos``."""
+    c = raw[pos:pos + 1]
+    if c == b'"':
+        m = _STRING.match(raw, pos)
+        return m.end() if m else len(raw)
+    if c not in (b"[", b"{"):
+        m = _SCALAR.match(raw, pos)
+        return m.end() if m else len(raw)
+    depth = 0
+    for tok in _TOKEN.finditer(raw, pos):
+        t = tok.group()
+        if t in (b"[", b"{"):
+            depth += 1
+        elif t in (b"]", b"}"):
+            depth -= 1
+            if depth == 0:
+                return tok.end()
+    return len(raw)
+
+
+def skip_ws(raw: bytes, pos: int) -> int:
+    """The first offset at or after ``pos`` that is not JSON whitespace (``len(raw)`` when none)."""
+    n = len(raw)
+    while pos < n and raw[pos] in WS:
+        pos += 1
+    return pos
+
+
+def common_prefix(a: bytes, b: bytes) -> int:
+    """Length of the longest common prefix of ``a`` and ``b`` (halving, one C comparison each)."""
+    lo, hi = 0, min(len(a), len(b))
+    view = memoryview(b)
+    while hi - lo > 64:
+        mid = (lo + hi) // 2
+        if a.startswith(view[lo:mid], lo):
+            lo = mid
+        else:
+            hi = mid
+    while lo < hi and a[lo] == b[lo]:
+        lo += 1
+    return lo
+
+
+def array_close(tail: bytes) -> int | None:
+    """Offset in ``tail`` (an array's elements after a ``,``, its ``]``, then more) of that ``]``:
+    orjson's error position for the text after the array is a candidate (in characters, or bytes),
+    checked by the caller's parse; ``None`` when there is none."""
+    doc = b"[" + tail
+    try:
+        orjson.loads(doc)
+    except ValueError as exc:
+        pos = getattr(exc, "pos", None)
+        if not isinstance(pos, int):
+            return None
+    else:
+        return None
+    cands = [pos] if doc.isascii() else [len(doc.decode("utf-8", "replace")[:pos].encode()), pos]
+    for at in cands:
+        at = min(at, len(doc))
+        while at > 0 and doc[at - 1] in WS:
+            at -= 1
+        if at > 0 and doc[at - 1] == 0x5D:
+            return at - 2  # in ``tail``: one byte of ``[`` less, and the index of the ``]``
+    return None
