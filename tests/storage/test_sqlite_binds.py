@@ -61,3 +61,40 @@ def test_postgresql_binds_as_sqlalchemy_does() -> None:
     assert text is not None and text("a\x00b") == ESCAPE + "a" + ESCAPE + "0b"
     bound = time_proc(when) if time_proc is not None else UTC_TIME.process_bind_param(when, dialect)
     assert bound == when and bound.tzinfo == UTC
+
+
+def test_sqlite_binds_blobs_as_bytearrays_that_the_driver_takes_without_adapting() -> None:
+    """``sqlite3`` binds an exact ``bytearray`` at once; a ``bytes`` value first goes through its
+    adapter lookup (two ``AttributeError``s raised and cleared inside the driver, per value). The
+    hashes and compressed values bind as ``bytearray``s holding the same bytes, which SQLite stores
+    as the same BLOBs; anything but a lowercase 64-digit hex hash is still refused."""
+    import hashlib
+    import sqlite3
+
+    dialect = sqlite.dialect(paramstyle="qmark")
+    messages = metadata.tables["messages"]
+    artifacts = metadata.tables["artifacts"]
+    hash_bind = messages.c.chain_hash.type.bind_processor(dialect)
+    json_bind = messages.c.message.type.bind_processor(dialect)
+    text_bind = artifacts.c.content.type.bind_processor(dialect)
+    assert hash_bind is not None and json_bind is not None and text_bind is not None
+    h = hashlib.sha256(b"x").hexdigest()
+    raw = hash_bind(h)
+    assert type(raw) is bytearray and raw == bytes.fromhex(h)
+    assert messages.c.chain_hash.type.process_bind_param(h, postgresql.dialect()) == bytes.fromhex(h)
+    packed_json, packed_text = json_bind({"a": "x" * 1000}), text_bind("y" * 1000)
+    assert type(packed_json) is bytearray and type(packed_text) is bytearray
+    assert json_bind({"a": "short"}) == '{"a":"short"}' and text_bind("short") == "short"
+    for bad in (h.upper(), h[:62] + "  ", h[:63], " " + h[:63], h + "0", b"\x00" * 32, 5):
+        for bind in (hash_bind, lambda v: messages.c.chain_hash.type.process_bind_param(v, postgresql.dialect())):
+            try:
+                bind(bad)
+            except ValueError:
+                continue
+            raise AssertionError(f"bound {bad!r}")
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE t (a BLOB, b TEXT)")
+    conn.execute("INSERT INTO t VALUES (?, ?)", (raw, packed_json))
+    conn.execute("INSERT INTO t VALUES (?, ?)", (bytes(raw), bytes(packed_json)))
+    first, second = conn.execute("SELECT a, b, typeof(a), typeof(b) FROM t").fetchall()
+    assert first == second and first[2:] == ("blob", "blob")
