@@ -9,10 +9,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from datetime import datetime
+from math import isfinite
 from typing import Any
 
 from storage.records import NewMessage, RequestRecord
-from storage.values import COUNT_MAX, TOKENS_MAX, clamp_count, finite
+from storage.values import COUNT_MAX, TOKENS_MAX, clamp_count
 
 MESSAGE_ROW_KEYS = ("session_pk", "chain_hash", "parent_hash", "seq", "role", "message", "internal", "created_at")
 """The keys of ``message_rows``' rows (the columns of a new message row)."""
@@ -48,7 +49,7 @@ def request_tuple(record: RequestRecord, now: datetime, added: tuple[int, int | 
     return (
         r.id, r.session_pk, r.model,
         _count(r.status, COUNT_MAX, 0),
-        finite(latency) if type(latency) is float else latency,
+        latency if type(latency) is not float or isfinite(latency) else 0.0,  # (``finite``'s, inline)
         r.stream, r.usage,
         _count(added_messages, COUNT_MAX, 0),
         _count(first_added_seq, COUNT_MAX, None),
