@@ -142,3 +142,19 @@ def test_the_end_write_converts_by_position_exactly_as_by_name() -> None:
             assert by_position == [end._insert_messages.row(r) for r in rows]
             assert request_row == end._insert_request.row(values)
             assert [type(v) for v in request_row] == [type(v) for v in end._insert_request.row(values)]
+
+
+def test_none_binds_through_a_registered_adapter_as_null() -> None:
+    """``sqlite3`` looks an adapter up for every ``None`` it binds; without one registered the
+    lookup raises and clears two exceptions inside the driver. ``storage.sqlite.driver`` registers
+    one (``None`` to ``None``): found at once, and ``None`` is still stored as NULL."""
+    import sqlite3
+
+    import storage.sqlite.driver  # noqa: F401  (registers it)
+
+    assert sqlite3.adapters.get((type(None), sqlite3.PrepareProtocol)) is not None
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE t (a, b TEXT, c INTEGER)")
+    conn.executemany("INSERT INTO t VALUES (?, ?, ?)", [(None, None, None), (1, "x", None)])
+    assert conn.execute("SELECT a, b, c, typeof(a), typeof(b), typeof(c) FROM t").fetchall() == [
+        (None, None, None, "null", "null", "null"), (1, "x", None, "integer", "text", "null")]
