@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.types import TypeDecorator
 
-from storage.values import dumps_json, escape_text, loads_json, unescape_text
+from storage.values import ESCAPE, dumps_json, escape_text, loads_json, unescape_text
 
 BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 """64-bit integer keys on PostgreSQL; ``INTEGER`` on SQLite so that it is the autoincrement rowid."""
@@ -69,7 +69,9 @@ class _OneStepBind(TypeDecorator[T]):
 
 
 def _escape(value: str | None) -> str | None:
-    return None if value is None else escape_text(value)
+    if value is None or (value.isascii() and "\x00" not in value and ESCAPE not in value):
+        return value  # (``escape_text``'s first test, without its call: the usual text)
+    return escape_text(value)
 
 
 def _json_text(value: Any) -> str | None:
