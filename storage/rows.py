@@ -9,10 +9,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from datetime import datetime
+from math import isfinite
 from typing import Any
 
 from storage.records import NewMessage, RequestRecord
-from storage.values import COUNT_MAX, TOKENS_MAX, clamp_count, finite
+from storage.values import COUNT_MAX, TOKENS_MAX, clamp_count
 
 MESSAGE_ROW_KEYS = ("session_pk", "chain_hash", "parent_hash", "seq", "role", "message", "internal", "created_at")
 """The keys of ``message_rows``' rows (the columns of a new message row)."""
@@ -22,8 +23,6 @@ REQUEST_ROW_KEYS = tuple(f.name for f in dataclasses.fields(RequestRecord))
 RecordItem = tuple[int, list[dict[str, Any]], dict[str, Any], datetime]
 """An end-of-request write: ``(session_pk, message rows, request row values, now)``."""
 
-_COUNT_FIELDS = ("status", "added_messages", "first_added_seq", "overflow_retries")
-_TOKEN_FIELDS = ("tokens_client", "tokens_forwarded")
 
 
 def record_item(session_pk: int, new_messages: Sequence[NewMessage], record: RequestRecord, now: datetime,
@@ -38,21 +37,39 @@ def request_values(record: RequestRecord, now: datetime, added: tuple[int, int |
     columns (``COUNT_MAX``, tokens ``TOKENS_MAX``; a non-finite count stored as ``None``, or 0
     where the column needs one), a non-finite latency as 0. Text and JSON need nothing here:
     their column types store any ``str`` and any JSON (``storage.values``)."""
-    values = {name: getattr(record, name) for name in REQUEST_ROW_KEYS}
-    values["created_at"] = record.created_at or now
-    if added is not None:
-        values["added_messages"], values["first_added_seq"] = added
-    for names, maximum in ((_COUNT_FIELDS, COUNT_MAX), (_TOKEN_FIELDS, TOKENS_MAX)):
-        for name in names:
-            value = values[name]
-            if value is not None and (type(value) is not int or not -maximum <= value <= maximum):
-                values[name] = clamp_count(value, maximum)  # (the usual in-range int skips the call)
-    for name in ("status", "added_messages", "overflow_retries"):
-        if values[name] is None:
-            values[name] = 0
-    if type(values["latency_ms"]) is float:
-        values["latency_ms"] = finite(values["latency_ms"])
-    return values
+    return dict(zip(REQUEST_ROW_KEYS, request_tuple(record, now, added), strict=True))
+
+
+def request_tuple(record: RequestRecord, now: datetime, added: tuple[int, int | None] | None) -> tuple[Any, ...]:
+    """``request_values``' values in ``REQUEST_ROW_KEYS`` order, built without a dict (the
+    SQLite end-of-request write binds them by position, ``storage.sqlite.end_write``)."""
+    r = record
+    added_messages, first_added_seq = (r.added_messages, r.first_added_seq) if added is None else added
+    latency = r.latency_ms
+    return (
+        r.id, r.session_pk, r.model,
+        _count(r.status, COUNT_MAX, 0),
+        latency if type(latency) is not float or isfinite(latency) else 0.0,  # (``finite``'s, inline)
+        r.stream, r.usage,
+        _count(added_messages, COUNT_MAX, 0),
+        _count(first_added_seq, COUNT_MAX, None),
+        _count(r.tokens_client, TOKENS_MAX, None),
+        _count(r.tokens_forwarded, TOKENS_MAX, None),
+        r.defenses, r.event_ids, r.error,
+        r.created_at or now,
+        r.finish_reason,
+        _count(r.overflow_retries, COUNT_MAX, 0),
+    )
+
+
+def _count(value: Any, maximum: int, default: int | None) -> Any:
+    """A count as stored: ``clamp_count``'s (the usual in-range int skips the call), ``None`` as ``default``."""
+    if value is None:
+        return default
+    if type(value) is int and -maximum <= value <= maximum:
+        return value
+    value = clamp_count(value, maximum)
+    return default if value is None else value
 
 
 def message_rows(session_pk: int, new_messages: Sequence[NewMessage], now: datetime) -> list[dict[str, Any]]:

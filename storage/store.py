@@ -290,9 +290,9 @@ class Store(LearnedLimitQueries, RefusedRequestQueries, ReadQueries, CompactionL
         ``DEFER_WRITE_S`` (``storage.sqlite.end_write``: no task, no thread hop); anything else
         (PostgreSQL, SQLite in memory, many or large messages) runs in a task of its own, which
         ``close`` waits for. Either way it has started, whatever becomes of the caller."""
-        item = record_item(session_pk, new_messages, record, now, added)
         if self._end_write is not None and small_rows(new_messages):
-            return self._end_write.defer(item)
+            return self._end_write.defer(session_pk, new_messages, record, now, added)
+        item = record_item(session_pk, new_messages, record, now, added)
         task = asyncio.get_running_loop().create_task(self._append_and_record(item))
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)

@@ -309,7 +309,8 @@ class SessionLog:
             elif error is not None:
                 done.set_exception(error)
             else:
-                self._remember(session.pk, [*chain, *(m.chain_hash for m in new if m.seq >= len(chain))])
+                n = len(chain)
+                self._remember(session.pk, chain + [m.chain_hash for m in new if m.seq >= n])
                 if internal:
                     self._internal.pop(session.pk, None)
                 done.set_result(None)

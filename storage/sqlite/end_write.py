@@ -11,17 +11,22 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 
 from storage.errors import FOREIGN_ERRORS, MissingRow, StorageError, StorageUnavailable, translate_error
-from storage.rows import MESSAGE_ROW_KEYS, REQUEST_ROW_KEYS, RecordItem
+from storage.records import NewMessage, RequestRecord
+from storage.rows import MESSAGE_ROW_KEYS, REQUEST_ROW_KEYS, request_tuple
 from storage.sqlite.driver import DriverStatement
 from storage.sqlite.file import SqliteFile
 
 log = logging.getLogger("context_proxy.storage")
+
+_Item = tuple[int, list[list[Any]], list[Any], datetime]
+"""A queued write: ``(session_pk, message rows, request row, now)``, rows as the driver takes them."""
 
 
 class SqliteEndWrite:
@@ -38,27 +43,46 @@ class SqliteEndWrite:
         self._insert_messages = DriverStatement(insert_message, d, MESSAGE_ROW_KEYS)
         self._insert_request = DriverStatement(insert_request, d, REQUEST_ROW_KEYS)
 
-    def defer(self, item: RecordItem) -> asyncio.Future[int]:
-        """Queue the write ``item`` (``storage.rows.record_item``): its future gets how many of
-        its messages were new once committed, or the ``StorageError`` (``MissingRow``: the
-        session is gone, nothing stored; another: the request row was refused, its messages
-        stored). Must be called on the event loop's thread."""
+    def defer(self, session_pk: int, new_messages: Sequence[NewMessage], record: RequestRecord, now: datetime,
+              added: tuple[int, int | None] | None) -> asyncio.Future[int]:
+        """Queue the write of ``Store.append_and_record``'s arguments: its future gets how many
+        of its messages were new once committed, or the error (``MissingRow``: the session is
+        gone, nothing stored; another ``StorageError``: the request row was refused, its
+        messages stored; what converting a value raised, say a reply orjson cannot serialize:
+        nothing stored). The rows are converted now, by position (``DriverStatement.row_of``:
+        the column types' binds, without a dict per row). Must be called on the event loop's
+        thread."""
+        try:
+            item = self.item(session_pk, new_messages, record, now, added)
+        except Exception as exc:  # noqa: BLE001  (the future's, as a failed write's)
+            failed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            return failed
         future: asyncio.Future[int] = self._batch.defer("append_and_record", functools.partial(self._alone, item),
                                                         batch=self.batch, item=item)
         return future
 
-    def _alone(self, item: RecordItem, conn: sa.Connection) -> int | StorageError:
+    def item(self, session_pk: int, new_messages: Sequence[NewMessage], record: RequestRecord, now: datetime,
+             added: tuple[int, int | None] | None) -> _Item:
+        """The driver's parameters of one write: ``(session_pk, message rows, request row, now)``,
+        the same values as ``storage.rows.record_item``'s bound by the column types."""
+        message_row = self._insert_messages.row_of
+        rows = [message_row((session_pk, m.chain_hash, m.parent_hash, m.seq, m.role, m.message, m.internal, now))
+                for m in new_messages]
+        return session_pk, rows, self._insert_request.row_of(request_tuple(record, now, added)), now
+
+    def _alone(self, item: _Item, conn: sa.Connection) -> int | StorageError:
         """One write alone (its batch failed): as ``batch``, except that a refused request row
         does not undo the messages (SQLite undoes only the failed statement): its error is the
         result (``DeferredBatch``: committed, the write failed) and the messages commit. A
         session that is gone still fails the whole write (``MissingRow``)."""
-        session_pk, rows, values, now = item
+        session_pk, rows, request_row, now = item
         added = 0
         if rows:
             self._bump.execute(conn, {"b_pk": session_pk, "b_now": now})
-            added = self._insert_messages.executemany(conn, rows)
+            added = self._insert_messages.executemany_rows(conn, rows)
         try:
-            self._insert_request.execute(conn, values)
+            self._insert_request.execute_row(conn, request_row)
         except FOREIGN_ERRORS as exc:
             error = translate_error(exc, "append_and_record")
             if not rows or isinstance(error, StorageUnavailable | MissingRow):
@@ -67,22 +91,18 @@ class SqliteEndWrite:
             return error
         return added
 
-    def batch(self, conn: sa.Connection, items: list[RecordItem]) -> list[int]:
-        """The deferred writes ``(session_pk, message rows, request values, now)`` on the driver,
-        as each would run alone (bump, messages, request), with a bump per session (to the latest
-        ``now``: the bump keeps the later time anyway) and the request rows in one
-        ``executemany``. The messages stay an ``executemany`` per item: its row count is the
-        item's result."""
+    def batch(self, conn: sa.Connection, items: list[_Item]) -> list[int]:
+        """The deferred writes (``item``) on the driver, as each would run alone (bump,
+        messages, request), with a bump per session (to the latest ``now``: the bump keeps the
+        later time anyway) and the request rows in one ``executemany``. The messages stay an
+        ``executemany`` per item: its row count is the item's result."""
         latest: dict[int, datetime] = {}
         for session_pk, rows, _, now in items:
             if rows and (session_pk not in latest or now > latest[session_pk]):
                 latest[session_pk] = now
         if latest:
             self._bump.executemany(conn, [{"b_pk": pk, "b_now": now} for pk, now in latest.items()])
-        added: list[int] = []
-        request_rows: list[list[Any]] = []
-        for _, rows, values, _ in items:
-            added.append(self._insert_messages.executemany(conn, rows) if rows else 0)
-            request_rows.append(self._insert_request.row(values))  # now: its time converts once (the memo)
-        self._insert_request.executemany_rows(conn, request_rows)
+        insert_messages = self._insert_messages.executemany_rows
+        added = [insert_messages(conn, rows) if rows else 0 for _, rows, _, _ in items]
+        self._insert_request.executemany_rows(conn, [request_row for _, _, request_row, _ in items])
         return added

@@ -61,3 +61,100 @@ def test_postgresql_binds_as_sqlalchemy_does() -> None:
     assert text is not None and text("a\x00b") == ESCAPE + "a" + ESCAPE + "0b"
     bound = time_proc(when) if time_proc is not None else UTC_TIME.process_bind_param(when, dialect)
     assert bound == when and bound.tzinfo == UTC
+
+
+def test_sqlite_binds_blobs_as_bytearrays_that_the_driver_takes_without_adapting() -> None:
+    """``sqlite3`` binds an exact ``bytearray`` at once; a ``bytes`` value first goes through its
+    adapter lookup (two ``AttributeError``s raised and cleared inside the driver, per value). The
+    hashes and compressed values bind as ``bytearray``s holding the same bytes, which SQLite stores
+    as the same BLOBs; anything but a lowercase 64-digit hex hash is still refused."""
+    import hashlib
+    import sqlite3
+
+    dialect = sqlite.dialect(paramstyle="qmark")
+    messages = metadata.tables["messages"]
+    artifacts = metadata.tables["artifacts"]
+    hash_bind = messages.c.chain_hash.type.bind_processor(dialect)
+    json_bind = messages.c.message.type.bind_processor(dialect)
+    text_bind = artifacts.c.content.type.bind_processor(dialect)
+    assert hash_bind is not None and json_bind is not None and text_bind is not None
+    h = hashlib.sha256(b"x").hexdigest()
+    raw = hash_bind(h)
+    assert type(raw) is bytearray and raw == bytes.fromhex(h)
+    assert messages.c.chain_hash.type.process_bind_param(h, postgresql.dialect()) == bytes.fromhex(h)
+    packed_json, packed_text = json_bind({"a": "x" * 1000}), text_bind("y" * 1000)
+    assert type(packed_json) is bytearray and type(packed_text) is bytearray
+    assert json_bind({"a": "short"}) == '{"a":"short"}' and text_bind("short") == "short"
+    for bad in (h.upper(), h[:62] + "  ", h[:63], " " + h[:63], h + "0", b"\x00" * 32, 5):
+        for bind in (hash_bind, lambda v: messages.c.chain_hash.type.process_bind_param(v, postgresql.dialect())):
+            try:
+                bind(bad)
+            except ValueError:
+                continue
+            raise AssertionError(f"bound {bad!r}")
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE t (a BLOB, b TEXT)")
+    conn.execute("INSERT INTO t VALUES (?, ?)", (raw, packed_json))
+    conn.execute("INSERT INTO t VALUES (?, ?)", (bytes(raw), bytes(packed_json)))
+    first, second = conn.execute("SELECT a, b, typeof(a), typeof(b) FROM t").fetchall()
+    assert first == second and first[2:] == ("blob", "blob")
+
+
+def test_the_end_write_converts_by_position_exactly_as_by_name() -> None:
+    """``SqliteEndWrite.item`` builds the driver's rows by position (``DriverStatement.row_of`` of
+    ``storage.rows.request_tuple``), without the dicts of ``record_item``: the same parameters as
+    ``DriverStatement.row`` of those dicts, odd values included (counts past the columns, NaN,
+    NUL and lone surrogates in text, JSON orjson refuses, a compressed message)."""
+    import dataclasses
+    import hashlib
+    import math
+
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from storage.records import NewMessage, RequestRecord
+    from storage.rows import record_item
+    from storage.sqlite.end_write import SqliteEndWrite
+    from storage.store import Store
+
+    class File:
+        dialect = sqlite.dialect(paramstyle="qmark")
+        batch = None
+
+    store = Store(create_async_engine("sqlite+aiosqlite://"))  # (its statements; no SQLite file, no connection)
+    end = SqliteEndWrite(File(), store._bump_session,  # type: ignore[arg-type]
+                         store._insert(metadata.tables["messages"]).on_conflict_do_nothing(
+                             index_elements=["session_pk", "chain_hash"]), store._insert_request)
+    h = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(3)]
+    messages = [NewMessage(h[0], None, 0, "user", {"role": "user", "content": "a\x00\ud800" * 200}),
+                NewMessage(h[1], h[0], 1, "as\x10sistant", {"role": "assistant", "n": 2**70}, internal=True)]
+    base = RequestRecord(id="req_\x00", session_pk=7, model="m\ud800", status=200, latency_ms=1.5, stream=True,
+                         usage={"prompt_tokens": 3, "big": 2**65}, added_messages=1, first_added_seq=0,
+                         tokens_client=10, tokens_forwarded=9, defenses=["truncate"], event_ids=["evt_1"],
+                         error="e\x00", finish_reason="stop", overflow_retries=1)
+    now = datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC)
+    records = [base, dataclasses.replace(base, status=2**40, latency_ms=math.nan, tokens_client=2**50,
+                                         added_messages=math.inf, first_added_seq=None, overflow_retries=None,
+                                         usage=None, created_at=now - timedelta(seconds=1), error=None)]
+    for record in records:
+        for added in (None, (2**33, 4)):
+            _, rows, values, _ = record_item(7, messages, record, now, added)
+            _, by_position, request_row, _ = end.item(7, messages, record, now, added)
+            assert by_position == [end._insert_messages.row(r) for r in rows]
+            assert request_row == end._insert_request.row(values)
+            assert [type(v) for v in request_row] == [type(v) for v in end._insert_request.row(values)]
+
+
+def test_none_binds_through_a_registered_adapter_as_null() -> None:
+    """``sqlite3`` looks an adapter up for every ``None`` it binds; without one registered the
+    lookup raises and clears two exceptions inside the driver. ``storage.sqlite.driver`` registers
+    one (``None`` to ``None``): found at once, and ``None`` is still stored as NULL."""
+    import sqlite3
+
+    import storage.sqlite.driver  # noqa: F401  (registers it)
+
+    assert sqlite3.adapters.get((type(None), sqlite3.PrepareProtocol)) is not None
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE t (a, b TEXT, c INTEGER)")
+    conn.executemany("INSERT INTO t VALUES (?, ?, ?)", [(None, None, None), (1, "x", None)])
+    assert conn.execute("SELECT a, b, c, typeof(a), typeof(b), typeof(c) FROM t").fetchall() == [
+        (None, None, None, "null", "null", "null"), (1, "x", None, "integer", "text", "null")]
