@@ -159,6 +159,7 @@ async def test_a_stream_that_fails_after_its_start_is_counted_with_the_status_it
     from types import SimpleNamespace
 
     import pytest
+    from starlette.datastructures import State
 
     from proxy.forward.answers import Streamed
     from proxy.routes.chat import ChatEndpoint
@@ -174,7 +175,7 @@ async def test_a_stream_that_fails_after_its_start_is_counted_with_the_status_it
     metrics = Metrics()
     proxy_state = SimpleNamespace(auth=SimpleNamespace(chat_tenant=lambda headers: "t"),
                                   settings=SimpleNamespace(max_body_bytes=1 << 20), pipeline=Pipeline())
-    app = SimpleNamespace(state=SimpleNamespace(proxy=proxy_state, metrics=metrics))
+    app = SimpleNamespace(state=State({"proxy": proxy_state, "metrics": metrics}))  # the app's ``state`` is one
     scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [], "app": app}
     messages = [{"type": "http.request", "body": b"{}", "more_body": False}]
     sent: list[dict] = []
