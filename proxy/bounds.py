@@ -31,6 +31,8 @@ BOUNDS: tuple[Bound, ...] = (
           "proxy.upstream.client.URL_MEMO_PATHS"),
     Bound("pool slots per tenant", "Upstream.slots (PoolShare)", "one entry per tenant with a request in flight",
           "proxy.settings.Settings.upstream_pool_size"),
+    Bound("tenant ids of keys seen, by the keys' SHA-256", "Authenticator._tenants", "1,024 keys, cleared when full",
+          "proxy.routes.auth.TENANTS_KEPT"),
     Bound("held request bodies", "app.state.body_budget (BodyBudget)", "bytes of bodies held at once",
           "proxy.settings.Settings.max_held_body_bytes"),
     Bound("kinds of log-line extra fields", "JsonFormatter", "1,024 field names, cleared when full",
