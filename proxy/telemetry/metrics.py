@@ -48,7 +48,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.telemetry.logs import request_context, write_direct
+from proxy.telemetry.logs import request_context, write_access
 
 access_log = logging.getLogger("context_proxy.access")
 
@@ -317,8 +317,8 @@ def served(metrics: Metrics, method: str, route: str, model: str, status: int, s
     duration_s = time.perf_counter() - started
     metrics.request_served(route, model, status, duration_s)
     level = logging.DEBUG if route in QUIET_ROUTES else logging.INFO
-    extra = {"route": route, "status": status, "duration_ms": round(duration_s * 1000, 1)}
-    if not write_direct(access_log, level, f"{method} {route} {status}", extra):
+    if not write_access(access_log, level, method, route, status, duration_s):
+        extra = {"route": route, "status": status, "duration_ms": round(duration_s * 1000, 1)}
         access_log.log(level, "%s %s %d", method, route, status, extra=extra)
 
 
