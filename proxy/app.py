@@ -243,25 +243,24 @@ class ProxyApp(FastAPI):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Every HTTP request with a body counted against ``max_held_body_bytes`` while it runs
-        (``BodyBudget.hold``), then ``_serve``."""
-        if scope["type"] == "http":
-            await self.state.body_budget.hold(self._serve, scope, receive, send)
-        else:
-            await self._serve(scope, receive, send)
-
-    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The chat and Messages routes straight to their endpoints' ``counted`` unless traced (class
-        docstring)."""
-        if scope["type"] == "http" and scope["method"] == "POST" and not self.chat_traced():
+        (``BodyBudget.hold``); the chat and Messages routes straight to their endpoints' ``counted``
+        unless traced (class docstring), the rest through FastAPI. (``state["..."]``, not
+        ``state.X``: Starlette's ``State`` finds an attribute through ``__getattr__`` after a failed
+        lookup, an ``AttributeError`` raised and caught inside the interpreter for each access.)"""
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        budget = self.state["body_budget"]
+        if scope["method"] == "POST" and not self.chat_traced():
             path = scope["path"]
             endpoint = self.chat if path == CHAT_ROUTE else self.messages if path == messages.MESSAGES_ROUTE else None
             if endpoint is not None:
                 if self.root_path:
                     scope["root_path"] = self.root_path
                 scope["app"] = self
-                await endpoint.counted(scope, receive, send)
+                await budget.hold(endpoint.counted, scope, receive, send)
                 return
-        await super().__call__(scope, receive, send)
+        await budget.hold(super().__call__, scope, receive, send)
 
 
 def _render(exc: ProxyError, request: Request) -> Response:

@@ -74,3 +74,36 @@ def test_the_anthropic_envelope_and_the_anthropic_upstream_setting() -> None:
         Settings(anthropic_upstream_url="https://api.anthropic.com/v1/")
     assert Settings(anthropic_upstream_url="https://GW.example/anthropic/").anthropic_upstream_url == \
         "https://gw.example/anthropic"
+
+
+def test_the_tenant_memo_gives_tenant_of_keeps_no_key_and_stays_within_its_bound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Authenticator.tenant`` answers ``tenant_of``'s id from its memo on a key's second request
+    (no HMAC then), keyed by the key's SHA-256 (the key itself is nowhere in it), and is emptied
+    whole at ``TENANTS_KEPT`` keys."""
+    import proxy.routes.auth as auth_module
+
+    auth = _auth(tenant_salt="memo salt")
+    computed: list[str] = []
+    real = auth_module.tenant_of
+
+    def counting(key: str | None, salt: str | hmac.HMAC) -> str:
+        computed.append(str(key))
+        return real(key, salt)
+
+    monkeypatch.setattr(auth_module, "tenant_of", counting)
+    keys = ["sk-first-0123456789", "sk-second-0123456789", "ünïcode-key"]
+    for key in keys:
+        assert auth.tenant(key) == real(key, "memo salt")  # computed
+    assert computed == keys
+    for key in keys:
+        assert auth.tenant(key) == real(key, "memo salt")  # remembered: no HMAC
+        assert auth.chat_tenant({"authorization": f"Bearer {key}"}) == real(key, "memo salt")
+    assert computed == keys
+    assert auth.tenant(None) == auth.tenant("") == ANONYMOUS
+    memo = auth._tenants
+    assert set(memo) == {hashlib.sha256(k.encode()).digest() for k in keys}
+    assert not any(k in repr(memo) for k in keys)
+    for i in range(auth_module.TENANTS_KEPT + 5):
+        auth.tenant(f"sk-made-up-{i}")
+    assert len(memo) <= auth_module.TENANTS_KEPT

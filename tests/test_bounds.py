@@ -37,6 +37,8 @@ def test_no_memo_is_listed_twice() -> None:
     ("CodecCounter._recent_tools", "proxy.tokens.priced.RECENT_TOOL_LISTS"),
     ("ProjectingCompactor._locks", "proxy.settings.Settings.max_held_body_bytes"),
     ("Metrics._children", "proxy.telemetry.metrics.MODEL_LABELS"),
+    ("Authenticator._tenants", "proxy.routes.auth.TENANTS_KEPT"),
+    ("Metrics._served", "proxy.telemetry.metrics.SERVED_KEPT"),
 ])
 def test_the_memos_found_later_are_listed(owner: str, constant: str) -> None:
     assert any(b.owner == owner and b.constant == constant for b in BOUNDS)
@@ -54,7 +56,9 @@ def test_the_recent_tool_lists_stay_within_their_bound(tmp_path: object) -> None
 
 def test_the_listed_attributes_are_the_owners_state() -> None:
     from proxy.compaction.compactor import ProjectingCompactor
+    from proxy.routes.auth import Authenticator
     from proxy.telemetry.metrics import Metrics
 
-    assert "_children" in vars(Metrics())
+    assert "_children" in vars(Metrics()) and "_served" in vars(Metrics())
     assert "self._locks" in inspect.getsource(ProjectingCompactor.__init__)
+    assert "self._tenants" in inspect.getsource(Authenticator.__init__)

@@ -337,3 +337,29 @@ def test_a_database_error_s_text_is_withheld_wherever_it_sits_in_the_traceback(s
     hidden = format_exception(exc, log_message_content=False)
     assert "the secret value" not in hidden and WITHHELD in hidden and "IntegrityError" in hidden
     assert "the secret value" in format_exception(exc, log_message_content=True)
+
+
+@pytest.mark.parametrize("context", [None, {}, {"request_id": "req_1"}, {"session_id": "sess_2", "model": "m"},
+                                     {"request_id": "req_1", "session_id": "sess ✓ \"quoted\""}])
+@pytest.mark.parametrize(("level", "msg", "route"), [
+    ("INFO", "POST /v1/chat/completions 200", "/v1/chat/completions"),
+    ("DEBUG", "GET /healthz 200", "/healthz"),
+    ("INFO", "POST Bearer abcdefghijkl 500", "/x/sk-abcdefghijkl"),  # masked either way
+])
+def test_the_access_line_is_the_generic_line(context: dict[str, str] | None, level: str, msg: str,
+                                             route: str) -> None:
+    """``JsonFormatter.access_line`` (the access line's own way, ``write_access``) writes what
+    ``line`` writes for the same fields, in and out of a request context, secrets masked."""
+    from proxy.telemetry.logs import JsonFormatter, _context
+
+    formatter = JsonFormatter()
+    created = time.time()
+    token = _context.set(context)
+    try:
+        fast = formatter.access_line(created, level, "context_proxy.access", msg, route, 503, 12.5)
+        generic = formatter.line(created, level, "context_proxy.access", msg,
+                                 {"route": route, "status": 503, "duration_ms": 12.5})
+    finally:
+        _context.reset(token)
+    assert fast == generic
+    assert "abcdefghijkl" not in fast

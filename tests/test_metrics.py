@@ -159,6 +159,7 @@ async def test_a_stream_that_fails_after_its_start_is_counted_with_the_status_it
     from types import SimpleNamespace
 
     import pytest
+    from starlette.datastructures import State
 
     from proxy.forward.answers import Streamed
     from proxy.routes.chat import ChatEndpoint
@@ -174,7 +175,7 @@ async def test_a_stream_that_fails_after_its_start_is_counted_with_the_status_it
     metrics = Metrics()
     proxy_state = SimpleNamespace(auth=SimpleNamespace(chat_tenant=lambda headers: "t"),
                                   settings=SimpleNamespace(max_body_bytes=1 << 20), pipeline=Pipeline())
-    app = SimpleNamespace(state=SimpleNamespace(proxy=proxy_state, metrics=metrics))
+    app = SimpleNamespace(state=State({"proxy": proxy_state, "metrics": metrics}))  # the app's ``state`` is one
     scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [], "app": app}
     messages = [{"type": "http.request", "body": b"{}", "more_body": False}]
     sent: list[dict] = []
@@ -245,6 +246,8 @@ def test_request_path_metrics_are_exposed_as_prometheus_client_exposes_its_own()
               "token_estimate_ratio")  # not these kinds
     mine = [line for line in text(ours.render()[0]) if not any(f"context_proxy_{name}" in line for name in others)]
     assert mine == text(generate_latest(reference))
+    # ``request_served``'s remembered series: one per (route, model, status), the repeated one found again
+    assert set(ours._served) == {(r, m, s) for r, m, s, _ in calls} and len(ours._served) == len(calls) - 1
 
 
 def test_model_labels_are_bounded() -> None:
@@ -267,3 +270,4 @@ def test_model_labels_are_bounded() -> None:
     labels = {line.split('model="', 1)[1].split('"', 1)[0] for line in text.splitlines() if 'model="' in line}
     assert len(labels) == MODEL_LABELS + 1 and "other" in labels
     assert max(map(len, labels)) <= MODEL_LABEL_CHARS
+    assert max(len(model) for _, model, _ in m._served) <= MODEL_LABEL_CHARS  # long names never kept

@@ -131,3 +131,31 @@ async def test_the_httpx_transport_keeps_no_cookies_either() -> None:
     finally:
         await upstream.aclose()
     assert seen == [None, None]
+
+
+async def test_a_response_nobody_closes_gives_its_pool_slot_back_once_it_is_garbage() -> None:
+    """A response dropped without ``aclose`` frees its pool slot (and its tenant's) when it is
+    collected: the next request of a full pool gets it instead of ``ProxyBusy``."""
+    import gc
+
+    from proxy.errors import ProxyBusy
+
+    server, url = await _serve(_response(BODY, None), [])
+    upstream = Upstream(url, pool_size=2, connect_timeout_s=0.2, read_timeout_s=5, tenant_pool_share=1.0)
+    try:
+        held = [await upstream.send("POST", "/chat/completions", headers=[], content=b"{}", tenant="t")
+                for _ in range(2)]
+        assert await held[0].aread() == BODY
+        with pytest.raises(ProxyBusy):  # both slots held
+            await upstream.send("POST", "/chat/completions", headers=[], content=b"{}", tenant="t")
+        await held[1].aclose()
+        held.clear()  # the first one never closed
+        gc.collect()
+        for _ in range(2):  # both slots free again, the tenant's share too
+            again = await upstream.send("POST", "/chat/completions", headers=[], content=b"{}", tenant="t")
+            await again.aread()
+            await again.aclose()
+        assert upstream.slots._tenants == {}
+    finally:
+        await upstream.aclose()
+        server.close()

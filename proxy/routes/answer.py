@@ -38,7 +38,7 @@ class CountedEndpoint:
             await self(scope, receive, send)
         finally:
             try:
-                served(scope["app"].state.metrics, "POST", self.path, fields.get("model", ""),
+                served(scope["app"].state["metrics"], "POST", self.path, fields.get("model", ""),
                        scope.get(STATUS_KEY, 500), started)
             finally:
                 close_request_context(token)

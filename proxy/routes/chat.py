@@ -80,7 +80,7 @@ class ChatEndpoint(CountedEndpoint):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope["route"] = _ChatRoute
         app_state = scope["app"].state
-        state = app_state.proxy
+        state = app_state["proxy"]  # (not ``.proxy``: see ``proxy.app.ProxyApp.__call__``)
         items = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
         headers = dict(reversed(items))  # the first of repeated names, as Starlette's ``Headers.get``
         if "x-session-id" in headers:  # UTF-8 when its bytes are (ASGI gives Latin-1)
@@ -92,7 +92,7 @@ class ChatEndpoint(CountedEndpoint):
                 return  # the client left while sending its body: nobody to answer
             outcome = await state.pipeline.handle(raw, headers, items, tenant)
         except Exception as exc:  # noqa: BLE001  (every failure answers in OpenAI's error envelope)
-            error = client_error(exc, app_state.metrics)
+            error = client_error(exc, app_state["metrics"])
             scope[STATUS_KEY] = error.status
             body = error.body()
             await send({"type": "http.response.start", "status": error.status, "headers": error.asgi_headers(body)})

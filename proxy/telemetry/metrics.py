@@ -48,7 +48,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.telemetry.logs import request_context, write_direct
+from proxy.telemetry.logs import request_context, write_access
 
 access_log = logging.getLogger("context_proxy.access")
 
@@ -61,6 +61,9 @@ the rest ``other``. Model names are client-chosen strings (2,000 distinct 20 KB 
 MODEL_LABEL_CHARS = 100
 """A model name longer than this is ``other`` (no real model name is that long)."""
 OTHER_MODEL = "other"
+SERVED_KEPT = 1024
+"""(route, model, status) triples whose series ``Metrics.request_served`` remembers (models of at
+most ``MODEL_LABEL_CHARS`` characters; emptied whole when full)."""
 QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
 """Probe and scrape routes: counted, but their access lines are DEBUG, not INFO."""
 
@@ -83,10 +86,15 @@ class LoopCounter:
         self.series: dict[tuple[str, ...], list[float]] = {}  # labels -> [value, created (epoch s)]
 
     def inc(self, labels: tuple[str, ...], amount: float = 1.0) -> None:
+        self.entry(labels)[0] += amount
+
+    def entry(self, labels: tuple[str, ...]) -> list[float]:
+        """The series of ``labels``, ``[value, created]`` (made at its first use); ``entry[0] +=
+        amount`` is ``inc``."""
         entry = self.series.get(labels)
         if entry is None:
             entry = self.series[labels] = [0.0, time.time()]
-        entry[0] += amount
+        return entry
 
     def collect(self) -> Metric:
         family = Metric(self.name, self.documentation, "counter")
@@ -113,9 +121,17 @@ class LoopHistogram:
         self.series: dict[tuple[str, ...], list[float]] = {}
 
     def observe(self, labels: tuple[str, ...], value: float) -> None:
+        self.observe_into(self.entry(labels), value)
+
+    def entry(self, labels: tuple[str, ...]) -> list[float]:
+        """The series of ``labels`` (made at its first use), for ``observe_into``."""
         entry = self.series.get(labels)
         if entry is None:
             entry = self.series[labels] = [0.0] * (len(self.bounds) + 1) + [0.0, time.time()]
+        return entry
+
+    def observe_into(self, entry: list[float], value: float) -> None:
+        """``observe`` into a series ``entry`` returned."""
         if value == value:  # NaN: in no bucket (every ``<=`` is false), as prometheus_client
             entry[bisect.bisect_left(self.bounds, value)] += 1
         entry[-2] += value
@@ -201,6 +217,8 @@ class Metrics:
                            "The provider's prompt tokens per estimated token, as last stored for a model (any tenant).",
                            ("model",), registry=r)
         self._model_labels: dict[str, str] = {}
+        self._served: dict[tuple[str, str, int], tuple[list[float], list[float]]] = {}
+        """(route, model, status) -> its ``requests`` and ``request_duration`` series (``request_served``)."""
 
     def _child(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)``, remembered: ``labels`` validates and locks on every call
@@ -225,9 +243,20 @@ class Metrics:
         return label
 
     def request_served(self, route: str, model: str, status: int, duration_s: float) -> None:
-        """One HTTP request answered (by the middleware)."""
-        self.requests.inc((route, self.model_label(model), str(status)))
-        self.request_duration.observe((route,), duration_s)
+        """One HTTP request answered (by the middleware). The two series a (route, model, status)
+        moves are remembered (``SERVED_KEPT``; a request's label lookups and two calls were about
+        half of this method's instructions)."""
+        key = (route, model, status)
+        series = self._served.get(key)
+        if series is None:
+            series = (self.requests.entry((route, self.model_label(model), str(status))),
+                      self.request_duration.entry((route,)))
+            if len(model) <= MODEL_LABEL_CHARS:  # (a longer one is ``other``: not kept by its text)
+                if len(self._served) >= SERVED_KEPT:
+                    self._served.clear()
+                self._served[key] = series
+        series[0][0] += 1.0
+        self.request_duration.observe_into(series[1], duration_s)
 
     def upstream_answered(self, model: str, latency_s: float) -> None:
         """The upstream's response headers arrived ``latency_s`` seconds after the request was sent."""
@@ -317,8 +346,8 @@ def served(metrics: Metrics, method: str, route: str, model: str, status: int, s
     duration_s = time.perf_counter() - started
     metrics.request_served(route, model, status, duration_s)
     level = logging.DEBUG if route in QUIET_ROUTES else logging.INFO
-    extra = {"route": route, "status": status, "duration_ms": round(duration_s * 1000, 1)}
-    if not write_direct(access_log, level, f"{method} {route} {status}", extra):
+    if not write_access(access_log, level, method, route, status, duration_s):
+        extra = {"route": route, "status": status, "duration_ms": round(duration_s * 1000, 1)}
         access_log.log(level, "%s %s %d", method, route, status, extra=extra)
 
 

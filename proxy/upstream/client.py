@@ -9,7 +9,6 @@ transport maps its library's), or ``ProxyBusy`` when no pool slot is free in tim
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 
 import yarl
@@ -28,10 +27,11 @@ URL_MEMO_PATH_CHARS = 256
 
 
 class HeldResponse:
-    """A transport's response holding a pool slot until ``aclose`` (``UpstreamResponse``; every read
-    is the transport response's own, no layer added per chunk)."""
+    """A transport's response holding a pool slot until ``aclose``, or until it is garbage when
+    nobody closes it (``__del__``; ``weakref.finalize`` did the same for 5 times the instructions)
+    (``UpstreamResponse``; every read is the transport response's own, no layer added per chunk)."""
 
-    __slots__ = ("__weakref__", "_release", "_resp", "headers", "status_code")
+    __slots__ = ("_release", "_resp", "headers", "status_code")
 
     def __init__(self, resp: UpstreamResponse, release: Callable[[], None]) -> None:
         self._resp = resp
@@ -50,6 +50,9 @@ class HeldResponse:
             await self._resp.aclose()
         finally:
             self._release()  # the pool slot (``PoolShare``; idempotent)
+
+    def __del__(self) -> None:
+        self._release()  # a response dropped unclosed gives its slot back too (idempotent)
 
 
 class Upstream:
@@ -124,9 +127,7 @@ class Upstream:
         except BaseException:
             release()
             raise
-        held = HeldResponse(resp, release)
-        weakref.finalize(held, release)  # a response dropped unclosed gives its slot back too
-        return held
+        return HeldResponse(resp, release)
 
     async def aclose(self) -> None:
         await self.transport.aclose()

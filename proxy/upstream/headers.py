@@ -3,7 +3,7 @@ operator's account headers under a shared key)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 HOP_BY_HOP = frozenset(
     {
@@ -43,6 +43,12 @@ OPERATOR_RESPONSE_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
 with a shared upstream key (``upstream_api_key``) they are the operator's, never passed to tenants."""
 
 
+_REQUEST_DROPPED = HOP_BY_HOP | PROXY_HEADERS
+_REQUEST_DROPPED_UNDER_KEY = _REQUEST_DROPPED | CREDENTIAL_HEADERS | OVERRIDE_HEADERS
+_RESPONSE_DROPPED = HOP_BY_HOP | OWN_RESPONSE_HEADERS
+_RESPONSE_DROPPED_DECODED = _RESPONSE_DROPPED | {"content-encoding"}
+
+
 def connection_tokens(pairs: Iterable[tuple[str, str]]) -> frozenset[str]:
     """Header names (lower case) listed in the ``Connection`` headers of ``pairs``: hop-by-hop for
     this one connection, so never forwarded (RFC 9110 section 7.6.1)."""
@@ -54,6 +60,12 @@ def connection_tokens(pairs: Iterable[tuple[str, str]]) -> frozenset[str]:
     return frozenset(names)
 
 
+def _named(pairs: Sequence[tuple[str, str]], lows: list[str]) -> frozenset[str]:
+    """``connection_tokens(pairs)`` given the lower-case names (``lows``), looked at only when one
+    is ``connection``."""
+    return connection_tokens(pairs) if "connection" in lows else frozenset()
+
+
 def forward_request_headers(
     headers: Iterable[tuple[str, str]], *, upstream_api_key: str | None, identity: bool,
     key_header: str = "authorization",
@@ -63,19 +75,17 @@ def forward_request_headers(
 
     With ``upstream_api_key`` the client's credentials (``CREDENTIAL_HEADERS``) are replaced by the
     proxy's key, sent as ``key_header``: ``authorization`` (``Bearer KEY``, OpenAI) or ``x-api-key``
-    (Anthropic). With ``identity`` the upstream is asked not to compress (the proxy reads chat
-    replies to log them).
+    (Anthropic); the headers that change a method or path (``OVERRIDE_HEADERS``) are dropped too.
+    With ``identity`` the upstream is asked not to compress (the proxy reads chat replies to log them).
     """
     headers = headers if isinstance(headers, (list, tuple)) else list(headers)
-    named = connection_tokens(headers)
+    lows = [name.lower() for name, _ in headers]  # each name lowered once
+    named = _named(headers, lows)
+    dropped = _REQUEST_DROPPED if upstream_api_key is None else _REQUEST_DROPPED_UNDER_KEY
     out: list[tuple[str, str]] = []
-    for name, value in headers:
-        low = name.lower()
-        if low in HOP_BY_HOP or low in PROXY_HEADERS or low.startswith("x-context-proxy-") or low in named:
-            continue
-        if upstream_api_key is not None and (low in CREDENTIAL_HEADERS or low in OVERRIDE_HEADERS):
-            continue  # the proxy's key: the client chooses neither the credentials, the billed project nor the path
-        if identity and low == "accept-encoding":
+    for (name, value), low in zip(headers, lows, strict=True):
+        if (low in dropped or low in named or low.startswith("x-context-proxy-")
+                or (identity and low == "accept-encoding")):
             continue
         out.append((name, value))
     if upstream_api_key is not None:
@@ -95,11 +105,11 @@ def response_headers(headers: Mapping[str, str], *, keep_encoding: bool, shared_
     out: dict[str, str] = {}
     multi = getattr(headers, "multi_items", None)  # ``httpx.Headers``: each repeated name's value apart
     pairs = list(multi() if multi is not None else headers.items())
-    named = connection_tokens(pairs)
-    for name, value in pairs:
-        low = name.lower()
-        if (low in HOP_BY_HOP or low in OWN_RESPONSE_HEADERS or (not keep_encoding and low == "content-encoding")
-                or low in named):
+    lows = [name.lower() for name, _ in pairs]  # each name lowered once
+    named = _named(pairs, lows)
+    dropped = _RESPONSE_DROPPED if keep_encoding else _RESPONSE_DROPPED_DECODED
+    for (_, value), low in zip(pairs, lows, strict=True):
+        if low in dropped or low in named:
             continue
         if shared_key and (low in OPERATOR_RESPONSE_HEADERS or low.startswith(OPERATOR_RESPONSE_PREFIXES)):
             continue
