@@ -68,7 +68,8 @@ class _Entry:
         self.prefix = prefix
         self.raw = raw
         self.used = time.monotonic()
-        self.weight = int(len(prefix) * PARSED_COST) if prefix is not None else len(raw or b"")
+        self.weight = (len(prefix.obj) + int(len(prefix) * (PARSED_COST - 1))  # type: ignore[arg-type]
+                       if prefix is not None else len(raw or b""))
         """Counted against ``BodyMemo.max_bytes`` while stored (kept whole: its bytes alone)."""
 
 
@@ -121,9 +122,9 @@ class BodyMemo:
             end = self._end(entry, raw)
             if end is None:
                 continue
-            found = self._extend(entry, raw, end)
-            if found is not None:
-                return found
+            if len(raw) - end > end:
+                return None  # more new bytes than reused ones: a whole parse is cheaper
+            return self._extend(entry, raw, end)  # the tail fails alike after any other: parse whole
         return None
 
     def _end(self, entry: _Entry, raw: bytes) -> int | None:
@@ -143,13 +144,25 @@ class BodyMemo:
         try:  # inside ``[...]`` (the elements at their depth in the body), an array closed before
             # ``close`` would leave ``,"key": ...`` after it, which no array holds
             messages = orjson.loads(b"[" + old[start:close + 1] + b"]")[0]
-        except ValueError:
+            after = orjson.loads(entry.head + self._token + old[close + 1:])
+        except ValueError:  # (a lone surrogate escape the lenient whole parse took): never reusable
+            with self._lock:
+                self._drop(entry)
+            return None
+        if after.__class__ is not dict or after.get("messages") != self._token_text:
+            with self._lock:  # a later "messages" member won in the old body: these were never checked
+                self._drop(entry)
             return None
         end = p
         while end > start and old[end - 1] in WS:
             end -= 1
         entry.messages = tuple(messages)  # before ``prefix``: a reader that sees the prefix sees them
         entry.prefix, entry.raw = memoryview(old)[:end], None
+        with self._lock:
+            weight = len(old) + int(end * (PARSED_COST - 1))
+            if id(entry) in self._lru:
+                self._total += weight - entry.weight
+            entry.weight = weight
         return end
 
     def _extend(self, entry: _Entry, raw: bytes, end: int) -> Reused | None:
@@ -168,6 +181,8 @@ class BodyMemo:
             body = orjson.loads(head + self._token + tail[close + 1:])
         except ValueError:
             return None
+        if not fresh:
+            return None  # "[..., ]": a trailing comma, which a whole parse refuses
         if body.__class__ is not dict or body.get("messages") != self._token_text:
             return None  # another "messages" member after this one wins: parse the whole body
         messages = [*entry.messages, *fresh]

@@ -68,14 +68,19 @@ def parse_chat_request(raw: bytes, memo: BodyMemo | None = None, tenant: str = "
             else:
                 memo.keep(found)
                 return found.body
+    strict = True  # orjson alone parsed it (the memo keeps only such bodies)
     try:
-        body = parse_json(raw)  # a lone surrogate escape is accepted (``proxy.json_text``)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"The request body is not valid JSON: {exc}".split("\n")[0]) from None
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        strict = False
+        try:
+            body = parse_json(raw)  # a lone surrogate escape is accepted (``proxy.json_text``)
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(f"The request body is not valid JSON: {exc}".split("\n")[0]) from None
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object.")
     _check(body, body.get("messages"))
-    if memo is not None:
+    if memo is not None and strict:
         memo.remember(raw, tenant)
     return body
 
