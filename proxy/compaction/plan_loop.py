@@ -197,26 +197,17 @@ class PlanLoop:
             proj = await self.project(req, cfg, count_tools, events, force, force_media, unavailable,
                                       new_events=new_events, reserved=reserved)
         if proj.artifacts or proj.plan is not None:  # (else the loop would stop at once: most requests)
-            proj = await self._rounds(req, cfg, count_tools, events, effects, proj, unavailable, force=force,
-                                      force_media=force_media, new_events=new_events, reserved=reserved)
+            proj = await self.rounds(req, cfg, count_tools, events, effects, proj, unavailable, force=force,
+                                     force_media=force_media, new_events=new_events, reserved=reserved)
         return Planned(self._assemble(req, proj, offer, client_tools, expected, count_tools, window), proj)
 
-    async def run(self, req: PlanInput, cfg: DefenseConfig, count_tools: list[dict[str, Any]] | None,
-                  events: list[EventRecord], effects: PlanEffects, *, force: bool, force_media: bool,
-                  new_events: bool = True) -> Projection:
-        """The loop itself: project, store artifacts, execute a plan, project again (at most
-        ``MAX_PLAN_ROUNDS`` rounds); the last projection."""
-        reserved = reserved_output_tokens(req.body)
-        unavailable: set[str] = set()
-        proj = await self.project(req, cfg, count_tools, events, force, force_media, unavailable,
-                                  new_events=new_events, reserved=reserved)
-        return await self._rounds(req, cfg, count_tools, events, effects, proj, unavailable, force=force,
-                                  force_media=force_media, new_events=new_events, reserved=reserved)
-
-    async def _rounds(self, req: PlanInput, cfg: DefenseConfig, count_tools: list[dict[str, Any]] | None,
-                      events: list[EventRecord], effects: PlanEffects, proj: Projection, unavailable: set[str], *,
-                      force: bool, force_media: bool, new_events: bool, reserved: int) -> Projection:
-        """``run`` from its first projection ``proj`` (made with ``unavailable``, which the rounds extend)."""
+    async def rounds(self, req: PlanInput, cfg: DefenseConfig, count_tools: list[dict[str, Any]] | None,
+                     events: list[EventRecord], effects: PlanEffects, proj: Projection, unavailable: set[str], *,
+                     force: bool, force_media: bool, new_events: bool, reserved: int) -> Projection:
+        """The loop itself, from the first projection ``proj`` (made with ``unavailable``, which the
+        rounds extend; ``reserved``: the request's reserved output tokens): store artifacts,
+        execute a plan, project again (at most ``MAX_PLAN_ROUNDS`` rounds); the last projection.
+        ``prepare`` enters it only when ``proj`` has artifacts or a plan (else it stops at once)."""
 
         async def again() -> Projection:  # (with the loop's events, force and unavailable as they are now)
             return await self.project(req, cfg, count_tools, events, force, force_media, unavailable,

@@ -208,33 +208,36 @@ def test_configs_are_built_once_per_window_and_read_tool_flag(counter: TokenCoun
 
 async def _through_the_rounds(loop: PlanLoop, req: ReplayRequest, window: int | None, events: list[EventRecord],
                               effects: Effects) -> Planned:
-    """What ``prepare`` did before it skipped the rounds: its first projection always handed to
-    the rounds (``run``), then assembled the same way."""
+    """What ``prepare`` did before it could skip the rounds: its first projection always handed to
+    them (``PlanLoop.rounds``), then assembled the same way."""
     offer = loop.offer.offerable(req.body, req.compact_tool)
     cfg = loop.config(window, offer.has(loop.settings.read_tool_name))
     client_tools = req.body.get("tools") or None
     expected = loop.offer.expected(offer, bool(events), req.raw, req.messages, req.chain, req.expanded)
     count_tools = [*(client_tools or []), *expected] or None
-    proj = await loop.run(req, cfg, count_tools, events, effects, force=False, force_media=False)
+    reserved, unavailable = reserved_output_tokens(req.body), set[str]()
+    proj = await loop.project(req, cfg, count_tools, events, False, False, unavailable, reserved=reserved)
+    proj = await loop.rounds(req, cfg, count_tools, events, effects, proj, unavailable, force=False, force_media=False,
+                             new_events=True, reserved=reserved)
     return Planned(loop._assemble(req, proj, offer, client_tools, expected, count_tools, window), proj)
 
 
 async def test_prepare_skips_the_rounds_only_where_they_would_stop_at_once(counter: TokenCounter,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """``prepare`` hands its first projection to the plan rounds only when it has artifacts to
-    store or a plan to execute. Over every fourth request of every shared trace (each turn with
+    """``prepare`` hands its first projection to the plan rounds (``PlanLoop.rounds``) only when it
+    has artifacts to store or a plan to execute. Over every fourth request of every shared trace (each turn with
     the events the earlier ones stored), at three windows, with the client's tools and the
     compaction tool or without: the same forward (bytes, estimates, defenses, events applied,
     the proxy's tools), the same artifacts stored and events stored as through the rounds; most
     requests skip them, some do not."""
     rounds: list[int] = []
-    real = PlanLoop._rounds
+    real = PlanLoop.rounds
 
     async def counting(self: PlanLoop, *args: Any, **kwargs: Any) -> Any:
         rounds.append(1)
         return await real(self, *args, **kwargs)
 
-    monkeypatch.setattr(PlanLoop, "_rounds", counting)
+    monkeypatch.setattr(PlanLoop, "rounds", counting)
     tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
     skipped = compared = 0
     traces = sorted((SHARED_DIR / "traces").glob("*.jsonl"))
