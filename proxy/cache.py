@@ -42,6 +42,11 @@ class BoundedCache(OrderedDict):
             return None
         return hit[0]
 
+    def touch(self, key: Any) -> None:
+        """Make ``key`` (present) the newest, its expiry unchanged (without a TTL: ``put`` of its
+        own value). Raises ``KeyError`` when absent."""
+        self.move_to_end(key)
+
 
 MEMO_IDLE_S = 60.0
 """Seconds an in-process memo keeps an entry nobody used. The memos serve an agent's loop (its next
@@ -104,10 +109,12 @@ class Memo:
         has one, with the position after that key: ``(value, i + 1)``; ``(None, 0)`` when none has.
         For memos keyed by chain hash, where ``keys[i]`` names the prefix ``[0, i]``: the value of
         the longest prefix seen before (the caller extends it and ``put``s it under the new end)."""
+        entries = self._entries
         for i in range(len(keys) - 1, max(-1, len(keys) - 1 - lookback), -1):
-            value = self.pop(keys[i])
-            if value is not None:
-                return value, i + 1
+            entry = entries.pop(keys[i], None)  # (``pop``, inlined: a request takes a prefix state twice)
+            if entry is not None:
+                self.total -= entry[2]
+                return entry[0], i + 1
         return None, 0
 
     def put(self, key: Any, value: Any) -> None:
@@ -115,8 +122,10 @@ class Memo:
         Its weight is taken now and counted until it leaves (``value`` must not change weight
         while stored)."""
         now = time.monotonic()
-        self.pop(key)
         entries = self._entries
+        old = entries.pop(key, None)
+        if old is not None:
+            self.total -= old[2]
         weight = self.weight(value) if self.weight else 1
         entries[key] = [value, now, weight]
         self.total += weight

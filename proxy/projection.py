@@ -286,7 +286,7 @@ def project(
     content is forwarded instead; an image becomes an error placeholder). Pure: inputs are not
     mutated, no I/O. Raises nothing for well-formed chat messages.
     """
-    cfg = config.with_window(limit_override_tokens)
+    cfg = config if limit_override_tokens is None else config.with_window(limit_override_tokens)
     window = cfg.context_window_tokens
     priced = counter.bind(codec)
     tools_tokens = priced.count_tools(tools)
@@ -302,31 +302,19 @@ def project(
         if not cfg.enabled or not messages:
             fits = window is None or tokens_client <= window
             return Projection(messages, tokens_client, tokens_client, (), (), (), None, fits, None)
-        return _project_counted(messages, digests, chain_hashes, events, cfg, priced, session_id, window, fixed,
-                                tools_tokens, reserved_output_tokens, client_counts, tokens_client, force,
-                                force_media, unavailable_artifacts, truncate_first, new_events, escalate, state, memos,
-                                codec)
+        if (not events and not force and not force_media and tokens_client <= cfg.trigger_tokens
+                and (window is None or tokens_client <= window) and cfg.patch_dangling_tool_calls != "always"
+                and max(client_counts) <= min(cfg.offload_tool_threshold_tokens, cfg.offload_user_tokens)):
+            # the shortcut: what ``_project`` finds then, without its working state: no event
+            # applies, no message is big enough to offload, no compaction is due (most requests: a
+            # third of a small request's projection, callgrind; ``tests/test_projection.py``
+            # checks the two agree on the traces)
+            return Projection(messages, tokens_client, tokens_client, (), (), (), None, True, None)
+        return _project(messages, digests, chain_hashes, events, cfg, priced, session_id, window, fixed, tools_tokens,
+                        reserved_output_tokens, client_counts, tokens_client, force, force_media,
+                        unavailable_artifacts, truncate_first, new_events, escalate, state, memos, codec)
     finally:
         memos.prefixes.keep(chain_hashes, state)
-
-
-def _project_counted(messages: list[Piece], digests: list[str], chain_hashes: list[str], events: Sequence[Event],
-                     cfg: DefenseConfig, counter: MessageCounter, session_id: str, window: int | None, fixed: int,
-                     tools_tokens: int, reserved_output_tokens: int, client_counts: list[int], tokens_client: int,
-                     force: bool, force_media: bool, unavailable_artifacts: frozenset[str], truncate_first: bool,
-                     new_events: bool, escalate: bool, state: PrefixState, memos: ProjectionMemos,
-                     codec: Codec) -> Projection:
-    """``project`` once the client's messages are counted: its shortcut, else ``_project``."""
-    if (not events and not force and not force_media and tokens_client <= cfg.trigger_tokens
-            and (window is None or tokens_client <= window) and cfg.patch_dangling_tool_calls != "always"
-            and max(client_counts) <= min(cfg.offload_tool_threshold_tokens, cfg.offload_user_tokens)):
-        # what ``_project`` finds then, without its working state: no event applies, no message is
-        # big enough to offload, no compaction is due (most requests: a third of a small request's
-        # projection, callgrind; ``tests/test_projection.py`` checks the two agree on the traces)
-        return Projection(messages, tokens_client, tokens_client, (), (), (), None, True, None)
-    return _project(messages, digests, chain_hashes, events, cfg, counter, session_id, window, fixed, tools_tokens,
-                    reserved_output_tokens, client_counts, tokens_client, force, force_media, unavailable_artifacts,
-                    truncate_first, new_events, escalate, state, memos, codec)
 
 
 def _project(messages: list[Piece], digests: list[str], chain_hashes: list[str], events: Sequence[Event],
@@ -335,7 +323,8 @@ def _project(messages: list[Piece], digests: list[str], chain_hashes: list[str],
              force: bool, force_media: bool, unavailable_artifacts: frozenset[str], truncate_first: bool,
              new_events: bool, escalate: bool, state: PrefixState, memos: ProjectionMemos,
              codec: Codec) -> Projection:
-    """``project`` past its shortcut for a request with nothing to do (same arguments, counted)."""
+    """``project`` past its shortcut for a request with nothing to do (same arguments, the client's
+    messages counted)."""
     items = _items(state, codec, messages)
     p = _Projector(messages, items, digests, chain_hashes, client_counts, cfg, counter, unavailable_artifacts,
                    memos, codec)

@@ -268,3 +268,38 @@ async def test_agreeing_truncations_in_one_session_stay_that_sessions(store: Sto
     await lim.persist(sent(model="qwen3:8b"))
     (row,) = await store.list_learned_limits()
     assert row.source == "usage" and row.expires_at - row.updated_at <= timedelta(seconds=limits_module.USAGE_WINDOW_S + 1)
+
+
+async def test_view_now_is_the_view_without_io_once_the_limits_are_read(store: Store,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``view_now`` (the compactor's per-request path) answers what ``view`` answers, reading
+    nothing; ``None`` until the tenant's limits were read, and again once they are older than
+    ``REFRESH_S`` with nothing unstored (then ``view`` reads them)."""
+    lim = make(store)
+    reads: list[str] = []
+    real = store.get_learned_limit
+
+    async def counting(*args: Any) -> Any:
+        reads.append(args[2])
+        return await real(*args)
+
+    monkeypatch.setattr(store, "get_learned_limit", counting)
+    assert lim.view_now("t1", "gpt-4o", 1) is None and reads == []
+    cases = [("t1", "gpt-4o", 1), ("t1", "fake-unknown", 1), ("t1", "qwen3:8b", 1), ("t1", "qwen3:8b", 2),
+             ("t2", "fake-unknown", None), ("t1", "m" * (MAX_MODEL_CHARS + 1), 1)]
+    for case in cases:
+        await lim.view(*case)
+    await lim.learn_overflow(overflow(8192, 10_100), sent())  # a learned window
+    lim.observe(sent(model="qwen3:8b", estimate=4754), {"prompt_tokens": 2048})  # session 1's suspected one
+    lim.observe(sent(model="gpt-4o", estimate=20_000), {"prompt_tokens": 26_000})  # a ratio, unstored
+    seen = len(reads)
+    for case in cases:
+        now = lim.view_now(*case)
+        assert now is not None and len(reads) == seen, case
+        assert now == await lim.view(*case), case
+    assert lim.view_now("t1", "qwen3:8b", 1).source == "session"  # type: ignore[union-attr]
+    assert lim.view_now("t1", "fake-unknown", 1).tokens == 8192  # type: ignore[union-attr]
+    monkeypatch.setattr(limits_module, "REFRESH_S", -1.0)  # every read is stale now
+    assert lim.view_now("t2", "fake-unknown") is None  # read again by ``view``
+    assert lim.view_now("t1", "gpt-4o", 1) is not None  # its ratio is not stored yet: not read again
+    assert lim.view_now("t1", "m" * (MAX_MODEL_CHARS + 1), 1) is not None  # never read

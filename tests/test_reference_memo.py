@@ -7,8 +7,10 @@ import random
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from proxy.compaction.references import ReferenceMemo
+from proxy.compaction.references import ARCHIVE_URL, ReferenceMemo, url_in_body
 from proxy.conversation.canonical import digests_and_chain
 from proxy.conversation.prefix import LOOKBACK, PrefixStates
 from proxy.tools.read_tool import references_in
@@ -97,3 +99,17 @@ def test_lengths_must_agree() -> None:
 
 def test_empty_history_names_nothing() -> None:
     assert ReferenceMemo().names([], []) is False
+
+
+_PIECES = [b"/", b"\\/", b"/artifacts/art_", b"/artifacts/", b"art_01", b"/archive", b"/sessions/s1/archive",
+           b"/sessions/ s/archive", b"/sessions//archive", b"/ar", b"{\"role\":\"user\"}", b"x" * 40, b""]
+
+
+@given(st.lists(st.sampled_from(_PIECES), max_size=12), st.binary(max_size=64), st.booleans())
+def test_url_in_body_answers_as_the_two_searches_do(pieces: list[bytes], noise: bytes, expanded: bool) -> None:
+    """``url_in_body`` looks for a ``/`` before its two substring searches: the same answer as
+    the searches alone on any body (URL pieces, escaped slashes, near misses, arbitrary bytes)."""
+    raw = b"".join(pieces) + noise
+    searched = (b"/artifacts/art_" in raw or (b"/archive" in raw and ARCHIVE_URL.search(raw) is not None)
+                or expanded)
+    assert url_in_body(raw, expanded) is searched

@@ -93,18 +93,25 @@ class ProjectingCompactor(Compactor):
         return await self.limits.view(ctx.tenant, ctx.model, ctx.session.pk)
 
     async def prepare(self, ctx: CompactionInput, *, overflow: Overflow | None) -> Prepared:
-        view = await self.window(ctx)
-        window = view.estimate_window(reserved_output_tokens(ctx.body))
+        pk = ctx.session.pk
+        # (the window and the events as cached, without a coroutine each: most requests read neither)
+        view = self.limits.view_now(ctx.tenant, ctx.model, pk)
+        if view is None:
+            view = await self.window(ctx)
+        reserved = reserved_output_tokens(ctx.body)
+        window = view.estimate_window(reserved)
         if overflow is not None:  # sized for what the provider said (``learn``), whatever was known
             hit = self._retry_windows.pop(ctx.request_id, None)
             retry = hit[0] if hit is not None else None
             if retry is not None:
                 window = retry if window is None else min(window, retry)
-        events = await self._events_of(ctx.session.pk, refresh=False)
+        events = self._events.fresh(pk)
+        if events is None:
+            events = await self._events_of(pk, refresh=True)
         clients_own = self.api.client_compaction(ctx.body)  # forwarded untouched: no event, no tool of ours
         planned = await self.plans.prepare(ctx, window, events, _LiveEffects(self, ctx), force=overflow is not None,
                                            force_media=overflow is not None and overflow.kind == "body_size",
-                                           new_events=not clients_own, own_tools=not clients_own)
+                                           new_events=not clients_own, own_tools=not clients_own, reserved=reserved)
         reason = planned.projection.reason_unfittable
         if reason and view.source == "config" and view.ratio <= 1.0 and overflow is None:
             # only an operator's own limit refuses a request, and only by the estimate at face
@@ -198,7 +205,7 @@ class ProjectingCompactor(Compactor):
         if p is None or not p.tokens_forwarded:
             return None
         rounds = self.plans.priced  # the proxy's rounds: chat messages
-        estimate = p.tokens_forwarded + sum(rounds.count_message(m) for m in ctx.internal)
+        estimate = p.tokens_forwarded + (sum(rounds.count_message(m) for m in ctx.internal) if ctx.internal else 0)
         return Sent(ctx.tenant, ctx.model, ctx.session.pk, estimate, reserved_output_tokens(ctx.body),
                     lambda: self.api.text_only(ctx.messages))
 
@@ -268,6 +275,8 @@ class ProjectingCompactor(Compactor):
 
 class _LiveEffects:
     """The plan loop's I/O for one live request (``proxy.compaction.plan_loop.PlanEffects``)."""
+
+    __slots__ = ("compactor", "ctx")
 
     def __init__(self, compactor: ProjectingCompactor, ctx: CompactionInput) -> None:
         self.compactor, self.ctx = compactor, ctx

@@ -185,13 +185,30 @@ class LearnedLimits:
     async def view(self, tenant: str, model: str, session_pk: int | None = None) -> WindowView:
         """The window a request of ``tenant`` on ``model`` (in session ``session_pk``) is sized for.
         Raises ``StorageError`` when the stored limits cannot be read."""
-        known = await self._get(tenant, model)
+        view = self.view_now(tenant, model, session_pk)
+        if view is None:
+            view = self._view(await self._get(tenant, model), tenant, model, session_pk)
+        return view
+
+    def view_now(self, tenant: str, model: str, session_pk: int | None = None) -> WindowView | None:
+        """``view`` without I/O: ``None`` when the stored limits are to be read first (not read
+        yet in this process, or more than ``REFRESH_S`` ago); most requests need no read."""
+        known: _Known | None = None
+        if len(model) <= MAX_MODEL_CHARS:
+            key = (tenant, model)
+            known = self._known.fresh(key)
+            if known is None or self._stale(known, time.monotonic()):
+                return None
+            self._known.touch(key)
+        return self._view(known, tenant, model, session_pk)
+
+    def _view(self, known: _Known | None, tenant: str, model: str, session_pk: int | None) -> WindowView:
         profile = self.profiles.resolve(model, known.window if known is not None else None)
         tokens: int | None = profile.context_window_tokens if profile is not None else None
         source: str | None = profile.source if profile is not None else None
         if source == "learned" and known is not None and known.record is not None and known.record.source == "usage":
             source = "usage"
-        local = self._session.fresh((tenant, model, session_pk)) if session_pk is not None else None
+        local = self._session.fresh((tenant, model, session_pk)) if session_pk is not None and self._session else None
         if local is not None and (tokens is None or local < tokens):
             tokens, source = local, "session"
         return WindowView(tokens, _applied(known.ratio) if known is not None else 1.0, source)
@@ -207,7 +224,7 @@ class LearnedLimits:
         key = (tenant, model)
         known = self._known.fresh(key)
         now = time.monotonic()
-        if known is None or (now - known.read_at > REFRESH_S and not (known.window_dirty or known.ratio_dirty)):
+        if known is None or self._stale(known, now):
             record = await self.store.get_learned_limit(tenant, self.upstream, model)
             if known is None:
                 known = _Known(record, now)
@@ -217,6 +234,11 @@ class LearnedLimits:
                 known.ratio, known.stored_ratio, known.samples = stored, stored, 1 if stored is not None else 0
         self._known.put(key, known)
         return known
+
+    @staticmethod
+    def _stale(known: _Known, now: float) -> bool:
+        """Read more than ``REFRESH_S`` before ``now`` (``time.monotonic()``), nothing unstored."""
+        return now - known.read_at > REFRESH_S and not (known.window_dirty or known.ratio_dirty)
 
     # --- an overflow --------------------------------------------------------------------------
 
@@ -272,10 +294,12 @@ class LearnedLimits:
         if known.window is not None and prompt > known.window:  # the provider took more: it was wrong
             self._set_window(sent, known, None, None)
             self.metrics.limit_learned("forgotten")
-        local_key = (sent.tenant, sent.model, sent.session_pk)
-        local = self._session.fresh(local_key)
-        if local is not None and prompt > local:
-            self._session.pop(local_key, None)
+        local = None
+        if self._session:  # (empty but for sessions suspected of silent truncation)
+            local_key = (sent.tenant, sent.model, sent.session_pk)
+            local = self._session.fresh(local_key)
+            if local is not None and prompt > local:
+                self._session.pop(local_key, None)
         estimate = sent.prompt_estimate_tokens
         if estimate < CALIBRATION_MIN_TOKENS or not sent.text_only():
             return known.window_dirty or known.ratio_dirty  # image, audio, file costs: estimates

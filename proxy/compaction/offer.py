@@ -33,6 +33,10 @@ class Offer:
         return name in self.names
 
 
+NO_OFFER = Offer()
+"""None of the proxy's tools (``tool_choice: "none"``, a client's own compaction request)."""
+
+
 class OwnToolOffer:
     """Decides the proxy's tools per request; one per compactor (or replay). State: the two
     schemas, built once (one object each, shared by every request that carries it: never
@@ -46,6 +50,8 @@ class OwnToolOffer:
         read = read_tool_schema(settings.read_tool_name)
         self.read_schema = messages_tool(read) if shape == "messages" else read
         self.compact_schema = compact_tool_schema(settings.compact_tool_name)
+        self._toolless = (self._offer(set(), False), self._offer(set(), True))
+        """The offers of a request without tools or ``tool_choice`` (most), by ``compact_tool``."""
 
     def name_of(self, tool: Mapping[str, Any]) -> Any:
         """A tool's name in this offer's shape (``None`` for a tool without one)."""
@@ -57,9 +63,15 @@ class OwnToolOffer:
     def offerable(self, body: Mapping[str, Any], compact_tool: bool) -> Offer:
         """The tools this request may carry (the client's tool names never shadowed)."""
         choice = body.get("tool_choice")
+        tools = body.get("tools")
+        if choice is None and not tools:
+            return self._toolless[compact_tool]  # (built once: what the lines below build for it)
         if choice == "none" or (isinstance(choice, dict) and choice.get("type") == "none"):
-            return Offer()
-        client = {self.name_of(t) for t in body.get("tools") or () if isinstance(t, dict)}
+            return NO_OFFER
+        return self._offer({self.name_of(t) for t in tools or () if isinstance(t, dict)}, compact_tool)
+
+    def _offer(self, client: set[Any], compact_tool: bool) -> Offer:
+        """The proxy's tools not named in ``client`` (the client's tool names)."""
         names: list[str] = []
         schemas: list[dict[str, Any]] = []
         s = self.settings

@@ -26,7 +26,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from proxy.compaction.base import Prepared
-from proxy.compaction.offer import Offer, OwnToolOffer
+from proxy.compaction.offer import NO_OFFER, Offer, OwnToolOffer
 from proxy.compaction.summarizer import Summarizer, SummaryFailed, SummaryModel
 from proxy.conversation.codec import Codec
 from proxy.conversation.prefix import PrefixStates
@@ -171,36 +171,48 @@ class PlanLoop:
         return cfg
 
     async def prepare(self, req: PlanInput, window: int | None, events: list[EventRecord], effects: PlanEffects, *,
-                      force: bool, force_media: bool, new_events: bool = True, own_tools: bool = True) -> Planned:
+                      force: bool, force_media: bool, new_events: bool = True, own_tools: bool = True,
+                      reserved: int | None = None) -> Planned:
         """What to forward for ``req`` sized for ``window`` (estimated tokens; ``None``: unknown),
         given the session's ``events``. ``force``: plan a compaction even under the trigger (after
         an overflow); ``force_media``: offload media too (after a body-size error); ``new_events``:
         ``False`` plans no compaction (the client's own compaction request); ``own_tools``: ``False``
-        adds none of the proxy's tools (that request too). Raises what
+        adds none of the proxy's tools (that request too); ``reserved``: the request's reserved
+        output tokens when the caller has them (``reserved_output_tokens(req.body)``). Raises what
         ``effects`` raise (``StorageError``) and ``TypeError`` for a body too deep to serialize."""
-        offer = self.offer.offerable(req.body, req.compact_tool) if own_tools else Offer()
+        offer = self.offer.offerable(req.body, req.compact_tool) if own_tools else NO_OFFER
         cfg = self.config(window, offer.has(self.settings.read_tool_name))
         client_tools = req.body.get("tools") or None
         # counted against the window: the client's tools and the proxy's that will be sent (the
         # read tool when stored content may be named: a session with events, or a read URL)
         expected = self.offer.expected(offer, bool(events), req.raw, req.messages, req.chain, req.expanded)
         count_tools = [*(client_tools or []), *expected] or None
-        proj = await self.run(req, cfg, count_tools, events, effects, force=force, force_media=force_media,
-                              new_events=new_events)
+        if reserved is None:
+            reserved = reserved_output_tokens(req.body)
+        unavailable: set[str] = set()
+        if len(req.raw) < OFF_LOOP_BYTES:  # (``project``'s own choice, without its coroutine)
+            proj = self._project(req, cfg, count_tools, events, force, force_media, unavailable, True, new_events,
+                                 reserved)
+        else:
+            proj = await self.project(req, cfg, count_tools, events, force, force_media, unavailable,
+                                      new_events=new_events, reserved=reserved)
+        if proj.artifacts or proj.plan is not None:  # (else the loop would stop at once: most requests)
+            proj = await self.rounds(req, cfg, count_tools, events, effects, proj, unavailable, force=force,
+                                     force_media=force_media, new_events=new_events, reserved=reserved)
         return Planned(self._assemble(req, proj, offer, client_tools, expected, count_tools, window), proj)
 
-    async def run(self, req: PlanInput, cfg: DefenseConfig, count_tools: list[dict[str, Any]] | None,
-                  events: list[EventRecord], effects: PlanEffects, *, force: bool, force_media: bool,
-                  new_events: bool = True) -> Projection:
-        """The loop itself: project, store artifacts, execute a plan, project again (at most
-        ``MAX_PLAN_ROUNDS`` rounds); the last projection."""
-        unavailable: set[str] = set()
+    async def rounds(self, req: PlanInput, cfg: DefenseConfig, count_tools: list[dict[str, Any]] | None,
+                     events: list[EventRecord], effects: PlanEffects, proj: Projection, unavailable: set[str], *,
+                     force: bool, force_media: bool, new_events: bool, reserved: int) -> Projection:
+        """The loop itself, from the first projection ``proj`` (made with ``unavailable``, which the
+        rounds extend; ``reserved``: the request's reserved output tokens): store artifacts,
+        execute a plan, project again (at most ``MAX_PLAN_ROUNDS`` rounds); the last projection.
+        ``prepare`` enters it only when ``proj`` has artifacts or a plan (else it stops at once)."""
 
         async def again() -> Projection:  # (with the loop's events, force and unavailable as they are now)
             return await self.project(req, cfg, count_tools, events, force, force_media, unavailable,
-                                      new_events=new_events)
+                                      new_events=new_events, reserved=reserved)
 
-        proj = await again()
         for _ in range(MAX_PLAN_ROUNDS):
             if proj.artifacts and not await effects.store_artifacts(proj.artifacts):
                 unavailable.update(a.id for a in proj.artifacts)
@@ -225,27 +237,29 @@ class PlanLoop:
     async def project(
         self, req: PlanInput, cfg: DefenseConfig, count_tools: list[dict[str, Any]] | None, events: list[EventRecord],
         force: bool, force_media: bool, unavailable: set[str], *, truncate_first: bool = True,
-        new_events: bool = True,
+        new_events: bool = True, reserved: int | None = None,
     ) -> Projection:
         """``proxy.projection.project`` of ``req``; for a big request (a body of ``OFF_LOOP_BYTES``
         or more) in a worker thread, so that counting and transforming it does not stall the
         event loop's other requests (the projection's memos and the counter's are locked; the
-        result is the same)."""
+        result is the same). ``reserved``: ``reserved_output_tokens(req.body)`` when known."""
+        if reserved is None:
+            reserved = reserved_output_tokens(req.body)
         if len(req.raw) < OFF_LOOP_BYTES:
             return self._project(req, cfg, count_tools, events, force, force_media, unavailable, truncate_first,
-                                 new_events)
+                                 new_events, reserved)
         return await asyncio.to_thread(self._project, req, cfg, count_tools, events, force, force_media, unavailable,
-                                       truncate_first, new_events)
+                                       truncate_first, new_events, reserved)
 
     def _project(self, req: PlanInput, cfg: DefenseConfig, count_tools: list[dict[str, Any]] | None,
                  events: list[EventRecord], force: bool, force_media: bool, unavailable: set[str],
-                 truncate_first: bool, new_events: bool) -> Projection:
+                 truncate_first: bool, new_events: bool, reserved: int) -> Projection:
         return project(
             req.messages,
             digests=req.digests,
             chain_hashes=req.chain,
             tools=count_tools,
-            reserved_output_tokens=reserved_output_tokens(req.body),
+            reserved_output_tokens=reserved,
             events=events,
             config=cfg,
             counter=self.counter,
@@ -308,7 +322,7 @@ class PlanLoop:
         # the codec: the client's bytes when the messages are the body's own, else only they change
         extra = {"tools": [*(req.body.get("tools") or []), *own]} if own else None
         body, forwarded = self.codec.apply(req.body, req.raw, proj.messages, extra)
-        names = frozenset(self.offer.name_of(t) for t in own)
+        names = frozenset(map(self.offer.name_of, own)) if own else frozenset()
         tokens_client, tokens_forwarded = proj.tokens_client, proj.tokens_forwarded
         if expected or own:
             counted = self.priced.count_tools(count_tools)

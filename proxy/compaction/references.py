@@ -67,10 +67,12 @@ class ReferenceMemo:
 
 def url_in_body(raw: bytes, expanded: bool) -> bool:
     """Could the body ``raw`` name stored content: a read URL or archive URL in it, or the proxy's
-    own rounds put back (``expanded``)? (a plain substring first: the regex over a long body costs
-    ~0.3 ms per MB)"""
-    return (b"/artifacts/art_" in raw or (b"/archive" in raw and ARCHIVE_URL.search(raw) is not None)
-            or expanded)
+    own rounds put back (``expanded``)? (plain substrings first: the regex over a long body costs
+    ~0.3 ms per MB; and first of all a ``/``, which both URLs start with: one ``memchr`` answers
+    a body without any, where the two searches cost about 1 us per KB, a tenth of a small
+    request's ``prepare``)"""
+    return expanded or (b"/" in raw and (b"/artifacts/art_" in raw
+                                         or (b"/archive" in raw and ARCHIVE_URL.search(raw) is not None)))
 
 
 class StoredContent:

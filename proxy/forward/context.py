@@ -75,9 +75,12 @@ class ChatContext:
     """The artifact and event rows this request's own inserts created (tracked while it is
     handled: ``storage.refused.track_writes``), deleted if it is ``refused``."""
 
-    @property
-    def model(self) -> str:
-        return str(self.body.get("model"))
+    model: str = field(init=False)
+    """The body's ``model`` as a string (read once: the pipeline, the compactor, the metrics and
+    the record all ask for it)."""
+
+    def __post_init__(self) -> None:
+        self.model = str(self.body.get("model"))
 
     def start_append(self, spawn: Spawn = asyncio.ensure_future) -> asyncio.Task[LoggedRequest]:
         """Start writing the client's messages, once per request (``append_task``; a second call

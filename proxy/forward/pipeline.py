@@ -165,9 +165,10 @@ class ChatPipeline:
             untrack_writes(tracking)
 
     async def _run(self, ctx: ChatContext) -> Buffered | Streamed:
-        """Prepare, then run the round loop (``RoundLoop.exchanges``): a complete answer, or a
-        stream once its first bytes are ready (errors before them are answered with an HTTP status)."""
-        await self.loop.prepare(ctx, None)
+        """Prepare (``Recovery.prepare``), then run the round loop (``RoundLoop.exchanges``): a
+        complete answer, or a stream once its first bytes are ready (errors before them are
+        answered with an HTTP status)."""
+        await self.loop.recovery.prepare(ctx, None)
         turn = Turn(assembler=ReplyAssembler(self.settings.stream_log_max_bytes))
         steps = self.loop.exchanges(ctx, turn)
         try:

@@ -47,28 +47,6 @@ COMPACTING = b": context-proxy is compacting after an overflow\n\n"
 """Keep-alive comment of a stream whose later round overflowed (summary calls take a while)."""
 
 
-async def prepare_request(ctx: ChatContext, overflow: Overflow | None, compactor: Compactor, settings: Settings,
-                          metrics: Metrics, health: DatabaseHealth) -> None:
-    """Set ``ctx.prepared``: what to forward (``compactor``'s defenses; forced after an
-    ``overflow``). A database failure with ``database_failure_mode`` open marks ``ctx.degraded`` and
-    forwards the request as it came; closed, it raises (``storage.errors.StorageError``). Raises the
-    400 of a body nested too deep to serialize, and ``proxy.errors.CannotFit``. The one way a
-    request of either API is prepared (chat's round loop, the Messages pipeline)."""
-    try:
-        ctx.prepared = await compactor.prepare(ctx, overflow=overflow)
-    except orjson.JSONEncodeError as exc:  # ``TypeError`` itself: only the depth limit is the client's
-        if not is_too_deep(exc):
-            raise
-        raise too_deep() from None
-    except StorageError as exc:
-        health.saw(exc)
-        if settings.database_failure_mode != "open":
-            raise
-        metrics.database_error("fail_open")
-        ctx.degraded = True
-        ctx.prepared = Prepared(orjson.dumps(ctx.body | {"messages": ctx.messages}) if ctx.expanded else ctx.raw)
-
-
 def sent_with_rounds(ctx: ChatContext) -> dict[str, Any]:
     """The body forwarded last, as a mapping: the prepared one (``Prepared.forwarded``, else the
     client's ``ctx.body``) with this request's tool rounds (``ctx.internal``) after its messages.
@@ -89,8 +67,24 @@ class Recovery:
         self.health = health
 
     async def prepare(self, ctx: ChatContext, overflow: Overflow | None) -> None:
-        """``prepare_request`` with this compactor."""
-        await prepare_request(ctx, overflow, self.compactor, self.settings, self.metrics, self.health)
+        """Set ``ctx.prepared``: what to forward (this compactor's defenses; forced after an
+        ``overflow``). A database failure with ``database_failure_mode`` open marks ``ctx.degraded``
+        and forwards the request as it came; closed, it raises (``storage.errors.StorageError``).
+        Raises the 400 of a body nested too deep to serialize, and ``proxy.errors.CannotFit``. The
+        one way a request of either API is prepared (chat's round loop, the Messages pipeline)."""
+        try:
+            ctx.prepared = await self.compactor.prepare(ctx, overflow=overflow)
+        except orjson.JSONEncodeError as exc:  # ``TypeError`` itself: only the depth limit is the client's
+            if not is_too_deep(exc):
+                raise
+            raise too_deep() from None
+        except StorageError as exc:
+            self.health.saw(exc)
+            if self.settings.database_failure_mode != "open":
+                raise
+            self.metrics.database_error("fail_open")
+            ctx.degraded = True
+            ctx.prepared = Prepared(orjson.dumps(ctx.body | {"messages": ctx.messages}) if ctx.expanded else ctx.raw)
 
     async def retry(self, ctx: ChatContext, overflow: Overflow, *, keep_rounds: bool, escalate: bool) -> bool:
         """After an overflow: learn from it; when a retry is left (``max_overflow_retries``, and
@@ -143,12 +137,8 @@ class RoundLoop:
         self.metrics = metrics
         self.recovery = Recovery(settings, compactor, metrics, health)
 
-    async def prepare(self, ctx: ChatContext, overflow: Overflow | None) -> None:
-        """``Recovery.prepare``: ``prepare_request`` with this loop's compactor."""
-        await self.recovery.prepare(ctx, overflow)
-
     async def exchanges(self, ctx: ChatContext, turn: Turn) -> AsyncGenerator[Segment, None]:
-        """The loop (module docstring), after ``prepare``. Yields what a stream's client is sent, as
+        """The loop (module docstring), after ``Recovery.prepare``. Yields what a stream's client is sent, as
         ``Segment``s for ``relay_turn`` (a stream keeps relaying across rounds and retries); a
         complete answer is left in ``turn.reply``. The upstream response is closed however this
         ends. Raises our 502/504 errors when the upstream fails (in a stream, after its start: in

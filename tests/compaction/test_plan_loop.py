@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -11,13 +12,13 @@ import orjson
 import pytest
 
 from proxy.compaction.offer import OwnToolOffer
-from proxy.compaction.plan_loop import MAX_PLAN_ROUNDS, PlanLoop, event_id
+from proxy.compaction.plan_loop import MAX_PLAN_ROUNDS, PlanLoop, Planned, event_id
 from proxy.compaction.references import StoredContent
 from proxy.compaction.summarizer import Summarizer, SummaryFailed, SummaryModel
 from proxy.conversation.canonical import digests_and_chain
 from proxy.conversation.chat_codec import CHAT
 from proxy.defenses.offload import ArtifactToStore
-from proxy.offline.replay import ReplayRequest, ReplaySession
+from proxy.offline.replay import ReplayRequest, ReplaySession, load_trace, request_indices
 from proxy.settings import Settings
 from proxy.tokens.counter import TokenCounter, load_counter, reserved_output_tokens
 from storage.records import EventRecord
@@ -203,3 +204,59 @@ def test_configs_are_built_once_per_window_and_read_tool_flag(counter: TokenCoun
     assert loop.config(4096, True) is loop.config(4096, True)
     assert loop.config(4096, False) is not loop.config(4096, True)
     assert loop.config(4096, True).read_tool_name == Settings().read_tool_name
+
+
+async def _through_the_rounds(loop: PlanLoop, req: ReplayRequest, window: int | None, events: list[EventRecord],
+                              effects: Effects) -> Planned:
+    """What ``prepare`` did before it could skip the rounds: its first projection always handed to
+    them (``PlanLoop.rounds``), then assembled the same way."""
+    offer = loop.offer.offerable(req.body, req.compact_tool)
+    cfg = loop.config(window, offer.has(loop.settings.read_tool_name))
+    client_tools = req.body.get("tools") or None
+    expected = loop.offer.expected(offer, bool(events), req.raw, req.messages, req.chain, req.expanded)
+    count_tools = [*(client_tools or []), *expected] or None
+    reserved, unavailable = reserved_output_tokens(req.body), set[str]()
+    proj = await loop.project(req, cfg, count_tools, events, False, False, unavailable, reserved=reserved)
+    proj = await loop.rounds(req, cfg, count_tools, events, effects, proj, unavailable, force=False, force_media=False,
+                             new_events=True, reserved=reserved)
+    return Planned(loop._assemble(req, proj, offer, client_tools, expected, count_tools, window), proj)
+
+
+async def test_prepare_skips_the_rounds_only_where_they_would_stop_at_once(counter: TokenCounter,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """``prepare`` hands its first projection to the plan rounds (``PlanLoop.rounds``) only when it
+    has artifacts to store or a plan to execute. Over every fourth request of every shared trace (each turn with
+    the events the earlier ones stored), at three windows, with the client's tools and the
+    compaction tool or without: the same forward (bytes, estimates, defenses, events applied,
+    the proxy's tools), the same artifacts stored and events stored as through the rounds; most
+    requests skip them, some do not."""
+    rounds: list[int] = []
+    real = PlanLoop.rounds
+
+    async def counting(self: PlanLoop, *args: Any, **kwargs: Any) -> Any:
+        rounds.append(1)
+        return await real(self, *args, **kwargs)
+
+    monkeypatch.setattr(PlanLoop, "rounds", counting)
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+    skipped = compared = 0
+    traces = sorted((SHARED_DIR / "traces").glob("*.jsonl"))
+    assert traces, "the shared traces are missing"
+    for path in traces:
+        messages = load_trace(path)
+        for window, fields, compact_tool in ((None, {}, False), (16_384, {"tools": tools}, True),
+                                             (WINDOW, {"max_tokens": 256}, False)):
+            quick, full = loop_of(counter), loop_of(counter)
+            quick_effects, full_effects = Effects(Summaries()), Effects(Summaries())
+            for i in request_indices(messages)[::4]:
+                req = dataclasses.replace(request(messages[:i], **fields), compact_tool=compact_tool)
+                before = len(rounds)
+                a = await quick.prepare(req, window, list(quick_effects.events), quick_effects, force=False,
+                                        force_media=False)
+                skipped += len(rounds) == before
+                b = await _through_the_rounds(full, req, window, list(full_effects.events), full_effects)
+                assert a == b, (path.name, window, i)
+                assert (quick_effects.stored, quick_effects.events) == (full_effects.stored, full_effects.events)
+                compared += 1
+    assert skipped >= compared // 2, (skipped, compared)  # the common case skips the rounds...
+    assert skipped < compared, (skipped, compared)  # ...and some requests need them
