@@ -138,9 +138,9 @@ class BodyMemo:
         assert old is not None
         p = common_prefix(old, raw)
         close, more = skip_ws(old, p), skip_ws(raw, p)
-        if close >= len(old) or old[close] != 0x5D or raw[more:more + 1] != b",":
-            return None  # the new body does not continue the old one's messages there
         start = len(entry.head)
+        if close <= start or close >= len(old) or old[close] != 0x5D or raw[more:more + 1] != b",":
+            return None  # the new body does not continue the old one's messages there (or differs before them)
         try:  # inside ``[...]`` (the elements at their depth in the body), an array closed before
             # ``close`` would leave ``,"key": ...`` after it, which no array holds
             messages = orjson.loads(b"[" + old[start:close + 1] + b"]")[0]
