@@ -3,11 +3,14 @@ parse with the memo differed from its whole parse, or that the memo's bounds did
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
 from typing import Any
 
 import orjson
 
 from proxy.conversation.body_memo import BodyMemo
+from proxy.errors import BadRequest
 from tests.conversation.test_body_memo import history, same
 
 
@@ -25,3 +28,52 @@ def test_a_body_that_differs_from_the_kept_one_before_its_messages_parses_as_a_w
     added = orjson.dumps({"model": "m", "tools": [*tools(20), {"type": "function", "function": {"name": "new"}}],
                           "messages": history()})
     assert same(added, memo)["tools"][-1]["function"]["name"] == "new"
+
+
+def held_after(memo: BodyMemo, bodies: list[bytes]) -> int:
+    """Bytes ``tracemalloc`` sees still allocated once ``bodies`` went through ``memo`` (each
+    parsed with it and whole: ``same``) and the caller's references to them and their parses are gone."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for raw in bodies:
+            try:
+                same(raw, memo)
+            except BadRequest:
+                pass
+        bodies.clear()
+        gc.collect()
+        return int(tracemalloc.get_traced_memory()[0] - before)
+    finally:
+        tracemalloc.stop()
+
+
+def test_kept_messages_of_many_small_values_stay_within_the_bound() -> None:
+    """The weight of an entry is ``PARSED_COST`` times its bytes (1.55 bytes of Python objects a
+    byte for the benchmark's text), but a client chooses the shape: ``{}`` is 3 bytes of JSON and a
+    72-byte dict in its list, so a 1.5 MB body holds 52 MB against a 4 MB bound (at the default
+    32 MB bound: about 450 MB held)."""
+    memo = BodyMemo(max_bytes=4_000_000)
+    messages: list[Any] = [{"role": "user", "content": [{}] * 50_000} for _ in range(10)]
+    bodies = [orjson.dumps({"model": "m", "messages": messages}),
+              orjson.dumps({"model": "m", "messages": [*messages, {"role": "user", "content": "next"}]})]
+    del messages
+    held = held_after(memo, bodies)
+    assert memo.reused == 1
+    assert held <= memo.max_bytes, f"{held / 1e6:.1f} MB held, {memo._total / 1e6:.1f} MB accounted"
+
+
+def test_an_entry_that_learns_its_messages_on_a_refused_body_keeps_the_bound() -> None:
+    """Kept whole, a body weighs its bytes; the next body of its conversation has its messages
+    parsed (``_end``) and its weight raised to ``PARSED_COST`` times them, but nothing is evicted
+    for it until the next store: bodies refused with a 400 (here a NUL in a new role) raise every
+    kept body to 2.5 times the bytes it was admitted at, past ``max_bytes``."""
+    memo = BodyMemo(min_bytes=1024, max_bytes=1_000_000)
+    conversations = [[{"role": "system", "content": f"conversation {c} " * 80}, *history(560)] for c in range(4)]
+    for messages in conversations:
+        same(orjson.dumps({"model": "m", "messages": messages}), memo)
+    assert len(memo) == 4 and memo._total <= memo.max_bytes
+    bad = [orjson.dumps({"model": "m", "messages": [*m, {"role": "user\u0000", "content": "x"}]}) for m in conversations]
+    held = held_after(memo, bad)
+    assert memo._total <= memo.max_bytes, f"{memo._total / 1e6:.2f} MB accounted ({held / 1e6:.2f} MB held)"
