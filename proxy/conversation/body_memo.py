@@ -163,6 +163,7 @@ class BodyMemo:
             if id(entry) in self._lru:
                 self._total += weight - entry.weight
             entry.weight = weight
+            self._evict(time.monotonic())  # (the body may be refused: no store would evict for it)
         return end
 
     def _extend(self, entry: _Entry, raw: bytes, end: int) -> Reused | None:
@@ -220,7 +221,10 @@ class BodyMemo:
             self._drop(old)
         self._lru[id(entry)] = entry
         self._total += entry.weight
-        now = entry.used
+        self._evict(entry.used)
+
+    def _evict(self, now: float) -> None:
+        """Drop least recently used entries while past ``max_bytes``, and idle ones (``now - idle_s``)."""
         while self._lru:
             first = next(iter(self._lru.values()))
             if self._total <= self.max_bytes and first.used >= now - self.idle_s:
