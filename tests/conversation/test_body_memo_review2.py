@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import gc
 import tracemalloc
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
+import pytest
 
+import proxy.conversation.body_memo as body_memo
+import proxy.conversation.chat_request as chat_request
+import proxy.conversation.json_spans as json_spans
 from proxy.conversation.body_memo import BodyMemo
+from proxy.conversation.chat_request import parse_chat_request
 from proxy.errors import BadRequest
 from tests.conversation.test_body_memo import history, same
 
@@ -77,3 +83,26 @@ def test_an_entry_that_learns_its_messages_on_a_refused_body_keeps_the_bound() -
     bad = [orjson.dumps({"model": "m", "messages": [*m, {"role": "user\u0000", "content": "x"}]}) for m in conversations]
     held = held_after(memo, bad)
     assert memo._total <= memo.max_bytes, f"{memo._total / 1e6:.2f} MB accounted ({held / 1e6:.2f} MB held)"
+
+
+def test_a_small_body_does_not_parse_a_big_kept_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kept body (2 MB) whose members after its messages array are most of it (``metadata``),
+    then a 69 kB body extending its messages without them: learning where the kept messages end
+    parses everything after them (``_end``'s check that no later ``messages`` member wins), 2 MB
+    of parsing on the event loop for a 69 kB body (30 times its size) (the ratio grows with the kept body, to 12.8 MB)."""
+    memo = BodyMemo(min_bytes=1024)
+    messages = history()
+    same(orjson.dumps({"model": "m", "messages": messages, "metadata": {"note": "x" * 2_000_000}}), memo)
+    raw = orjson.dumps({"model": "m", "messages": [*messages, {"role": "user", "content": "next"}]})
+    parsed = 0
+
+    def counting(data: Any) -> Any:
+        nonlocal parsed
+        parsed += len(data)
+        return orjson.loads(data)
+
+    for module in (body_memo, json_spans, chat_request):
+        monkeypatch.setattr(module, "orjson", SimpleNamespace(loads=counting, dumps=orjson.dumps,
+                                                              JSONDecodeError=orjson.JSONDecodeError))
+    parse_chat_request(raw, memo, "t")
+    assert parsed <= 3 * len(raw), f"{parsed / len(raw):.1f} times the body's bytes parsed"
