@@ -141,6 +141,8 @@ class BodyMemo:
         start = len(entry.head)
         if close <= start or close >= len(old) or old[close] != 0x5D or raw[more:more + 1] != b",":
             return None  # the new body does not continue the old one's messages there (or differs before them)
+        if len(old) - close > len(raw) - more:
+            return None  # checking the old members after the array would parse more than the new body has
         try:  # inside ``[...]`` (the elements at their depth in the body), an array closed before
             # ``close`` would leave ``,"key": ...`` after it, which no array holds
             messages = orjson.loads(b"[" + old[start:close + 1] + b"]")[0]
