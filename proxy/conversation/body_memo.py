@@ -34,7 +34,7 @@ from typing import Any
 import orjson
 
 from proxy.cache import MEMO_IDLE_S
-from proxy.conversation.json_spans import WS, array_close, common_prefix, messages_start, skip_ws
+from proxy.conversation.json_spans import array_close, common_prefix, messages_start, skip_ws, trim_ws
 
 MIN_BODY_BYTES = 64 * 1024
 """Bodies smaller than this are parsed whole and not kept (parsing them costs well under 0.2 ms)."""
@@ -137,7 +137,8 @@ class BodyMemo:
         old = entry.raw
         assert old is not None
         p = common_prefix(old, raw)
-        close, more = skip_ws(old, p), skip_ws(raw, p)
+        # (the old body's run is read no further than the new body's length: its bytes bound the work)
+        close, more = skip_ws(old, p, p + len(raw)), skip_ws(raw, p)
         start = len(entry.head)
         if close <= start or close >= len(old) or old[close] != 0x5D or raw[more:more + 1] != b",":
             return None  # the new body does not continue the old one's messages there (or differs before them)
@@ -155,9 +156,7 @@ class BodyMemo:
             with self._lock:  # a later "messages" member won in the old body: these were never checked
                 self._drop(entry)
             return None
-        end = p
-        while end > start and old[end - 1] in WS:
-            end -= 1
+        end = trim_ws(old, start, p)
         entry.messages = tuple(messages)  # before ``prefix``: a reader that sees the prefix sees them
         entry.prefix, entry.raw = memoryview(old)[:end], None
         with self._lock:
@@ -190,9 +189,7 @@ class BodyMemo:
             return None  # another "messages" member after this one wins: parse the whole body
         messages = [*entry.messages, *fresh]
         body["messages"] = messages
-        stop = pos + 1 + close
-        while raw[stop - 1] in WS:
-            stop -= 1
+        stop = trim_ws(raw, pos + 1, pos + 1 + close)
         new = _Entry(entry.key, head, tuple(messages), prefix=memoryview(raw)[:stop])
         return Reused(body, len(fresh), new, entry)
 

@@ -17,6 +17,7 @@ _SCALAR = re.compile(rb"[^,}\]\s]+")
 _TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.S)
 _OPEN = re.compile(rb"[ \t\n\r]*\{")
 _NEXT = re.compile(rb"[ \t\n\r]*([,}])")
+_WS_RUN = re.compile(rb"[ \t\n\r]*")
 
 
 def messages_start(raw: bytes) -> int | None:
@@ -62,12 +63,18 @@ def _skip_value(raw: bytes, pos: int) -> int:
     return len(raw)
 
 
-def skip_ws(raw: bytes, pos: int) -> int:
-    """The first offset at or after ``pos`` that is not JSON whitespace (``len(raw)`` when none)."""
-    n = len(raw)
-    while pos < n and raw[pos] in WS:
-        pos += 1
-    return pos
+def skip_ws(raw: bytes, pos: int, limit: int | None = None) -> int:
+    """The first offset at or after ``pos`` that is not JSON whitespace (``len(raw)`` when none),
+    looking no further than ``limit`` (returned when the run reaches it)."""
+    return _WS_RUN.match(raw, pos, len(raw) if limit is None else limit).end()  # type: ignore[union-attr]  # (``*`` always matches)
+
+
+def trim_ws(raw: bytes, lo: int, end: int) -> int:
+    """The offset just after the last byte of ``raw[lo:end]`` that is not JSON whitespace (``lo``
+    when none): a run of any length is stepped over in C (a slice's ``rstrip``), not byte by byte."""
+    if end <= lo or raw[end - 1] not in WS:
+        return end
+    return lo + len(raw[lo:end].rstrip(WS))
 
 
 def common_prefix(a: bytes, b: bytes) -> int:
@@ -100,9 +107,7 @@ def array_close(tail: bytes) -> int | None:
         return None
     cands = [pos] if doc.isascii() else [len(doc.decode("utf-8", "replace")[:pos].encode()), pos]
     for at in cands:
-        at = min(at, len(doc))
-        while at > 0 and doc[at - 1] in WS:
-            at -= 1
+        at = trim_ws(doc, 0, min(at, len(doc)))
         if at > 0 and doc[at - 1] == 0x5D:
             return at - 2  # in ``tail``: one byte of ``[`` less, and the index of the ``]``
     return None
