@@ -164,3 +164,12 @@ def test_python_work_per_body_does_not_grow_with_a_whitespace_run(case: str) -> 
     time, where a whole parse takes 0.04 ms); a bound of 10,000 lines whatever the run's length."""
     lines = memo_lines(ws_cases()[case], BodyMemo(min_bytes=1024))
     assert lines <= 10_000, f"{lines} lines of Python for a {len(WS_RUN)}-byte whitespace run"
+
+
+def test_python_work_per_body_does_not_grow_with_the_members_before_messages() -> None:
+    """``messages_start`` (run on every big body parsed whole, to keep it) steps over the members
+    before ``messages`` one string or bracket at a time in Python: 984 ms for 9.1 MB of ``"",``
+    before the messages, which orjson parses whole in 81 ms (on the event loop, every such body)."""
+    raw = orjson.dumps({"model": "m", "x": [""] * 20_000, "messages": history()})
+    lines = memo_lines([raw], BodyMemo(min_bytes=1024))
+    assert lines <= 10_000, f"{lines} lines of Python for 20,000 strings before the messages"
