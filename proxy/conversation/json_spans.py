@@ -18,16 +18,21 @@ _TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.S)
 _OPEN = re.compile(rb"[ \t\n\r]*\{")
 _NEXT = re.compile(rb"[ \t\n\r]*([,}])")
 _WS_RUN = re.compile(rb"[ \t\n\r]*")
+MAX_HEAD_STEPS = 8192
+"""Members, and strings or brackets inside them, ``messages_start`` steps over before the messages
+(in Python: about 4 lines each); past it the body has no start (it is not kept). A tool before the
+messages takes 30 to 100."""
 
 
 def messages_start(raw: bytes) -> int | None:
     """Offset of the ``[`` opening the top-level ``messages`` array of ``raw`` (a JSON object already
     parsed: valid JSON), the members before it skipped; ``None`` when there is none (or its key is
-    written with escapes)."""
+    written with escapes, or more than ``MAX_HEAD_STEPS`` steps away)."""
     m = _OPEN.match(raw)
     if m is None:
         return None
     pos = m.end()
+    steps = MAX_HEAD_STEPS
     while True:
         m = _KEY.match(raw, pos)
         if m is None:
@@ -35,32 +40,42 @@ def messages_start(raw: bytes) -> int | None:
         pos = m.end()
         if m.group(1) == b'"messages"':
             return pos if raw[pos:pos + 1] == b"[" else None
-        pos = _skip_value(raw, pos)
+        skipped = _skip_value(raw, pos, steps)
+        if skipped is None:
+            return None
+        pos, steps = skipped
         m = _NEXT.match(raw, pos)
         if m is None or m.group(1) == b"}":
             return None
         pos = m.end()
 
 
-def _skip_value(raw: bytes, pos: int) -> int:
-    """The offset just after the JSON value starting at ``pos``."""
+def _skip_value(raw: bytes, pos: int, steps: int) -> tuple[int, int] | None:
+    """The offset just after the JSON value starting at ``pos`` and the steps left of ``steps``
+    (one for the value, one for each string or bracket in it); ``None`` when none are left."""
+    steps -= 1
+    if steps < 0:
+        return None
     c = raw[pos:pos + 1]
     if c == b'"':
         m = _STRING.match(raw, pos)
-        return m.end() if m else len(raw)
+        return (m.end() if m else len(raw)), steps
     if c not in (b"[", b"{"):
         m = _SCALAR.match(raw, pos)
-        return m.end() if m else len(raw)
+        return (m.end() if m else len(raw)), steps
     depth = 0
     for tok in _TOKEN.finditer(raw, pos):
+        steps -= 1
+        if steps < 0:
+            return None
         t = tok.group()
         if t in (b"[", b"{"):
             depth += 1
         elif t in (b"]", b"}"):
             depth -= 1
             if depth == 0:
-                return tok.end()
-    return len(raw)
+                return tok.end(), steps
+    return len(raw), steps
 
 
 def skip_ws(raw: bytes, pos: int, limit: int | None = None) -> int:
