@@ -176,3 +176,35 @@ def test_python_work_per_body_does_not_grow_with_the_members_before_messages() -
         raw = orjson.dumps({"model": "m", "x": [""] * n, "messages": history()})
         counts.append(memo_lines([raw], BodyMemo(min_bytes=1024)))
     assert counts[1] <= counts[0] * 1.1 + 1_000, f"lines of Python for 20,000 and 200,000 strings: {counts}"
+
+
+@pytest.mark.parametrize("switch_at", range(6))
+def test_a_kept_body_learning_its_end_in_another_thread_meanwhile(switch_at: int) -> None:
+    """``BodyMemo`` is documented thread-safe, and ``_end`` learns a kept body's end outside its
+    lock (``prefix`` set, then ``raw`` cleared). Another thread doing so for the same entry between
+    two lines of this thread's ``_end`` (simulated: the trace function runs it there, as a thread
+    switch would) left this one with ``prefix`` read as ``None`` and ``raw`` as ``None``: an
+    ``AssertionError`` (a 500) for a valid body."""
+    memo = BodyMemo(min_bytes=1024)
+    messages = history()
+    same(orjson.dumps({"model": "m", "messages": messages}), memo)
+    branches = [orjson.dumps({"model": "m", "messages": [*messages, {"role": "user", "content": f"branch {b}"}]})
+                for b in range(2)]
+    lines = 0
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        nonlocal lines
+        if frame.f_code is not BodyMemo._end.__code__:
+            return None
+        if event == "line":
+            lines += 1
+            if lines == switch_at + 1:
+                memo.reuse(branches[1], "t")  # the other thread (tracing is off inside a trace function)
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        got = parse_chat_request(branches[0], memo, "t")
+    finally:
+        sys.settrace(None)
+    assert got == parse_chat_request(branches[0])
