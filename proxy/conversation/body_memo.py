@@ -131,10 +131,10 @@ class BodyMemo:
         """Where ``entry``'s last message ends, when ``raw`` starts with ``entry``'s bytes up to there
         and continues the array after it (for an entry kept whole: found where the two bodies first
         differ, and verified by parsing the old array alone, its messages taken from that parse)."""
+        old = entry.raw  # read before ``prefix``: another thread sets ``prefix`` before clearing ``raw``
         prefix = entry.prefix
         if prefix is not None:
             return len(prefix) if len(raw) > len(prefix) and raw.startswith(prefix) else None
-        old = entry.raw
         assert old is not None
         p = common_prefix(old, raw)
         # (the old body's run is read no further than the new body's length: its bytes bound the work)
