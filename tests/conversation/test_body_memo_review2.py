@@ -208,3 +208,28 @@ def test_a_kept_body_learning_its_end_in_another_thread_meanwhile(switch_at: int
     finally:
         sys.settrace(None)
     assert got == parse_chat_request(branches[0])
+
+
+def test_a_body_verifies_one_kept_body_at_most(monkeypatch: pytest.MonkeyPatch) -> None:
+    """16 kept bodies of one tenant (kept whole), each with the same messages overridden by a later
+    ``messages`` member: a body that extends those messages passes ``_end``'s first test with each,
+    and each fails its verification parse (dropped, and the next tried): 16 parses of the array
+    for one body (18 times its bytes parsed). One verification a body, as one candidate a body after a success."""
+    memo = BodyMemo(min_bytes=1024)
+    head = orjson.dumps({"model": "m", "messages": history()})[:-2]  # ... the last message's "}"
+    for i in range(16):
+        same(head + b'],"messages":[{"role":"user","content":"override %d"}]}' % i, memo)
+    assert len(memo) == 16
+    attack = head + b',{"role":"user","content":"%s"}]}' % (b"next " * 20)
+    parsed = 0
+
+    def counting(data: Any) -> Any:
+        nonlocal parsed
+        parsed += len(data)
+        return orjson.loads(data)
+
+    for module in (body_memo, json_spans, chat_request):
+        monkeypatch.setattr(module, "orjson", SimpleNamespace(loads=counting, dumps=orjson.dumps,
+                                                              JSONDecodeError=orjson.JSONDecodeError))
+    same(attack, memo)
+    assert parsed <= 4 * len(attack), f"{parsed / len(attack):.1f} times the body's bytes parsed"
