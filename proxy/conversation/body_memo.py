@@ -122,6 +122,8 @@ class BodyMemo:
             end = self._end(entry, raw)
             if end is None:
                 continue
+            if end < 0:
+                return None  # one kept body verified a body: its parse failed, parse this one whole
             if len(raw) - end > end:
                 return None  # more new bytes than reused ones: a whole parse is cheaper
             return self._extend(entry, raw, end)  # the tail fails alike after any other: parse whole
@@ -130,7 +132,8 @@ class BodyMemo:
     def _end(self, entry: _Entry, raw: bytes) -> int | None:
         """Where ``entry``'s last message ends, when ``raw`` starts with ``entry``'s bytes up to there
         and continues the array after it (for an entry kept whole: found where the two bodies first
-        differ, and verified by parsing the old array alone, its messages taken from that parse)."""
+        differ, and verified by parsing the old array alone, its messages taken from that parse);
+        ``-1`` when that verification failed (``entry`` dropped)."""
         old = entry.raw  # read before ``prefix``: another thread sets ``prefix`` before clearing ``raw``
         prefix = entry.prefix
         if prefix is not None:
@@ -151,11 +154,11 @@ class BodyMemo:
         except ValueError:  # (a lone surrogate escape the lenient whole parse took): never reusable
             with self._lock:
                 self._drop(entry)
-            return None
+            return -1
         if after.__class__ is not dict or after.get("messages") != self._token_text:
             with self._lock:  # a later "messages" member won in the old body: these were never checked
                 self._drop(entry)
-            return None
+            return -1
         end = trim_ws(old, start, p)
         entry.messages = tuple(messages)  # before ``prefix``: a reader that sees the prefix sees them
         entry.prefix, entry.raw = memoryview(old)[:end], None
