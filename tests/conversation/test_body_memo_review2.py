@@ -233,3 +233,25 @@ def test_a_body_verifies_one_kept_body_at_most(monkeypatch: pytest.MonkeyPatch) 
                                                               JSONDecodeError=orjson.JSONDecodeError))
     same(attack, memo)
     assert parsed <= 4 * len(attack), f"{parsed / len(attack):.1f} times the body's bytes parsed"
+
+
+def test_bodies_kept_whole_with_big_members_before_their_messages_stay_within_the_bound() -> None:
+    """A body kept whole weighs its bytes, but its entry also holds a copy of them up to its
+    messages (``head``): members written before ``messages`` (here 1.4 MB of ``tools`` in 1.5 MB
+    bodies) are held twice."""
+    memo = BodyMemo(max_bytes=4_000_000)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for c in range(2):
+            tools = [{"type": "function", "function": {"name": f"c{c}_tool_{i}", "description": "d" * 10_000}}
+                     for i in range(140)]
+            parse_chat_request(orjson.dumps({"model": "m", "tools": tools, "messages": history()}), memo, "t")
+            del tools
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(memo) == 2
+    assert held <= memo.max_bytes, f"{held / 1e6:.2f} MB held, {memo._total / 1e6:.2f} MB accounted"
