@@ -69,8 +69,8 @@ class _Entry:
         self.raw = raw
         self.used = time.monotonic()
         self.weight = (len(prefix.obj) + int(len(prefix) * (PARSED_COST - 1))  # type: ignore[arg-type]
-                       if prefix is not None else len(raw or b""))
-        """Counted against ``BodyMemo.max_bytes`` while stored (kept whole: its bytes alone)."""
+                       if prefix is not None else len(raw or b"") + len(head))
+        """Counted against ``BodyMemo.max_bytes`` while stored (kept whole: its bytes and ``head``, a copy)."""
 
 
 class Reused:
