@@ -34,7 +34,7 @@ from typing import Any
 import orjson
 
 from proxy.cache import MEMO_IDLE_S
-from proxy.conversation.json_spans import WS, array_close, common_prefix, messages_start, skip_ws
+from proxy.conversation.json_spans import array_close, common_prefix, messages_start, skip_ws, trim_ws
 
 MIN_BODY_BYTES = 64 * 1024
 """Bodies smaller than this are parsed whole and not kept (parsing them costs well under 0.2 ms)."""
@@ -69,8 +69,8 @@ class _Entry:
         self.raw = raw
         self.used = time.monotonic()
         self.weight = (len(prefix.obj) + int(len(prefix) * (PARSED_COST - 1))  # type: ignore[arg-type]
-                       if prefix is not None else len(raw or b""))
-        """Counted against ``BodyMemo.max_bytes`` while stored (kept whole: its bytes alone)."""
+                       if prefix is not None else len(raw or b"") + len(head))
+        """Counted against ``BodyMemo.max_bytes`` while stored (kept whole: its bytes and ``head``, a copy)."""
 
 
 class Reused:
@@ -122,6 +122,8 @@ class BodyMemo:
             end = self._end(entry, raw)
             if end is None:
                 continue
+            if end < 0:
+                return None  # one kept body verified a body: its parse failed, parse this one whole
             if len(raw) - end > end:
                 return None  # more new bytes than reused ones: a whole parse is cheaper
             return self._extend(entry, raw, end)  # the tail fails alike after any other: parse whole
@@ -130,17 +132,21 @@ class BodyMemo:
     def _end(self, entry: _Entry, raw: bytes) -> int | None:
         """Where ``entry``'s last message ends, when ``raw`` starts with ``entry``'s bytes up to there
         and continues the array after it (for an entry kept whole: found where the two bodies first
-        differ, and verified by parsing the old array alone, its messages taken from that parse)."""
+        differ, and verified by parsing the old array alone, its messages taken from that parse);
+        ``-1`` when that verification failed (``entry`` dropped)."""
+        old = entry.raw  # read before ``prefix``: another thread sets ``prefix`` before clearing ``raw``
         prefix = entry.prefix
         if prefix is not None:
             return len(prefix) if len(raw) > len(prefix) and raw.startswith(prefix) else None
-        old = entry.raw
         assert old is not None
         p = common_prefix(old, raw)
-        close, more = skip_ws(old, p), skip_ws(raw, p)
-        if close >= len(old) or old[close] != 0x5D or raw[more:more + 1] != b",":
-            return None  # the new body does not continue the old one's messages there
+        # (the old body's run is read no further than the new body's length: its bytes bound the work)
+        close, more = skip_ws(old, p, p + len(raw)), skip_ws(raw, p)
         start = len(entry.head)
+        if close <= start or close >= len(old) or old[close] != 0x5D or raw[more:more + 1] != b",":
+            return None  # the new body does not continue the old one's messages there (or differs before them)
+        if len(old) - close > len(raw) - more:
+            return None  # checking the old members after the array would parse more than the new body has
         try:  # inside ``[...]`` (the elements at their depth in the body), an array closed before
             # ``close`` would leave ``,"key": ...`` after it, which no array holds
             messages = orjson.loads(b"[" + old[start:close + 1] + b"]")[0]
@@ -148,14 +154,12 @@ class BodyMemo:
         except ValueError:  # (a lone surrogate escape the lenient whole parse took): never reusable
             with self._lock:
                 self._drop(entry)
-            return None
+            return -1
         if after.__class__ is not dict or after.get("messages") != self._token_text:
             with self._lock:  # a later "messages" member won in the old body: these were never checked
                 self._drop(entry)
-            return None
-        end = p
-        while end > start and old[end - 1] in WS:
-            end -= 1
+            return -1
+        end = trim_ws(old, start, p)
         entry.messages = tuple(messages)  # before ``prefix``: a reader that sees the prefix sees them
         entry.prefix, entry.raw = memoryview(old)[:end], None
         with self._lock:
@@ -163,6 +167,7 @@ class BodyMemo:
             if id(entry) in self._lru:
                 self._total += weight - entry.weight
             entry.weight = weight
+            self._evict(time.monotonic())  # (the body may be refused: no store would evict for it)
         return end
 
     def _extend(self, entry: _Entry, raw: bytes, end: int) -> Reused | None:
@@ -187,9 +192,7 @@ class BodyMemo:
             return None  # another "messages" member after this one wins: parse the whole body
         messages = [*entry.messages, *fresh]
         body["messages"] = messages
-        stop = pos + 1 + close
-        while raw[stop - 1] in WS:
-            stop -= 1
+        stop = trim_ws(raw, pos + 1, pos + 1 + close)
         new = _Entry(entry.key, head, tuple(messages), prefix=memoryview(raw)[:stop])
         return Reused(body, len(fresh), new, entry)
 
@@ -220,7 +223,10 @@ class BodyMemo:
             self._drop(old)
         self._lru[id(entry)] = entry
         self._total += entry.weight
-        now = entry.used
+        self._evict(entry.used)
+
+    def _evict(self, now: float) -> None:
+        """Drop least recently used entries while past ``max_bytes``, and idle ones (``now - idle_s``)."""
         while self._lru:
             first = next(iter(self._lru.values()))
             if self._total <= self.max_bytes and first.used >= now - self.idle_s:
