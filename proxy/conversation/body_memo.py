@@ -39,13 +39,29 @@ from proxy.conversation.json_spans import array_close, common_prefix, messages_s
 MIN_BODY_BYTES = 64 * 1024
 """Bodies smaller than this are parsed whole and not kept (parsing them costs well under 0.2 ms)."""
 BODY_MEMO_MAX_BYTES = 32 * 1024 * 1024
-"""Bound of ``BodyMemo``: accounted bytes of the kept bodies, ``PARSED_COST`` times their kept
-bytes (the bytes themselves and the parsed messages; the messages are mostly shared with
-``DigestMemo``); least recently used first out, and an entry unused for ``MEMO_IDLE_S`` leaves.
-A body past ``BODY_MEMO_MAX_BYTES / PARSED_COST`` (12.8 MB) is never kept: parsed whole each turn."""
+"""Bound of ``BodyMemo``: accounted bytes of the kept bodies (each body's bytes, and its parsed
+messages by ``parsed_weight``; the messages are mostly shared with ``DigestMemo``); least
+recently used first out, and an entry unused for ``MEMO_IDLE_S`` leaves. A body past
+``BODY_MEMO_MAX_BYTES / PARSED_COST`` (12.8 MB) is never kept: parsed whole each turn."""
 PARSED_COST = 2.5
 """Memory a kept body costs per byte: its bytes (1) and its parsed messages (1.55: 8.2 MB of Python
-objects for the benchmark's 5.27 MB history, measured with ``tracemalloc``)."""
+objects for the benchmark's 5.27 MB history, measured with ``tracemalloc``), plus what
+``parsed_weight`` adds for the objects the bytes make."""
+OBJECT_COST = 64
+"""Bytes added per ``{`` and ``[`` of the kept messages: an empty dict or list is 56-64 bytes of
+Python for 2 bytes of JSON (``[{}, {}, ...]`` would hold 30 times its accounted weight)."""
+ITEM_COST = 24
+"""Bytes added per ``,`` and ``"`` of the kept messages: a list slot and a small number (``1.5,``)
+or string object (``"a",``) is 32-58 bytes of Python for 4 bytes of JSON. (Text with characters
+outside Latin-1 is stored at 2 or 4 bytes a character: up to 1.6 times its accounted weight.)"""
+
+
+def parsed_weight(data: bytes, start: int, stop: int) -> int:
+    """What the parsed ``data[start:stop]`` (JSON text) is accounted at, in bytes: ``PARSED_COST - 1``
+    a byte (the bytes themselves are accounted apart) and the per-object costs above, counted in C."""
+    objects = data.count(b"{", start, stop) + data.count(b"[", start, stop)
+    items = data.count(b",", start, stop) + data.count(b'"', start, stop)
+    return int((stop - start) * (PARSED_COST - 1)) + OBJECT_COST * objects + ITEM_COST * items
 CANDIDATES = 16
 """Kept bodies per (tenant, first ``KEY_BYTES`` bytes): conversations of one tenant that start alike
 (the same system prompt and tools); the newest kept."""
@@ -58,19 +74,22 @@ class _Entry:
     without one) and ``messages`` their parse (a tuple: never handed out, lists are) once known;
     until then ``raw``, the whole body."""
 
-    __slots__ = ("head", "key", "messages", "prefix", "raw", "used", "weight")
+    __slots__ = ("head", "key", "messages", "parsed", "prefix", "raw", "used", "weight")
 
     def __init__(self, key: tuple[str, bytes], head: bytes, messages: tuple[Any, ...], *,
-                 prefix: memoryview | None = None, raw: bytes | None = None) -> None:
+                 prefix: memoryview | None = None, raw: bytes | None = None, parsed: int = 0) -> None:
         self.key = key
         self.head = head
         self.messages = messages
         self.prefix = prefix
         self.raw = raw
         self.used = time.monotonic()
-        self.weight = (len(prefix.obj) + int(len(prefix) * (PARSED_COST - 1))  # type: ignore[arg-type]
+        self.parsed = parsed
+        """``parsed_weight`` of ``messages``' bytes."""
+        self.weight = (len(prefix.obj) + len(head) + parsed  # type: ignore[arg-type]
                        if prefix is not None else len(raw or b"") + len(head))
-        """Counted against ``BodyMemo.max_bytes`` while stored (kept whole: its bytes and ``head``, a copy)."""
+        """Counted against ``BodyMemo.max_bytes`` while stored: the whole body a prefix views, ``head``
+        (a copy) and the parsed messages (kept whole: the body and ``head``)."""
 
 
 class Reused:
@@ -85,8 +104,8 @@ class Reused:
 
 class BodyMemo:
     """Parsed bodies of big requests, per tenant, reused by the next body of their conversation
-    (module docstring). Bounded by ``max_bytes`` (``PARSED_COST`` times the kept bytes, least
-    recently used first out) and by idleness (``idle_s``); keyed by tenant, so one tenant's bodies
+    (module docstring). Bounded by ``max_bytes`` (the kept bytes and ``parsed_weight`` of their
+    messages, least recently used first out) and by idleness (``idle_s``); keyed by tenant, so one tenant's bodies
     are never matched against another's (one tenant can still push another's out of the shared bound,
     as in ``DigestMemo``). Thread-safe (one lock, held for lookups and stores only; an entry learning
     where its messages end sets its messages before its prefix, which readers test first). Built by
@@ -162,8 +181,10 @@ class BodyMemo:
         end = trim_ws(old, start, p)
         entry.messages = tuple(messages)  # before ``prefix``: a reader that sees the prefix sees them
         entry.prefix, entry.raw = memoryview(old)[:end], None
+        parsed = parsed_weight(old, start, close)
         with self._lock:
-            weight = len(old) + int(end * (PARSED_COST - 1))
+            entry.parsed = parsed
+            weight = len(old) + len(entry.head) + parsed
             if id(entry) in self._lru:
                 self._total += weight - entry.weight
             entry.weight = weight
@@ -193,7 +214,8 @@ class BodyMemo:
         messages = [*entry.messages, *fresh]
         body["messages"] = messages
         stop = trim_ws(raw, pos + 1, pos + 1 + close)
-        new = _Entry(entry.key, head, tuple(messages), prefix=memoryview(raw)[:stop])
+        new = _Entry(entry.key, head, tuple(messages), prefix=memoryview(raw)[:stop],
+                     parsed=entry.parsed + parsed_weight(tail, 0, close))
         return Reused(body, len(fresh), new, entry)
 
     def keep(self, found: Reused) -> None:
