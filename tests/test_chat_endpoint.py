@@ -60,3 +60,30 @@ def test_the_messages_route_is_one_documented_endpoint_of_the_app() -> None:
     assert "/v1/messages/count_tokens" in schema["paths"]
     routes = [r for r in app.routes if getattr(r, "path", None) == MESSAGES_ROUTE]
     assert len(routes) == 1 and isinstance(app.messages, MessagesEndpoint) and routes[0].app is app.messages
+
+
+def test_the_chat_and_messages_endpoints_read_the_app_state_by_key_not_by_attribute(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Starlette's ``State`` finds an attribute through ``__getattr__`` after a failed lookup (an
+    ``AttributeError`` raised and caught per read): the two direct endpoints read it by key, on
+    their answers and on their error answers (an unreachable upstream: 502)."""
+    from starlette.datastructures import State
+    from starlette.testclient import TestClient
+
+    reads: list[str] = []
+    original = State.__getattr__
+
+    def counted(self: State, key: str):  # type: ignore[no-untyped-def]
+        reads.append(key)
+        return original(self, key)
+
+    with TestClient(_app()) as client:
+        monkeypatch.setattr(State, "__getattr__", counted)
+        chat = client.post(CHAT_ROUTE, json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        messages = client.post("/v1/messages", json={"model": "m", "max_tokens": 8,
+                                                     "messages": [{"role": "user", "content": "hi"}]},
+                               headers={"x-api-key": "k", "anthropic-version": "2023-06-01"})
+        monkeypatch.setattr(State, "__getattr__", original)
+    assert chat.status_code == 502 and messages.status_code == 502, (chat.text, messages.text)
+    assert messages.json()["type"] == "error"  # Anthropic's envelope
+    assert reads == []
+

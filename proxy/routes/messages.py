@@ -117,7 +117,7 @@ class MessagesEndpoint(CountedEndpoint):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope["route"] = _MessagesRoute
         app_state = scope["app"].state
-        state = app_state.proxy
+        state = app_state["proxy"]  # (not ``.proxy``: see ``proxy.app.ProxyApp.__call__``)
         items = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
         headers = {k: header_text(v) if k in SESSION_HEADERS else v for k, v in reversed(items)}
         try:
@@ -128,7 +128,7 @@ class MessagesEndpoint(CountedEndpoint):
                 return  # the client left while sending its body: nobody to answer
             outcome = await state.messages.handle(raw, target, headers, items, tenant)
         except Exception as exc:  # noqa: BLE001  (every failure answers in Anthropic's envelope)
-            error = client_error(exc, app_state.metrics)
+            error = client_error(exc, app_state["metrics"])
             scope[STATUS_KEY] = error.status
             body = error.anthropic_body()
             await send_whole(send, error.status, error.asgi_headers(body), body)
