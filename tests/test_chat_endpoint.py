@@ -87,3 +87,28 @@ def test_the_chat_and_messages_endpoints_read_the_app_state_by_key_not_by_attrib
     assert messages.json()["type"] == "error"  # Anthropic's envelope
     assert reads == []
 
+
+async def test_a_buffered_answer_is_sent_as_send_whole_sends_its_encoded_headers() -> None:
+    """``send_outcome`` encodes a ``Buffered`` answer's headers and sets its length in one pass
+    (``whole_headers``): the same messages as ``send_whole`` of ``encode_headers``, whatever case
+    or ``content-length`` of its own the headers carry."""
+    from proxy.forward.answers import Buffered
+    from proxy.routes.answer import encode_headers, send_outcome, send_whole
+
+    cases = [{}, {"content-type": "application/json", "x-context-proxy-defenses": "none"},
+             {"Content-Type": "text/plain", "Content-Length": "3", "x-é": "café"},
+             {"content-length": "999", "x-request-id": "req_1", "X-RateLimit-Remaining": "5"}]
+    for headers in cases:
+        for body in (b"", b'{"ok": true}', b"x" * 70_000):
+            slow, fast = _Sent(), _Sent()
+            await send_whole(slow, 201, encode_headers(headers), body)  # type: ignore[arg-type]
+            await send_outcome(Buffered(201, dict(headers), body), None, fast)  # type: ignore[arg-type]
+            assert fast == slow, headers
+            assert fast[0]["headers"][-1] == (b"content-length", str(len(body)).encode())
+
+
+class _Sent(list):  # type: ignore[type-arg]
+    """An ASGI ``send`` keeping what it is sent."""
+
+    async def __call__(self, message: dict) -> None:  # type: ignore[type-arg]
+        self.append(message)

@@ -189,8 +189,12 @@ async def test_a_stream_that_fails_after_its_start_is_counted_with_the_status_it
     async def send(message: dict) -> None:
         sent.append(message)
 
+    from proxy.admission import BodyBudget
+
+    budget = BodyBudget(1 << 20, 1 << 20)
     with pytest.raises(RuntimeError, match="the relay broke"):
-        await ChatEndpoint().counted(scope, receive, send)
+        await ChatEndpoint().counted(scope, receive, send, budget)
+    assert budget.held_bytes == 0  # the body's 2 bytes were held while it ran, given back at its end
     assert sent[0] == {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]}
     samples = _samples(metrics.render()[0].decode())
     assert _value(samples, "context_proxy_requests_total", route="/v1/chat/completions", model="", status="200") == 1
