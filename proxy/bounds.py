@@ -43,6 +43,8 @@ BOUNDS: tuple[Bound, ...] = (
     Bound("series of the (route, model, status) triples served", "Metrics._served",
           "1,024 triples of models of at most 100 characters, cleared when full",
           "proxy.telemetry.metrics.SERVED_KEPT"),
+    Bound("upstream latency series of the models answered", "Metrics._latency",
+          "1,024 models of at most 100 characters, cleared when full", "proxy.telemetry.metrics.LATENCY_KEPT"),
     Bound("model label names", "Metrics", "256 names of at most 100 characters, the rest 'other'",
           "proxy.telemetry.metrics.MODEL_LABELS"),
     Bound("metric series (labelled children)", "Metrics._children",

@@ -252,6 +252,8 @@ def test_request_path_metrics_are_exposed_as_prometheus_client_exposes_its_own()
     assert mine == text(generate_latest(reference))
     # ``request_served``'s remembered series: one per (route, model, status), the repeated one found again
     assert set(ours._served) == {(r, m, s) for r, m, s, _ in calls} and len(ours._served) == len(calls) - 1
+    # ``upstream_answered``'s: one per model, the repeated one found again
+    assert set(ours._latency) == {m for _, m, _, _ in calls} and len(ours._latency) == 3
 
 
 def test_model_labels_are_bounded() -> None:
@@ -275,3 +277,6 @@ def test_model_labels_are_bounded() -> None:
     assert len(labels) == MODEL_LABELS + 1 and "other" in labels
     assert max(map(len, labels)) <= MODEL_LABEL_CHARS
     assert max(len(model) for _, model, _ in m._served) <= MODEL_LABEL_CHARS  # long names never kept
+    for i in range(100):
+        m.upstream_answered(f"{i}" + "x" * 20_000, 0.01)
+    assert max(map(len, m._latency)) <= MODEL_LABEL_CHARS
