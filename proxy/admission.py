@@ -48,9 +48,16 @@ class PoolShare:
             entry[0] += 1  # type: ignore[operator]
         try:
             if entry is not None:
-                await self._wait(entry[1], deadline, loop, "this client's share of the upstream connections is in use")  # type: ignore[arg-type]
+                share: asyncio.Semaphore = entry[1]  # type: ignore[assignment]
+                if share.locked():
+                    await self._wait(share, deadline, loop, "this client's share of the upstream connections is in use")
+                else:
+                    await share.acquire()  # free: no timer (``_wait``'s first case, without its layer)
             try:
-                await self._wait(self._all, deadline, loop, "every upstream connection is in use")
+                if self._all.locked():
+                    await self._wait(self._all, deadline, loop, "every upstream connection is in use")
+                else:
+                    await self._all.acquire()
             except BaseException:
                 if entry is not None:
                     entry[1].release()  # type: ignore[union-attr]
@@ -171,3 +178,25 @@ class BodyBudget:
             await app(scope, counted, send)
         finally:
             self.give_back(taken)
+
+
+class HeldBody:
+    """The body bytes one request holds of a ``BodyBudget``, for a route that
+    reads its own body (``proxy.routes.body.read_asgi_body``): what ``BodyBudget.hold`` counts
+    through ``receive``, counted by the reader instead (no ``receive`` wrapped, no layer):
+    ``take`` each chunk as it is received (raises ``ProxyBusy``, holding nothing more, when it
+    does not fit), ``release`` everything when the request ends."""
+
+    __slots__ = ("budget", "held_bytes")
+
+    def __init__(self, budget: BodyBudget) -> None:
+        self.budget = budget
+        self.held_bytes = 0
+
+    def take(self, size_bytes: int) -> None:
+        self.budget.take(size_bytes)
+        self.held_bytes += size_bytes
+
+    def release(self) -> None:
+        self.budget.give_back(self.held_bytes)
+        self.held_bytes = 0

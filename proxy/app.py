@@ -243,7 +243,8 @@ class ProxyApp(FastAPI):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Every HTTP request with a body counted against ``max_held_body_bytes`` while it runs
-        (``BodyBudget.hold``); the chat and Messages routes straight to their endpoints' ``counted``
+        (``BodyBudget.hold``; the chat and Messages endpoints' ``counted`` counts it as their body
+        is read); the chat and Messages routes straight to their endpoints' ``counted``
         unless traced (class docstring), the rest through FastAPI. (``state["..."]``, not
         ``state.X``: Starlette's ``State`` finds an attribute through ``__getattr__`` after a failed
         lookup, an ``AttributeError`` raised and caught inside the interpreter for each access.)"""
@@ -258,7 +259,7 @@ class ProxyApp(FastAPI):
                 if self.root_path:
                     scope["root_path"] = self.root_path
                 scope["app"] = self
-                await budget.hold(endpoint.counted, scope, receive, send)
+                await endpoint.counted(scope, receive, send, budget)  # (the budget held as ``budget.hold`` holds it)
                 return
         await budget.hold(super().__call__, scope, receive, send)
 

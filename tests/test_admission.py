@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from proxy.admission import BodyBudget, PoolShare
+from proxy.admission import BodyBudget, HeldBody, PoolShare
 from proxy.errors import ProxyBusy
 
 
@@ -108,3 +108,40 @@ def test_a_body_just_begun_is_not_evicted_before_one_that_has_trickled_for_long(
     me._receiving = {young: None, fresh: None}
     assert GuardedHttpToolsProtocol._slowest_body(me, young=False) is None  # type: ignore[arg-type]
     assert GuardedHttpToolsProtocol._slowest_body(me, young=True) is fresh  # type: ignore[arg-type]
+
+
+async def test_a_free_slot_is_taken_without_the_waiting_path_and_a_busy_one_through_it(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """``acquire`` takes a free share and a free pool slot straight (no ``_wait`` layer); a busy
+    one waits through ``_wait`` (its timeout and ``ProxyBusy``), as before."""
+    waited: list[str] = []
+    original = PoolShare._wait
+
+    async def counted(sem, deadline, loop, why):  # type: ignore[no-untyped-def]
+        waited.append(why)
+        await original(sem, deadline, loop, why)
+
+    monkeypatch.setattr(PoolShare, "_wait", staticmethod(counted))
+    pool = PoolShare(pool_size=3, tenant_slots=2)
+    held = [await pool.acquire("a", 1.0), await pool.acquire("a", 1.0), await pool.acquire(None, 1.0)]
+    assert waited == []  # three free slots: none waited
+    with pytest.raises(ProxyBusy, match="share"):
+        await pool.acquire("a", 0.01)
+    with pytest.raises(ProxyBusy, match="every upstream connection"):
+        await pool.acquire("b", 0.01)
+    assert waited == ["this client's share of the upstream connections is in use", "every upstream connection is in use"]
+    for release in held:
+        release()
+    assert pool._tenants == {} and not pool._all.locked()
+
+
+def test_a_request_s_held_body_is_taken_from_the_budget_and_given_back_whole() -> None:
+    budget = BodyBudget(limit_bytes=100, max_body_bytes=80)
+    held = HeldBody(budget)
+    held.take(60)
+    held.take(30)
+    assert budget.held_bytes == 90 and held.held_bytes == 90
+    with pytest.raises(ProxyBusy):
+        held.take(20)  # past the limit: refused, holding nothing more
+    assert budget.held_bytes == 90
+    held.release()
+    assert budget.held_bytes == 0 and held.held_bytes == 0

@@ -39,6 +39,8 @@ def test_no_memo_is_listed_twice() -> None:
     ("Metrics._children", "proxy.telemetry.metrics.MODEL_LABELS"),
     ("Authenticator._tenants", "proxy.routes.auth.TENANTS_KEPT"),
     ("Metrics._served", "proxy.telemetry.metrics.SERVED_KEPT"),
+    ("JsonFormatter._access_texts", "proxy.telemetry.logs.ACCESS_TEXTS_KEPT"),
+    ("Metrics._latency", "proxy.telemetry.metrics.LATENCY_KEPT"),
 ])
 def test_the_memos_found_later_are_listed(owner: str, constant: str) -> None:
     assert any(b.owner == owner and b.constant == constant for b in BOUNDS)
@@ -59,6 +61,9 @@ def test_the_listed_attributes_are_the_owners_state() -> None:
     from proxy.routes.auth import Authenticator
     from proxy.telemetry.metrics import Metrics
 
-    assert "_children" in vars(Metrics()) and "_served" in vars(Metrics())
+    assert "_children" in vars(Metrics()) and "_served" in vars(Metrics()) and "_latency" in vars(Metrics())
     assert "self._locks" in inspect.getsource(ProjectingCompactor.__init__)
     assert "self._tenants" in inspect.getsource(Authenticator.__init__)
+    from proxy.telemetry.logs import JsonFormatter
+
+    assert "_access_texts" in vars(JsonFormatter())

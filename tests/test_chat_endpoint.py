@@ -60,3 +60,55 @@ def test_the_messages_route_is_one_documented_endpoint_of_the_app() -> None:
     assert "/v1/messages/count_tokens" in schema["paths"]
     routes = [r for r in app.routes if getattr(r, "path", None) == MESSAGES_ROUTE]
     assert len(routes) == 1 and isinstance(app.messages, MessagesEndpoint) and routes[0].app is app.messages
+
+
+def test_the_chat_and_messages_endpoints_read_the_app_state_by_key_not_by_attribute(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Starlette's ``State`` finds an attribute through ``__getattr__`` after a failed lookup (an
+    ``AttributeError`` raised and caught per read): the two direct endpoints read it by key, on
+    their answers and on their error answers (an unreachable upstream: 502)."""
+    from starlette.datastructures import State
+    from starlette.testclient import TestClient
+
+    reads: list[str] = []
+    original = State.__getattr__
+
+    def counted(self: State, key: str):  # type: ignore[no-untyped-def]
+        reads.append(key)
+        return original(self, key)
+
+    with TestClient(_app()) as client:
+        monkeypatch.setattr(State, "__getattr__", counted)
+        chat = client.post(CHAT_ROUTE, json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        messages = client.post("/v1/messages", json={"model": "m", "max_tokens": 8,
+                                                     "messages": [{"role": "user", "content": "hi"}]},
+                               headers={"x-api-key": "k", "anthropic-version": "2023-06-01"})
+        monkeypatch.setattr(State, "__getattr__", original)
+    assert chat.status_code == 502 and messages.status_code == 502, (chat.text, messages.text)
+    assert messages.json()["type"] == "error"  # Anthropic's envelope
+    assert reads == []
+
+
+async def test_a_buffered_answer_is_sent_as_send_whole_sends_its_encoded_headers() -> None:
+    """``send_outcome`` encodes a ``Buffered`` answer's headers and sets its length in one pass
+    (``whole_headers``): the same messages as ``send_whole`` of ``encode_headers``, whatever case
+    or ``content-length`` of its own the headers carry."""
+    from proxy.forward.answers import Buffered
+    from proxy.routes.answer import encode_headers, send_outcome, send_whole
+
+    cases = [{}, {"content-type": "application/json", "x-context-proxy-defenses": "none"},
+             {"Content-Type": "text/plain", "Content-Length": "3", "x-é": "café"},
+             {"content-length": "999", "x-request-id": "req_1", "X-RateLimit-Remaining": "5"}]
+    for headers in cases:
+        for body in (b"", b'{"ok": true}', b"x" * 70_000):
+            slow, fast = _Sent(), _Sent()
+            await send_whole(slow, 201, encode_headers(headers), body)  # type: ignore[arg-type]
+            await send_outcome(Buffered(201, dict(headers), body), None, fast)  # type: ignore[arg-type]
+            assert fast == slow, headers
+            assert fast[0]["headers"][-1] == (b"content-length", str(len(body)).encode())
+
+
+class _Sent(list):  # type: ignore[type-arg]
+    """An ASGI ``send`` keeping what it is sent."""
+
+    async def __call__(self, message: dict) -> None:  # type: ignore[type-arg]
+        self.append(message)

@@ -363,3 +363,35 @@ def test_the_access_line_is_the_generic_line(context: dict[str, str] | None, lev
         _context.reset(token)
     assert fast == generic
     assert "abcdefghijkl" not in fast
+
+
+@pytest.mark.parametrize("created", [0.0, 0.0005, 0.999, 0.9999999, 1.5, 1733343740.0, 1733343740.123456,
+                                     1733343740.9999998, 1733343740.0009999, 4102444799.999, -2.25, -0.0004])
+def test_a_timestamp_s_milliseconds_are_those_formatting_writes(created: float) -> None:
+    """``JsonFormatter._timestamp`` takes a whole millisecond's text from a table; the text is
+    what ``%03d`` writes of the truncated milliseconds (and the second's text, strftime's)."""
+    second = int(created)
+    expected = "%s.%03dZ" % (time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)), (created - second) * 1000)  # noqa: UP031
+    formatter = JsonFormatter()
+    assert formatter._timestamp(created) == expected
+    assert formatter._timestamp(created) == expected  # the second's text remembered
+
+
+def test_the_access_line_s_remembered_texts_are_masked_and_bounded() -> None:
+    """``access_line`` remembers the masked message and route of a (message, route) pair: the
+    remembered line is the line it wrote first (keys masked), at most ``ACCESS_TEXTS_KEPT`` pairs,
+    none past ``ACCESS_TEXT_CHARS`` characters."""
+    from proxy.telemetry.logs import ACCESS_TEXT_CHARS, ACCESS_TEXTS_KEPT
+
+    formatter = JsonFormatter()
+    msg, route = "POST Bearer abcdefghijkl 401", "/x/sk-abcdefghijkl"
+    first = json.loads(formatter.access_line(1733343740.5, "INFO", "context_proxy.access", msg, route, 401, 1.5))
+    again = json.loads(formatter.access_line(1733343740.5, "INFO", "context_proxy.access", msg, route, 401, 1.5))
+    assert first == again and first["msg"] == "POST Bearer *** 401" and first["route"] == "/x/***"
+    assert formatter._access_texts == {(msg, route): ("POST Bearer *** 401", "/x/***")}
+    long_method = "X" * ACCESS_TEXT_CHARS
+    formatter.access_line(1.0, "INFO", "a", f"{long_method} /v1/x 200", "/v1/x", 200, 1.0)
+    assert len(formatter._access_texts) == 1  # too long: masked, not kept
+    for i in range(ACCESS_TEXTS_KEPT + 5):
+        formatter.access_line(1.0, "INFO", "a", f"M{i} /v1/x 200", "/v1/x", 200, 1.0)
+    assert 0 < len(formatter._access_texts) <= ACCESS_TEXTS_KEPT

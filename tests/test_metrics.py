@@ -189,8 +189,12 @@ async def test_a_stream_that_fails_after_its_start_is_counted_with_the_status_it
     async def send(message: dict) -> None:
         sent.append(message)
 
+    from proxy.admission import BodyBudget
+
+    budget = BodyBudget(1 << 20, 1 << 20)
     with pytest.raises(RuntimeError, match="the relay broke"):
-        await ChatEndpoint().counted(scope, receive, send)
+        await ChatEndpoint().counted(scope, receive, send, budget)
+    assert budget.held_bytes == 0  # the body's 2 bytes were held while it ran, given back at its end
     assert sent[0] == {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]}
     samples = _samples(metrics.render()[0].decode())
     assert _value(samples, "context_proxy_requests_total", route="/v1/chat/completions", model="", status="200") == 1
@@ -248,6 +252,8 @@ def test_request_path_metrics_are_exposed_as_prometheus_client_exposes_its_own()
     assert mine == text(generate_latest(reference))
     # ``request_served``'s remembered series: one per (route, model, status), the repeated one found again
     assert set(ours._served) == {(r, m, s) for r, m, s, _ in calls} and len(ours._served) == len(calls) - 1
+    # ``upstream_answered``'s: one per model, the repeated one found again
+    assert set(ours._latency) == {m for _, m, _, _ in calls} and len(ours._latency) == 3
 
 
 def test_model_labels_are_bounded() -> None:
@@ -271,3 +277,6 @@ def test_model_labels_are_bounded() -> None:
     assert len(labels) == MODEL_LABELS + 1 and "other" in labels
     assert max(map(len, labels)) <= MODEL_LABEL_CHARS
     assert max(len(model) for _, model, _ in m._served) <= MODEL_LABEL_CHARS  # long names never kept
+    for i in range(100):
+        m.upstream_answered(f"{i}" + "x" * 20_000, 0.01)
+    assert max(map(len, m._latency)) <= MODEL_LABEL_CHARS

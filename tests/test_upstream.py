@@ -159,3 +159,83 @@ async def test_a_response_nobody_closes_gives_its_pool_slot_back_once_it_is_garb
     finally:
         await upstream.aclose()
         server.close()
+
+
+def _reference_request_headers(headers, *, upstream_api_key, identity, key_header="authorization"):  # type: ignore[no-untyped-def]
+    """``forward_request_headers`` as it was written before its one-pass form (the reference)."""
+    from proxy.upstream.headers import _REQUEST_DROPPED, _REQUEST_DROPPED_UNDER_KEY, connection_tokens
+
+    lows = [name.lower() for name, _ in headers]
+    named = connection_tokens(headers) if "connection" in lows else frozenset()
+    dropped = _REQUEST_DROPPED if upstream_api_key is None else _REQUEST_DROPPED_UNDER_KEY
+    out = [(name, value) for (name, value), low in zip(headers, lows, strict=True)
+           if not (low in dropped or low in named or low.startswith("x-context-proxy-")
+                   or (identity and low == "accept-encoding"))]
+    if upstream_api_key is not None:
+        out.append((key_header, upstream_api_key if key_header == "x-api-key" else f"Bearer {upstream_api_key}"))
+    if identity:
+        out.append(("accept-encoding", "identity"))
+    return out
+
+
+def _reference_response_headers(pairs, *, keep_encoding, shared_key=False):  # type: ignore[no-untyped-def]
+    """``response_headers`` as it was written before its one-pass form (the reference)."""
+    from proxy.upstream.headers import (
+        _RESPONSE_DROPPED,
+        _RESPONSE_DROPPED_DECODED,
+        OPERATOR_RESPONSE_HEADERS,
+        OPERATOR_RESPONSE_PREFIXES,
+        connection_tokens,
+    )
+
+    lows = [name.lower() for name, _ in pairs]
+    named = connection_tokens(pairs) if "connection" in lows else frozenset()
+    dropped = _RESPONSE_DROPPED if keep_encoding else _RESPONSE_DROPPED_DECODED
+    out: dict[str, str] = {}
+    for (_, value), low in zip(pairs, lows, strict=True):
+        if low in dropped or low in named:
+            continue
+        if shared_key and (low in OPERATOR_RESPONSE_HEADERS or low.startswith(OPERATOR_RESPONSE_PREFIXES)):
+            continue
+        out[low] = out[low] + ", " + value if low in out else value
+    return out
+
+
+_HEADER_SETS = [
+    [],
+    [("Host", "x"), ("Content-Type", "application/json"), ("Authorization", "Bearer k"), ("Content-Length", "3")],
+    [("content-type", "a"), ("X-Session-Id", "s"), ("x-context-proxy-compact-tool", "1"), ("Accept-Encoding", "gzip"),
+     ("api-key", "k"), ("X-HTTP-Method-Override", "DELETE"), ("OpenAI-Organization", "o")],
+    [("X-Foo", "1"), ("Connection", "X-Foo, keep-alive"), ("x-bar", "2"), ("Keep-Alive", "5"), ("x-foo", "3")],
+    [("connection", ""), ("x-a", "1"), ("Connection", " , "), ("X-A", "2")],
+    [("x-ratelimit-remaining", "1"), ("Set-Cookie", "a=1"), ("set-cookie", "b=2"), ("Date", "d"), ("Server", "s"),
+     ("Content-Encoding", "gzip"), ("Transfer-Encoding", "chunked"), ("request-id", "r"), ("CONNECTION", "request-id")],
+]
+
+
+@pytest.mark.parametrize("pairs", _HEADER_SETS)
+def test_the_one_pass_header_filters_keep_what_the_two_pass_ones_kept(pairs: list[tuple[str, str]]) -> None:
+    """``forward_request_headers`` and ``response_headers`` lower each name once in one pass (a
+    second only when a ``Connection`` header names others): the same headers as before, in order."""
+    from proxy.upstream.headers import forward_request_headers, response_headers
+
+    for key in (None, "sk-proxy"):
+        for identity in (False, True):
+            for key_header in ("authorization", "x-api-key"):
+                kwargs = {"upstream_api_key": key, "identity": identity, "key_header": key_header}
+                assert forward_request_headers(pairs, **kwargs) == _reference_request_headers(pairs, **kwargs)  # type: ignore[arg-type]
+                assert forward_request_headers(iter(pairs), **kwargs) == _reference_request_headers(pairs, **kwargs)  # type: ignore[arg-type]
+    for keep_encoding in (False, True):
+        for shared_key in (False, True):
+            expected = _reference_response_headers(pairs, keep_encoding=keep_encoding, shared_key=shared_key)
+            assert response_headers(_Pairs(pairs), keep_encoding=keep_encoding, shared_key=shared_key) == expected
+
+
+class _Pairs:
+    """Headers whose ``items()`` gives each pair as sent (as aiohttp's multidict does)."""
+
+    def __init__(self, pairs: list[tuple[str, str]]) -> None:
+        self.pairs = pairs
+
+    def items(self) -> list[tuple[str, str]]:
+        return list(self.pairs)

@@ -9,6 +9,7 @@ import time
 
 from starlette.types import Receive, Scope, Send
 
+from proxy.admission import BodyBudget, HeldBody
 from proxy.forward.answers import Buffered, Streamed
 from proxy.telemetry.logs import close_request_context, open_request_context
 from proxy.telemetry.metrics import served
@@ -21,39 +22,57 @@ class CountedEndpoint:
     """A POST route as plain ASGI (``proxy.routes.chat.ChatEndpoint``, the Messages endpoint), which
     ``ProxyApp`` reaches straight, without FastAPI's layers, through ``counted``. ``path``: the
     route's path, the ``route`` label of its metrics. ``__call__`` puts the status it starts in
-    ``scope[STATUS_KEY]``."""
+    ``scope[STATUS_KEY]``; ``held``: the request's share of the body budget when the endpoint
+    counts its body itself (``counted``), ``None`` when ``BodyBudget.hold`` counts it (the router)."""
 
     path: str = ""
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, held: HeldBody | None = None) -> None:
         raise NotImplementedError
 
-    async def counted(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def counted(self, scope: Scope, receive: Receive, send: Send, budget: BodyBudget) -> None:
         """``self(...)`` with what ``MetricsMiddleware`` adds (a request context, the count and the
-        access line), without wrapping ``send``. The status counted is the one whose response
-        started (500 if none did, as the middleware)."""
+        access line), without wrapping ``send``, and what ``budget.hold`` adds (the body's bytes
+        held until the request ends), without wrapping ``receive``: the endpoint's body reader
+        takes them. The status counted is the one whose response started (500 if none did, as
+        the middleware)."""
         started = time.perf_counter()
         fields, token = open_request_context()
+        held = HeldBody(budget)
         try:
-            await self(scope, receive, send)
+            await self(scope, receive, send, held)
         finally:
             try:
                 served(scope["app"].state["metrics"], "POST", self.path, fields.get("model", ""),
                        scope.get(STATUS_KEY, 500), started)
             finally:
                 close_request_context(token)
+                held.release()
 
 
 async def send_outcome(outcome: Buffered | Streamed, receive: Receive, send: Send) -> None:
-    """A pipeline's answer: ``send_whole`` a ``Buffered`` one, ``send_stream`` a ``Streamed`` one."""
+    """A pipeline's answer: a ``Buffered`` one as ``send_whole`` sends it (its headers encoded and
+    its length set in one pass, ``whole_headers``), a ``Streamed`` one by ``send_stream``."""
     if isinstance(outcome, Buffered):
-        await send_whole(send, outcome.status, encode_headers(outcome.headers), outcome.body)
+        body = outcome.body
+        await send({"type": "http.response.start", "status": outcome.status,
+                    "headers": whole_headers(outcome.headers, len(body))})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
     else:
         await send_stream(outcome, receive, send)
 
 
 def encode_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
     return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+
+
+def whole_headers(headers: dict[str, str], length: int) -> list[tuple[bytes, bytes]]:
+    """``encode_headers(headers)`` without any ``content-length`` of its own, then ``length``
+    (bytes) as the ``content-length``: the headers ``send_whole`` sends for them."""
+    out = [(name, v.encode("latin-1")) for k, v in headers.items()
+           if (name := k.lower().encode("latin-1")) != b"content-length"]
+    out.append((b"content-length", b"%d" % length))
+    return out
 
 
 async def send_whole(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:

@@ -8,12 +8,16 @@ from fastapi import Request
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive
 
+from proxy.admission import HeldBody
 from proxy.errors import PayloadTooLarge
 
 
-async def read_asgi_body(receive: Receive, headers: Mapping[str, str], limit_bytes: int) -> bytes | None:
+async def read_asgi_body(receive: Receive, headers: Mapping[str, str], limit_bytes: int,
+                         held: HeldBody | None = None) -> bytes | None:
     """The whole body from ASGI ``receive`` (``None`` if the client disconnected first); raises
-    ``PayloadTooLarge`` (413) past ``limit_bytes`` (declared or read) without reading it all."""
+    ``PayloadTooLarge`` (413) past ``limit_bytes`` (declared or read) without reading it all.
+    ``held``: the request's share of the app's ``BodyBudget``, each chunk taken from it as it is
+    received (raises ``ProxyBusy`` when it does not fit), as ``BodyBudget.hold`` would."""
     declared = headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit_bytes:
         raise _too_large(limit_bytes)
@@ -24,6 +28,8 @@ async def read_asgi_body(receive: Receive, headers: Mapping[str, str], limit_byt
         if message["type"] == "http.disconnect":
             return None
         chunk = message.get("body", b"")
+        if held is not None and chunk:
+            held.take(len(chunk))
         size += len(chunk)
         if size > limit_bytes:
             raise _too_large(limit_bytes)

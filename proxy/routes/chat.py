@@ -22,6 +22,7 @@ from typing import Any
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from proxy.admission import HeldBody
 from proxy.forward.session_ids import header_text
 from proxy.routes.answer import STATUS_KEY, CountedEndpoint, send_outcome
 from proxy.routes.body import read_asgi_body
@@ -77,7 +78,7 @@ class ChatEndpoint(CountedEndpoint):
 
     path = CHAT_ROUTE
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, held: HeldBody | None = None) -> None:
         scope["route"] = _ChatRoute
         app_state = scope["app"].state
         state = app_state["proxy"]  # (not ``.proxy``: see ``proxy.app.ProxyApp.__call__``)
@@ -87,7 +88,7 @@ class ChatEndpoint(CountedEndpoint):
             headers["x-session-id"] = header_text(headers["x-session-id"])
         try:
             tenant = state.auth.chat_tenant(headers)
-            raw = await read_asgi_body(receive, headers, state.settings.max_body_bytes)
+            raw = await read_asgi_body(receive, headers, state.settings.max_body_bytes, held)
             if raw is None:
                 return  # the client left while sending its body: nobody to answer
             outcome = await state.pipeline.handle(raw, headers, items, tenant)

@@ -33,6 +33,7 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from proxy.admission import HeldBody
 from proxy.errors import Forbidden
 from proxy.forward.messages import CLAUDE_CODE_SESSION_HEADER
 from proxy.forward.session_ids import header_text
@@ -114,21 +115,21 @@ class MessagesEndpoint(CountedEndpoint):
 
     path = MESSAGES_ROUTE
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, held: HeldBody | None = None) -> None:
         scope["route"] = _MessagesRoute
         app_state = scope["app"].state
-        state = app_state.proxy
+        state = app_state["proxy"]  # (not ``.proxy``: see ``proxy.app.ProxyApp.__call__``)
         items = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
         headers = {k: header_text(v) if k in SESSION_HEADERS else v for k, v in reversed(items)}
         try:
             tenant = state.auth.messages_tenant(headers)
             target = anthropic_target(scope, "POST")
-            raw = await read_asgi_body(receive, headers, state.settings.max_body_bytes)
+            raw = await read_asgi_body(receive, headers, state.settings.max_body_bytes, held)
             if raw is None:
                 return  # the client left while sending its body: nobody to answer
             outcome = await state.messages.handle(raw, target, headers, items, tenant)
         except Exception as exc:  # noqa: BLE001  (every failure answers in Anthropic's envelope)
-            error = client_error(exc, app_state.metrics)
+            error = client_error(exc, app_state["metrics"])
             scope[STATUS_KEY] = error.status
             body = error.anthropic_body()
             await send_whole(send, error.status, error.asgi_headers(body), body)

@@ -301,7 +301,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                                           f"trailers are larger than {self.max_header_bytes} bytes.",
                                           "request_header_fields_too_large"))
                     return
-            if not self.transport.is_closing():
+            # (nothing to arm or disarm when no head is partway and no deadline is armed: the
+            # usual end of a read that carried a whole request)
+            if (self._head_bytes != 0 or self._deadline is not None) and not self.transport.is_closing():
                 self._rearm()
         except httptools.HttpParserCallbackError:
             if not self._too_large:
@@ -324,8 +326,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._answer_and_close(_response(431, b"Request Header Fields Too Large", self._too_large,
                                          "request_header_fields_too_large"))
 
+    # (each callback calls ``HttpToolsProtocol``'s through a module name, not ``super()``: Python
+    # 3.11 builds a ``super`` object for every such call, nine a request)
     def on_message_begin(self) -> None:
-        super().on_message_begin()
+        _on_message_begin(self)
         self._head_fields = 0
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -334,30 +338,43 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._too_large = f"The request has more than {self.max_headers} header fields."
             raise _TooLarge
         if self._head_bytes is not None:  # a trailer (``None``: after the headers) is counted only
-            super().on_header(name, value)
+            _on_header(self, name, value)
 
     def on_headers_complete(self) -> None:
         self._head_bytes = None
         self._body_bytes, self._body_since, self._loose_bytes = 0, self.loop.time(), 0
         self._waiting.pop(self, None)
         self._receiving[self] = None
-        super().on_headers_complete()
+        _on_headers_complete(self)
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
         self._body_fed = True
-        super().on_body(body)
+        _on_body(self, body)
 
     def on_message_complete(self) -> None:
-        self._disarm()
+        if self._deadline is not None:
+            self._disarm()
         self._head_bytes = 0
         self._receiving.pop(self, None)
-        super().on_message_complete()
+        _on_message_complete(self)
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        _on_response_complete(self)
         if not self.transport.is_closing() and not self.pipeline:
-            self._wait()  # idle until the keep-alive timeout (uvicorn's) or the next request
+            # idle until the keep-alive timeout (uvicorn's) or the next request (``_wait``, inline)
+            waiting = self._waiting
+            waiting.pop(self, None)
+            waiting[self] = None
+            self._waiting_since = self.loop.time()
+
+
+_on_message_begin = HttpToolsProtocol.on_message_begin
+_on_header = HttpToolsProtocol.on_header
+_on_headers_complete = HttpToolsProtocol.on_headers_complete
+_on_body = HttpToolsProtocol.on_body
+_on_message_complete = HttpToolsProtocol.on_message_complete
+_on_response_complete = HttpToolsProtocol.on_response_complete
 
 
 def guarded_protocol(settings: Settings) -> type[GuardedHttpToolsProtocol]:

@@ -103,7 +103,9 @@ def bind(**fields: Any) -> None:
     context; does nothing outside a request. ``None`` values are skipped."""
     current = _context.get()
     if current is not None:
-        current.update({k: str(v) for k, v in fields.items() if v is not None})
+        for key, value in fields.items():  # (no comprehension: its frame and dict, every request)
+            if value is not None:
+                current[key] = value if type(value) is str else str(value)
 
 
 def current_context() -> dict[str, str]:
@@ -131,10 +133,18 @@ def _masked(match: re.Match[str]) -> str:
 
 
 _LEVELS = {name: name.lower() for name in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")}
+_MILLIS = tuple(".%03dZ" % millis for millis in range(1000))  # noqa: UP031
+"""A timestamp's end for each whole millisecond, ``.000Z`` to ``.999Z`` (``JsonFormatter._timestamp``)."""
 _PLAIN, _SKIP, _CONTENT = "plain", "skip", "content"
 FIELD_KINDS_KEPT = 1024
 """Extra field names a ``JsonFormatter`` remembers the kind of (names are the code's own, few;
 emptied whole when full)."""
+ACCESS_TEXTS_KEPT = 1024
+"""Access lines' (message, route) pairs whose masked text a ``JsonFormatter`` remembers
+(``JsonFormatter.access_line``; pairs of at most ``ACCESS_TEXT_CHARS`` characters; emptied whole
+when full)."""
+ACCESS_TEXT_CHARS = 256
+"""A longer access-line message or route (a client's odd method) is masked each time, never kept."""
 
 
 def _field_kind(field: str) -> str:
@@ -152,6 +162,9 @@ class JsonFormatter(logging.Formatter):
         self._second: tuple[int, str] = (-1, "")  # the whole second of the last line, and its text
         self._field_kinds: dict[str, str] = {}
         """Extra field name -> ``_field_kind`` (at most ``FIELD_KINDS_KEPT``)."""
+        self._access_texts: dict[tuple[str, str], tuple[str, str]] = {}
+        """(msg, route) -> (``mask_secrets(msg)``, ``mask_secrets(route)``) (``access_line``; at most
+        ``ACCESS_TEXTS_KEPT``)."""
 
     def _timestamp(self, created: float) -> str:
         """``created`` (epoch seconds) as ``2026-11-29T21:36:32.123Z`` (milliseconds truncated);
@@ -160,7 +173,9 @@ class JsonFormatter(logging.Formatter):
         cached = self._second  # one tuple, swapped whole: threads may format at once
         if cached[0] != second:
             cached = self._second = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
-        # ``%d`` truncates, as ``int``; 1,100 instructions fewer than the f-string with ``int`` (callgrind)
+        millis = int((created - second) * 1000)  # truncated, as ``%03d`` truncates
+        if 0 <= millis < 1000:  # (always, from 1970 on)
+            return cached[1] + _MILLIS[millis]  # half the time of formatting it with ``%`` (timeit)
         return "%s.%03dZ" % (cached[1], (created - second) * 1000)  # noqa: UP031
 
     def format(self, record: logging.LogRecord) -> str:
@@ -209,12 +224,22 @@ class JsonFormatter(logging.Formatter):
         """``line(created, levelname, name, msg, {"route": route, "status": status, "duration_ms":
         duration_ms})``, the access line of every request (``write_access``), without ``line``'s
         loops over the context and extra fields: these three are plain (no credential or content
-        name), the request and session ids come from the request context only."""
+        name), the request and session ids come from the request context only. The masked message
+        and route are remembered by their text (``ACCESS_TEXTS_KEPT``: a request's two
+        ``mask_secrets`` were a fifth of the line's instructions, callgrind)."""
+        key = (msg, route)
+        texts = self._access_texts.get(key)
+        if texts is None:
+            texts = (mask_secrets(msg), mask_secrets(route))
+            if len(msg) <= ACCESS_TEXT_CHARS and len(route) <= ACCESS_TEXT_CHARS:
+                if len(self._access_texts) >= ACCESS_TEXTS_KEPT:
+                    self._access_texts.clear()
+                self._access_texts[key] = texts
         out: dict[str, Any] = {
             "ts": self._timestamp(created),
             "level": _LEVELS.get(levelname) or levelname.lower(),
             "logger": name,
-            "msg": mask_secrets(msg),
+            "msg": texts[0],
         }
         context = _context.get()
         if context:
@@ -224,7 +249,7 @@ class JsonFormatter(logging.Formatter):
             session_id = context.get("session_id")
             if session_id:
                 out["session_id"] = str(session_id)
-        out["route"] = mask_secrets(route)
+        out["route"] = texts[1]
         out["status"] = status
         out["duration_ms"] = duration_ms
         return orjson.dumps(out, default=str).decode()
@@ -388,11 +413,12 @@ def _direct_handler(logger: logging.Logger, level: int) -> _DirectHandler | None
 
 
 def _keep_direct(handler: LoopBatchingHandler, line: str, level: int) -> None:
-    handler.acquire()
-    try:
+    lock = handler.lock  # what ``Handler.acquire``/``release`` take, without their two calls
+    if lock is None:
         handler._keep(line, level)
-    finally:
-        handler.release()
+        return
+    with lock:
+        handler._keep(line, level)
 
 
 def _report_logging_error() -> None:

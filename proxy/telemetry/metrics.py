@@ -64,6 +64,9 @@ OTHER_MODEL = "other"
 SERVED_KEPT = 1024
 """(route, model, status) triples whose series ``Metrics.request_served`` remembers (models of at
 most ``MODEL_LABEL_CHARS`` characters; emptied whole when full)."""
+LATENCY_KEPT = 1024
+"""Models whose ``upstream_latency`` series ``Metrics.upstream_answered`` remembers (names of at most
+``MODEL_LABEL_CHARS`` characters; emptied whole when full)."""
 QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
 """Probe and scrape routes: counted, but their access lines are DEBUG, not INFO."""
 
@@ -219,6 +222,8 @@ class Metrics:
         self._model_labels: dict[str, str] = {}
         self._served: dict[tuple[str, str, int], tuple[list[float], list[float]]] = {}
         """(route, model, status) -> its ``requests`` and ``request_duration`` series (``request_served``)."""
+        self._latency: dict[str, list[float]] = {}
+        """model -> its ``upstream_latency`` series (``upstream_answered``)."""
 
     def _child(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)``, remembered: ``labels`` validates and locks on every call
@@ -259,8 +264,17 @@ class Metrics:
         self.request_duration.observe_into(series[1], duration_s)
 
     def upstream_answered(self, model: str, latency_s: float) -> None:
-        """The upstream's response headers arrived ``latency_s`` seconds after the request was sent."""
-        self.upstream_latency.observe((self.model_label(model),), latency_s)
+        """The upstream's response headers arrived ``latency_s`` seconds after the request was sent.
+        The series a model moves is remembered (``LATENCY_KEPT``), as ``request_served``'s: a
+        model's label never changes once given."""
+        series = self._latency.get(model)
+        if series is None:
+            series = self.upstream_latency.entry((self.model_label(model),))
+            if len(model) <= MODEL_LABEL_CHARS:  # (a longer one is ``other``: not kept by its text)
+                if len(self._latency) >= LATENCY_KEPT:
+                    self._latency.clear()
+                self._latency[model] = series
+        self.upstream_latency.observe_into(series, latency_s)
 
     def chat_forwarded(self, model: str, tokens_client: int | None, tokens_forwarded: int | None,
                        applied: tuple[str, ...] | list[str] = ()) -> None:

@@ -9,7 +9,8 @@ transport maps its library's), or ``ProxyBusy`` when no pool slot is free in tim
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from typing import Any
 
 import yarl
 
@@ -31,19 +32,18 @@ class HeldResponse:
     nobody closes it (``__del__``; ``weakref.finalize`` did the same for 5 times the instructions)
     (``UpstreamResponse``; every read is the transport response's own, no layer added per chunk)."""
 
-    __slots__ = ("_release", "_resp", "headers", "status_code")
+    __slots__ = ("_release", "_resp", "aiter_raw", "aread", "headers", "status_code")
 
     def __init__(self, resp: UpstreamResponse, release: Callable[[], None]) -> None:
         self._resp = resp
         self._release = release
         self.status_code: int = resp.status_code
         self.headers: Mapping[str, str] = resp.headers
-
-    async def aread(self) -> bytes:
-        return await self._resp.aread()
-
-    def aiter_raw(self) -> AsyncIterator[bytes]:
-        return self._resp.aiter_raw()
+        # the transport response's own methods, bound: no coroutine layer of ours per read
+        self.aread: Callable[[], Coroutine[Any, Any, bytes]] = resp.aread
+        """The whole body (``UpstreamResponse.aread``)."""
+        self.aiter_raw: Callable[[], AsyncIterator[bytes]] = resp.aiter_raw
+        """The body as it arrives (``UpstreamResponse.aiter_raw``)."""
 
     async def aclose(self) -> None:
         try:

@@ -47,6 +47,7 @@ _REQUEST_DROPPED = HOP_BY_HOP | PROXY_HEADERS
 _REQUEST_DROPPED_UNDER_KEY = _REQUEST_DROPPED | CREDENTIAL_HEADERS | OVERRIDE_HEADERS
 _RESPONSE_DROPPED = HOP_BY_HOP | OWN_RESPONSE_HEADERS
 _RESPONSE_DROPPED_DECODED = _RESPONSE_DROPPED | {"content-encoding"}
+_NONE: frozenset[str] = frozenset()
 
 
 def connection_tokens(pairs: Iterable[tuple[str, str]]) -> frozenset[str]:
@@ -58,12 +59,6 @@ def connection_tokens(pairs: Iterable[tuple[str, str]]) -> frozenset[str]:
             names.update(token.strip().lower() for token in value.split(","))
     names.discard("")
     return frozenset(names)
-
-
-def _named(pairs: Sequence[tuple[str, str]], lows: list[str]) -> frozenset[str]:
-    """``connection_tokens(pairs)`` given the lower-case names (``lows``), looked at only when one
-    is ``connection``."""
-    return connection_tokens(pairs) if "connection" in lows else frozenset()
 
 
 def forward_request_headers(
@@ -79,20 +74,33 @@ def forward_request_headers(
     With ``identity`` the upstream is asked not to compress (the proxy reads chat replies to log them).
     """
     headers = headers if isinstance(headers, (list, tuple)) else list(headers)
-    lows = [name.lower() for name, _ in headers]  # each name lowered once
-    named = _named(headers, lows)
     dropped = _REQUEST_DROPPED if upstream_api_key is None else _REQUEST_DROPPED_UNDER_KEY
-    out: list[tuple[str, str]] = []
-    for (name, value), low in zip(headers, lows, strict=True):
-        if (low in dropped or low in named or low.startswith("x-context-proxy-")
-                or (identity and low == "accept-encoding")):
-            continue
-        out.append((name, value))
+    out, connection = _forwarded(headers, dropped, _NONE, identity)
+    if connection:  # the names it lists go too (then a second pass)
+        named = connection_tokens(headers)
+        if named:
+            out = _forwarded(headers, dropped, named, identity)[0]
     if upstream_api_key is not None:
         out.append((key_header, upstream_api_key if key_header == "x-api-key" else f"Bearer {upstream_api_key}"))
     if identity:
         out.append(("accept-encoding", "identity"))
     return out
+
+
+def _forwarded(headers: Sequence[tuple[str, str]], dropped: frozenset[str], named: frozenset[str],
+               identity: bool) -> tuple[list[tuple[str, str]], bool]:
+    """``forward_request_headers``' pass over ``headers`` with ``named`` dropped too (each name
+    lowered once): the headers kept, and whether a ``Connection`` header was among them."""
+    out: list[tuple[str, str]] = []
+    connection = False
+    for name, value in headers:
+        low = name.lower()
+        if (low in dropped or low in named or low.startswith("x-context-proxy-")
+                or (identity and low == "accept-encoding")):
+            connection = connection or low == "connection"
+            continue
+        out.append((name, value))
+    return out, connection
 
 
 def response_headers(headers: Mapping[str, str], *, keep_encoding: bool, shared_key: bool = False) -> dict[str, str]:
@@ -102,14 +110,27 @@ def response_headers(headers: Mapping[str, str], *, keep_encoding: bool, shared_
     repeated names joined with ``", "``). Hop-by-hop ones are dropped, those the ``Connection`` header names too; with
     ``shared_key`` (the proxy's own upstream key) the operator's account headers as well
     (``OPERATOR_RESPONSE_HEADERS``)."""
-    out: dict[str, str] = {}
     multi = getattr(headers, "multi_items", None)  # ``httpx.Headers``: each repeated name's value apart
     pairs = list(multi() if multi is not None else headers.items())
-    lows = [name.lower() for name, _ in pairs]  # each name lowered once
-    named = _named(pairs, lows)
     dropped = _RESPONSE_DROPPED if keep_encoding else _RESPONSE_DROPPED_DECODED
-    for (_, value), low in zip(pairs, lows, strict=True):
+    out, connection = _passed_back(pairs, dropped, _NONE, shared_key)
+    if connection:  # the names it lists go too (then a second pass)
+        named = connection_tokens(pairs)
+        if named:
+            out = _passed_back(pairs, dropped, named, shared_key)[0]
+    return out
+
+
+def _passed_back(pairs: list[tuple[str, str]], dropped: frozenset[str], named: frozenset[str],
+                 shared_key: bool) -> tuple[dict[str, str], bool]:
+    """``response_headers``' pass over ``pairs`` with ``named`` dropped too (each name lowered
+    once): the headers kept, and whether a ``Connection`` header was among them."""
+    out: dict[str, str] = {}
+    connection = False
+    for name, value in pairs:
+        low = name.lower()
         if low in dropped or low in named:
+            connection = connection or low == "connection"
             continue
         if shared_key and (low in OPERATOR_RESPONSE_HEADERS or low.startswith(OPERATOR_RESPONSE_PREFIXES)):
             continue
@@ -117,4 +138,4 @@ def response_headers(headers: Mapping[str, str], *, keep_encoding: bool, shared_
             out[low] += ", " + value
         else:
             out[low] = value
-    return out
+    return out, connection
