@@ -308,10 +308,13 @@ def _sqlite_utc_text() -> Bind:
         seen = last  # one tuple, swapped whole (an engine's threads may bind at once)
         if seen[0] is value:
             return seen[1]
-        utc = _utc(value).replace(tzinfo=None)
         # str() is isoformat(" "), without the microseconds when they are 0 (half the time of
-        # isoformat(" ", "microseconds"), timeit)
-        text = str(utc) if utc.microsecond else str(utc) + ".000000"
+        # isoformat(" ", "microseconds"), timeit); a UTC datetime (the proxy's ``now``) is
+        # written without the two datetimes of astimezone and replace: its text ends "+00:00"
+        text = str(value)[:-6] if value.tzinfo is UTC and type(value) is datetime else str(
+            _utc(value).replace(tzinfo=None))
+        if not value.microsecond:  # (astimezone keeps the microseconds)
+            text += ".000000"
         last = (value, text)
         return text
 

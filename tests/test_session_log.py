@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import functools
 import random
 import time
 from datetime import timedelta
@@ -15,7 +17,7 @@ from proxy.conversation.canonical import digests_and_chain
 from proxy.conversation.prefix import STORED_SESSIONS_PER_PREFIX, PrefixStates
 from proxy.forward.context import ChatContext
 from proxy.forward.pipeline import ChatPipeline
-from proxy.forward.session_log import SessionLog, new_id, now
+from proxy.forward.session_log import SessionLog, new_id, now, settle
 from proxy.settings import Settings
 from proxy.telemetry.metrics import Metrics
 from proxy.tokens.counter import load_counter
@@ -112,7 +114,10 @@ async def test_the_next_turn_skips_the_stored_prefix_query_until_the_session_is_
         for turn in range(3):
             _, chain = digests_and_chain(messages)
             reply = {"role": "assistant", "content": f"answer {turn}"}
-            await log.finish(session, messages, chain, [], reply, _record(session.pk), with_request=True)
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            log.finish(session, messages, chain, [], reply, _record(session.pk), with_request=True,
+                       then=functools.partial(settle, done))
+            await done
             assert counting.reads == 1, turn  # the first turn's only
             messages = [*messages, reply, {"role": "user", "content": f"question {turn}"}]
         summary = await store.session_summary(session)

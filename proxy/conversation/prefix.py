@@ -92,6 +92,14 @@ class PrefixState:
         entry = (session_pk, len(chain), stamp, chain[-1], base, chain[base - 1])
         self.stored = (entry, *others[:STORED_SESSIONS_PER_PREFIX - 1])
 
+    def notes_in_place(self, session_pk: int) -> bool:
+        """``note_stored`` of ``session_pk`` would leave ``weight`` as it is: the session has an
+        entry already, or the entries are at their bound."""
+        for entry in self.stored:
+            if entry[0] == session_pk:
+                return True
+        return len(self.stored) >= STORED_SESSIONS_PER_PREFIX
+
     def _merge(self, other: PrefixState) -> None:
         """Take what ``other`` (a state of the same prefix) knows and this one does not: stored
         lengths (per session the newest noted), and the reference search when it went further."""
@@ -174,16 +182,25 @@ class PrefixStates:
         """Remember that all of ``chain`` is stored in ``session_pk``'s log (at ``stamp``), on the
         longest state kept among ``chain``'s newest ``lookback`` positions, which stays where it is
         (a regenerated or retried request, or a client whose echo of the reply differs, still finds
-        it); a new state at ``chain``'s end when none is kept."""
+        it; noted in place when that leaves its weight as it is, ``PrefixState.notes_in_place``, else
+        taken out and put back, weighed again); a new state at ``chain``'s end when none is kept."""
         if not chain:
             return
         with self._lock:
-            state, start = self._states.pop_longest(chain, self.lookback)
-            if not isinstance(state, PrefixState) or start <= 0:
-                state, start = PrefixState(), len(chain)
-                state.length = start
-            state.note_stored(session_pk, chain, stamp, start)
-            self._states.put(chain[start - 1], state)
+            states = self._states
+            for i in range(len(chain) - 1, max(-1, len(chain) - 1 - self.lookback), -1):
+                state = states.get(chain[i])
+                if isinstance(state, PrefixState):
+                    if state.notes_in_place(session_pk):  # (its weight stays: no pop and put again)
+                        state.note_stored(session_pk, chain, stamp, i + 1)
+                        return
+                    states.pop(chain[i])
+                    break
+            else:
+                state, i = PrefixState(), len(chain) - 1
+                state.length = len(chain)
+            state.note_stored(session_pk, chain, stamp, i + 1)
+            states.put(chain[i], state)
 
     def clear(self) -> None:
         """Forget everything (tests)."""

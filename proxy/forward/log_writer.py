@@ -5,15 +5,16 @@ running: the pending writes (the end of a request; a stream's early append of th
 messages, ``spawn``; a learned limit to store), the backpressure on them
 (``Settings.max_pending_log_writes``) and the drain at shutdown.
 
-One call ends a request: ``finish``. It starts the write (``SessionLog.finish``, whose future is
-the store's ``append_and_record``: on SQLite a write queued in the deferred batch, no task;
-elsewhere a task of the store's), attaches a callback to its future (metrics, the usage the
-request's compactor learns from, ``ChatContext.compactor``; a failure logged and counted, never
-raised to the client) and tracks it until it ended. A request whose messages were written early
-(``ChatContext.append_task``), or whose key the provider refused (only its record is kept; it
-waits for the writes pending when it finished too, so that its cleanup sees their records), first
-waits for that: its write is a task of its own. The callbacks run in the request's context (its
-ids on their log lines): a future's callback runs in the context it was added in.
+One call ends a request: ``finish``. It starts the write (``SessionLog.finish``: the store's
+``append_and_record``, on SQLite a write queued in the deferred batch, no task; elsewhere a task
+of the store's) with what to do once it ended (``_ended``: the usage the request's compactor
+learns from, ``ChatContext.compactor``; a failure logged and counted, never raised to the
+client), called in the one loop step that settles the write, and tracks it until then. A request
+whose messages were written early (``ChatContext.append_task``), or whose key the provider refused
+(only its record is kept; it waits for the writes pending when it finished too, so that its
+cleanup sees their records), first waits for that: its write is a task of its own. ``_ended`` runs
+in the request's context (its ids on their log lines): it is called from a done callback added
+in the request, and a future's callback runs in the context it was added in.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 from proxy.errors import ProxyError
 from proxy.forward.context import ChatContext
 from proxy.forward.db_health import DatabaseHealth
-from proxy.forward.session_log import LoggedRequest, SessionLog
+from proxy.forward.session_log import LoggedRequest, SessionLog, settle, tell
 from proxy.settings import Settings
 from proxy.telemetry.metrics import Metrics
 from storage.errors import StorageUnavailable
@@ -95,28 +96,27 @@ class LogWriter:
         ctx.finished = True
         latency_ms = (time.perf_counter() - ctx.started) * 1000
         self._count_finished(ctx, status)
+        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.add(ended)
+        then = functools.partial(self._ended, ctx, usage, ended)
         if ctx.append_task is not None or ctx.refused:
             # a refused request's cleanup runs after the writes already started: a request that
             # found its rows stored and was answered first is recorded before the cleanup looks
-            earlier = list(self._pending) if ctx.refused else []
+            earlier = [f for f in self._pending if f is not ended] if ctx.refused else []
             task = asyncio.get_running_loop().create_task(
                 self._after_append(ctx, latency_ms, status, reply, usage, error, partial, finish_reason, earlier))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
-            write: asyncio.Future[Any] = task
+            task.add_done_callback(functools.partial(tell, then))
         else:
             try:
                 record = _record(ctx, latency_ms, status, usage, None, error, finish_reason)
                 keep = _kept_reply(reply, status, partial, error)
             except Exception as exc:  # noqa: BLE001  (an odd value in what the upstream sent: answered all the same)
-                write = asyncio.get_running_loop().create_future()
-                write.set_exception(exc)
+                asyncio.get_running_loop().call_soon(then, exc)
             else:
-                write = self.log.finish(ctx.session, ctx.messages, ctx.chain, ctx.internal, keep, record,
-                                        with_request=True)
-        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._track(ended)
-        write.add_done_callback(functools.partial(self._ended, ctx, usage, ended))
+                self.log.finish(ctx.session, ctx.messages, ctx.chain, ctx.internal, keep, record,
+                                     with_request=True, then=then)
         return ended
 
     def finish_failed(self, ctx: ChatContext, exc: BaseException) -> None:
@@ -157,26 +157,31 @@ class LogWriter:
             ctx.compactor.forget_refused(ctx.session.pk, ctx.tenant, gone, bool(ctx.writes.event_ids))
             return
         keep = _kept_reply(reply, status, partial, error)
-        await self.log.finish(ctx.session, ctx.messages, ctx.chain, ctx.internal, keep, record,
-                              with_request=logged is None)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.log.finish(ctx.session, ctx.messages, ctx.chain, ctx.internal, keep, record,
+                        with_request=logged is None, then=functools.partial(settle, done))
+        await done
 
     def _ended(self, ctx: ChatContext, usage: dict[str, Any] | None, ended: asyncio.Future[None],
-               write: asyncio.Future[Any]) -> None:
-        """A write ended: its failure logged, or the reply's usage observed (a learned limit to
-        store is a tracked task); then ``ended`` is resolved. Runs in the request's context."""
+               error: BaseException | None) -> None:
+        """A write ended (``proxy.forward.session_log.Then``): its failure logged, or the reply's usage observed (a
+        learned limit to store is a tracked task); then ``ended`` is no longer pending and is
+        resolved. Runs in the request's context."""
         try:
-            if write.cancelled():
+            if isinstance(error, asyncio.CancelledError):
                 return  # (shutdown: the loop is stopping)
-            exc = write.exception()
-            if exc is None:
+            if error is None:
                 try:
                     if ctx.compactor.usage_observed(ctx, usage):
                         self.spawn(self._persist_observed(ctx))
-                except Exception as error:  # noqa: BLE001  (an odd ``usage``, say)
-                    exc = error
-            if exc is not None:
-                self._log_failed(ctx, exc)
+                except Exception as exc:  # noqa: BLE001  (an odd ``usage``, say)
+                    error = exc
+            if error is not None:
+                self._log_failed(ctx, error)
         finally:
+            self._pending.discard(ended)
+            if not self.full:
+                self._room.set()
             ended.set_result(None)
 
     async def _persist_observed(self, ctx: ChatContext) -> None:

@@ -45,6 +45,9 @@ PENDING_INTERNAL = 64
 """Internal messages of one session remembered while their write is under way (the newest)."""
 CACHED_SESSIONS = 10_000
 
+Then = Callable[[BaseException | None], None]
+"""Told once how a write ended (``SessionLog.finish``): ``None`` stored, else its error."""
+
 
 def _new_rows(
     messages: list[dict[str, Any]], chain: list[str], internal: list[dict[str, Any]], reply: dict[str, Any] | None,
@@ -244,31 +247,39 @@ class SessionLog:
         record: RequestRecord,
         *,
         with_request: bool,
-    ) -> asyncio.Future[None]:
+        then: Then,
+    ) -> None:
         """Store (``with_request``: the client's new messages,) the proxy's internal rounds, the reply
         after them, and the request record, in one transaction (``Store.append_and_record``): a
         plain request costs one write. Internal messages are marked ``internal``; the chain runs
         through them. If the session is gone, it is opened again and all of it is written there
         (``_refinish``).
 
-        Returns the write's future, started now (never raises: what fails is the future's
-        exception, a ``StorageError`` or what building the rows raised, say a reply orjson cannot
-        serialize). When this process knows how much of the client's history is stored (or
-        ``with_request`` is false) it is the store's write with this log's bookkeeping after it:
-        no task (on SQLite a queued write, ``storage.sqlite.end_write``); else a task that
-        reads how much is stored first."""
+        Started now; never raises. ``then(error)`` is called once when the write ended, in a later
+        loop step and in the caller's context: ``error`` ``None`` once stored, else a
+        ``StorageError``, what building the rows raised (say a reply orjson cannot serialize), or
+        a ``CancelledError`` (the loop stopping). When this process knows how much of the
+        client's history is stored (or ``with_request`` is false) it is the store's write with
+        this log's bookkeeping and ``then`` after it in one callback: no task and no future of its
+        own (on SQLite a queued write, ``storage.sqlite.end_write``); else a task that reads how
+        much is stored first."""
         stored = None
         if with_request:
             stored = self._known_prefix(session.pk, chain)
             if stored is None:
-                return self._spawn(self._finish_after_read(session, messages, chain, internal, reply, record))
-        return self._write(session, messages, chain, internal, reply, record, stored, reopen=True)
+                task = self._spawn(self._finish_after_read(session, messages, chain, internal, reply, record))
+                task.add_done_callback(functools.partial(tell, then))
+                return
+        self._write(session, messages, chain, internal, reply, record, stored, then, reopen=True)
 
     async def _finish_after_read(self, session: SessionRecord, messages: list[dict[str, Any]], chain: list[str],
                                  internal: list[dict[str, Any]], reply: dict[str, Any] | None,
                                  record: RequestRecord) -> None:
         stored = await self.store.stored_prefix_len(session.pk, chain)
-        await self._write(session, messages, chain, internal, reply, record, stored, reopen=True)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._write(session, messages, chain, internal, reply, record, stored, functools.partial(settle, done),
+                    reopen=True)
+        await done
 
     async def _refinish(self, session: SessionRecord, messages: list[dict[str, Any]], chain: list[str],
                         internal: list[dict[str, Any]], reply: dict[str, Any] | None, record: RequestRecord) -> None:
@@ -277,15 +288,18 @@ class SessionLog:
         reopened = await self._reopen(session)
         record = dataclasses.replace(record, session_pk=reopened.pk)
         stored = await self.store.stored_prefix_len(reopened.pk, chain)
-        await self._write(reopened, messages, chain, internal, reply, record, stored, reopen=False)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._write(reopened, messages, chain, internal, reply, record, stored, functools.partial(settle, done),
+                    reopen=False)
+        await done
 
     def _write(self, session: SessionRecord, messages: list[dict[str, Any]], chain: list[str],
                internal: list[dict[str, Any]], reply: dict[str, Any] | None, record: RequestRecord, stored: int | None,
-               *, reopen: bool) -> asyncio.Future[None]:
+               then: Then, *, reopen: bool) -> None:
         """The store's write of ``finish`` (``stored``: the client's messages already stored,
-        ``None``: none of theirs to write), then what this process remembers of it; a session
-        found gone (``MissingRow``) is opened again and written there once (``reopen``)."""
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        ``None``: none of theirs to write), then what this process remembers of it, then
+        ``then``; a session found gone (``MissingRow``) is opened again and written there once
+        (``reopen``)."""
         try:
             new, added = _new_rows(messages, chain, internal, reply, stored)
             written = self.store.append_and_record(session.pk, new, record, now(), added=added)
@@ -294,29 +308,28 @@ class SessionLog:
                                       now()) for m in new if m.internal]
                 pending = self._pending_internal.fresh(session.pk) or []
                 self._pending_internal.put(session.pk, [*pending, *rows][-PENDING_INTERNAL:])
-        except Exception as exc:  # noqa: BLE001  (the future's: see ``finish``)
-            done.set_exception(exc)
-            return done
+        except Exception as exc:  # noqa: BLE001  (``then``'s: see ``finish``)
+            asyncio.get_running_loop().call_soon(then, exc)
+            return
 
         def ended(future: asyncio.Future[int]) -> None:
             if future.cancelled():
-                done.cancel()
+                then(asyncio.CancelledError())
                 return
             error = future.exception()
             if isinstance(error, MissingRow) and reopen:
                 retry = self._spawn(self._refinish(session, messages, chain, internal, reply, record))
-                retry.add_done_callback(functools.partial(_pass_on, done))
+                retry.add_done_callback(functools.partial(tell, then))
             elif error is not None:
-                done.set_exception(error)
+                then(error)
             else:
                 n = len(chain)
                 self._remember(session.pk, chain + [m.chain_hash for m in new if m.seq >= n])
                 if internal:
                     self._internal.pop(session.pk, None)
-                done.set_result(None)
+                then(None)
 
         written.add_done_callback(ended)
-        return done
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro)
@@ -398,13 +411,19 @@ class SessionLog:
         return (out_m, out_d, out_c) if shifted else None
 
 
-def _pass_on(done: asyncio.Future[None], task: asyncio.Task[None]) -> None:
-    """``done`` ends as ``task`` did."""
+def tell(then: Then, task: asyncio.Task[Any]) -> None:
+    """``then`` told how ``task`` ended (a done callback: ``functools.partial(tell, then)``)."""
+    then(asyncio.CancelledError() if task.cancelled() else task.exception())
+
+
+def settle(done: asyncio.Future[None], error: BaseException | None) -> None:
+    """``functools.partial(settle, done)``: a ``Then`` that ends ``done`` as the write ended (its
+    error raised by ``await done``); nothing if ``done`` was cancelled meanwhile."""
     if done.done():
         return
-    if task.cancelled():
-        done.cancel()
-    elif (error := task.exception()) is not None:
-        done.set_exception(error)
-    else:
+    if error is None:
         done.set_result(None)
+    elif isinstance(error, asyncio.CancelledError):
+        done.cancel()
+    else:
+        done.set_exception(error)

@@ -81,6 +81,35 @@ async def test_finish_is_one_call_whose_future_ends_when_the_write_is_stored(log
     assert session is not None and (await log.store.session_summary(session)).message_count == 4
 
 
+async def test_the_end_of_a_write_is_handled_in_the_loop_step_that_settles_it(tmp_path: Any) -> None:
+    """On a SQLite file, once the deferred batch committed a request's write, the session log's
+    bookkeeping, the log writer's and the end of its tracking run as one callback: one loop step
+    later the request is no longer pending and its future is resolved (it took three steps, a
+    future handing on to the next, when each layer had a future of its own)."""
+    from storage.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path}/steps.db"
+    await upgrade(url)
+    store = await Store.open(url, pool_size=2)
+    log = SessionLog(store)
+    writer = _writer(log)
+    first = await _ctx(log, "steps")
+    await writer.finish(first, 200, REPLY, None)
+    second = await _ctx(log, "steps")  # (its history is known stored: its write is queued)
+    second.messages = [*first.messages, REPLY, {"role": "user", "content": "again"}]
+    second.digests, second.chain = digests_and_chain(second.messages)
+    ended = writer.finish(second, 200, REPLY, None)
+    try:
+        assert store._sqlite is not None
+        store._sqlite.batch.flush()
+        assert not ended.done() and len(writer._pending) == 1  # (the callback runs in a later step, never inline)
+        await asyncio.sleep(0)
+        assert ended.done() and not writer._pending
+        assert await _requests(log, "steps") == [first.request_id, second.request_id]
+    finally:
+        await store.close()
+
+
 async def test_a_failed_write_is_logged_in_the_requests_context_and_never_raised(
         log: SessionLog, caplog: pytest.LogCaptureFixture) -> None:
     """A write the database refuses (a request id taken) resolves the future all the same; the

@@ -5,6 +5,8 @@ insert's log line carries no content; retention deleting an active session loses
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
 import io
 import logging
@@ -14,7 +16,7 @@ from typing import Any
 import pytest
 
 from proxy.conversation.canonical import digests_and_chain
-from proxy.forward.session_log import SessionLog
+from proxy.forward.session_log import SessionLog, settle
 from proxy.telemetry.logs import JsonFormatter
 from storage.errors import StorageError
 from storage.records import ArtifactRecord, EventRecord, NewMessage, RequestRecord
@@ -167,7 +169,9 @@ async def test_retention_deleting_an_active_session_loses_no_turn(database_url: 
             if turn == 2:  # the request's messages written first, then the session deleted under it
                 await log.append_request(session, turns, chain)
                 await run_retention(database_url, RetentionPolicy(max_age_days=1), now=datetime.now(UTC) + timedelta(days=9))
-            await log.finish(session, turns, chain, [], reply, record, with_request=True)
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            log.finish(session, turns, chain, [], reply, record, with_request=True, then=functools.partial(settle, done))
+            await done
             if turn == 0:
                 await run_retention(database_url, RetentionPolicy(max_age_days=1), now=datetime.now(UTC) + timedelta(days=9))
             turns.append(reply)

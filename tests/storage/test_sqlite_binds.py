@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
 
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
+from storage import columns
 from storage.columns import UTC_TIME
 from storage.sqlite.driver import DriverStatement
 from storage.tables import metadata
@@ -41,11 +43,32 @@ def test_times_bind_as_sqlalchemys_sqlite_text_and_each_dialect_keeps_its_own_me
     assert bind_one is not None and bind_two is not None and bind_one is not bind_two
     plain = sa.DateTime().dialect_impl(one).bind_processor(one)  # SQLAlchemy's own SQLite DATETIME text
     assert plain is not None
-    for when in (datetime(2026, 11, 29, 21, 36, 32, tzinfo=UTC),
-                 datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=timezone(timedelta(hours=-7)))):
+    for when in (datetime(2026, 11, 29, 21, 36, 32, tzinfo=UTC), datetime(2026, 11, 29, 21, 36, 32, 7, tzinfo=UTC),
+                 datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=timezone(timedelta(hours=-7))),
+                 datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone(timedelta(hours=5, minutes=30))),
+                 datetime(2026, 1, 2, 3, 4, 5, 1, tzinfo=UTC), datetime.now(UTC)):
         expected = plain(when.astimezone(UTC).replace(tzinfo=None))
         assert bind_one(when) == expected and bind_one(when) == expected and bind_two(when) == expected
     assert bind_one(None) is None
+
+
+def test_a_utc_time_binds_by_its_own_text_without_converting_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The proxy's times are UTC ``datetime``s: their text is their own ``str`` without "+00:00"
+    (no astimezone or replace), the same text as converted (the test above); others convert."""
+    bind = UTC_TIME.bind_processor(sqlite.dialect())
+    assert bind is not None
+
+    def converted(value: datetime) -> datetime:
+        calls.append(value)
+        return value.astimezone(UTC)
+
+    calls: list[datetime] = []
+    monkeypatch.setattr(columns, "_utc", converted)
+    assert bind(datetime(2026, 12, 4, 20, 9, 32, 5, tzinfo=UTC)) == "2026-12-04 20:09:32.000005"
+    assert bind(datetime(2026, 12, 4, 20, 9, 32, tzinfo=UTC)) == "2026-12-04 20:09:32.000000"
+    assert calls == []
+    eastern = datetime(2026, 12, 4, 15, 9, 32, tzinfo=timezone(timedelta(hours=-5)))
+    assert bind(eastern) == "2026-12-04 20:09:32.000000" and calls == [eastern]
 
 
 def test_postgresql_binds_as_sqlalchemy_does() -> None:
