@@ -155,7 +155,7 @@ class MessagesPipeline:
         self.log.follow(chain)  # a regenerate's write is then known stored, not read again
         session_id = session_id_of(headers) or self.log.derive_session_id(tenant, pieces, chain)
         try:
-            if not await self.health.usable():
+            if self.health.down and not await self.health.usable():  # (up: no coroutine to await)
                 raise StorageUnavailable("the database did not answer the last probe")
             session = await self.log.open_session(tenant, session_id, "messages")
             expanded = await self.log.expand_internal(session, pieces, digests, chain, after=after_rounds)

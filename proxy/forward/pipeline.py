@@ -35,7 +35,6 @@ from proxy.forward.log_writer import LogWriter
 from proxy.forward.rounds import RoundLoop
 from proxy.forward.session_ids import client_session_id, header_value
 from proxy.forward.session_log import SessionLog, new_id
-from proxy.forward.sse import ReplyAssembler
 from proxy.forward.streaming import Segment, relay_turn, relay_unlogged
 from proxy.forward.tool_rounds import ToolRounds
 from proxy.settings import Settings
@@ -124,7 +123,7 @@ class ChatPipeline:
         session_id = (client_session_id(headers.get("x-session-id"))
                       or self.log.derive_session_id(tenant, messages, chain))
         try:
-            if not await self.health.usable():
+            if self.health.down and not await self.health.usable():  # (up: no coroutine to await)
                 raise StorageUnavailable("the database did not answer the last probe")
             session = await self.log.open_session(tenant, session_id)
             expanded = await self.log.expand_internal(session, messages, digests, chain)
@@ -169,7 +168,7 @@ class ChatPipeline:
         complete answer, or a stream once its first bytes are ready (errors before them are
         answered with an HTTP status)."""
         await self.loop.recovery.prepare(ctx, None)
-        turn = Turn(assembler=ReplyAssembler(self.settings.stream_log_max_bytes))
+        turn = Turn(self.settings.stream_log_max_bytes)
         steps = self.loop.exchanges(ctx, turn)
         try:
             first = await anext(steps)

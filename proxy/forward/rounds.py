@@ -215,7 +215,7 @@ class RoundLoop:
         kept = turn.committed and not turn.assembler.empty
         if not await self.recovery.retry(ctx, overflow, keep_rounds=kept, escalate=False):
             return False
-        turn.assembler.reset_round()
+        turn.reset_round()
         return True
 
 
