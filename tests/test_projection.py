@@ -397,8 +397,9 @@ def test_count_history_reuses_the_previous_turn_and_equals_counting_each_message
     assert counts == [_fresh_counter().bind(CHAT).count_message(m) for m in turn]
     assert counter.memo_misses == misses + 2  # only the two new messages were counted
     hits = counter.memo_hits
-    count_history(turn, d2, c2)  # a retry of the same request: no per-message lookup
+    again = count_history(turn, d2, c2)  # a retry of the same request: no per-message lookup
     assert counter.memo_hits == hits
+    assert again is count_history(turn, d2, c2) and again == counts  # the state's own list, no copy
     edited = turn[:-1] + [{"role": "user", "content": "other"}]  # a branch at the last message
     d3, c3 = digests_and_chain(edited)
     assert count_history(edited, d3, c3) == [_fresh_counter().bind(CHAT).count_message(m) for m in edited]

@@ -139,9 +139,20 @@ async def digests_off_loop(messages: list[dict[str, Any]], body_bytes: int,
     other requests meanwhile; such a list is past the memo's bound anyway), so the loop keeps serving
     other clients (hashlib releases the GIL on large buffers, and the Python loop yields it every
     switch interval). Raises what ``digests_and_chain`` raises."""
+    done = digests_now(messages, body_bytes, memo)
+    if done is not None:
+        return done
+    return await asyncio.to_thread(_hash_all, list(messages))
+
+
+def digests_now(messages: list[dict[str, Any]], body_bytes: int,
+                memo: HashMemo | None = None) -> tuple[list[str], list[str]] | None:
+    """What ``digests_off_loop`` answers for a small request (hashed here, on the loop), without a
+    coroutine; ``None`` for a big one (await ``digests_off_loop`` for it). Raises what
+    ``digests_and_chain`` raises."""
     if body_bytes < OFF_LOOP_DIGEST_BYTES and len(messages) < OFF_LOOP_DIGEST_MESSAGES:
         return digests_and_chain(messages, memo)
-    return await asyncio.to_thread(_hash_all, list(messages))
+    return None
 
 
 def _hash_all(messages: list[dict[str, Any]]) -> tuple[list[str], list[str]]:

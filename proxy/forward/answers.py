@@ -5,7 +5,7 @@ the complete upstream answer it ended with)."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from proxy.forward.sse import ReplyAssembler
@@ -58,8 +58,11 @@ class Reply:
 class Turn:
     """The upstream exchanges of one chat request: its rounds and overflow retries."""
 
-    assembler: ReplyAssembler = field(default_factory=ReplyAssembler)
-    """The reply as a stream's client saw it, across rounds and retries."""
+    max_bytes: int | None = None
+    """The assembler's bound (``ReplyAssembler.max_bytes``: ``Settings.stream_log_max_bytes``)."""
+    built: ReplyAssembler | None = None
+    """The assembler once ``assembler`` built it (``None``: nothing read it yet: a request that is
+    not a stream never does, but for an overflow retry's ``reset_round``, which has nothing to reset)."""
     resp: UpstreamResponse | None = None
     """The upstream response being read (closed when the next is sent and when the turn ends)."""
     reply: Reply | None = None
@@ -70,3 +73,17 @@ class Turn:
     """The status the stream's client got."""
     error: str | None = DISCONNECTED
     """How the stream ended (``None``: complete), for the log."""
+
+    @property
+    def assembler(self) -> ReplyAssembler:
+        """The reply as a stream's client saw it, across rounds and retries (built when first read)."""
+        built = self.built
+        if built is None:
+            built = self.built = ReplyAssembler(self.max_bytes)
+        return built
+
+    def reset_round(self) -> None:
+        """``ReplyAssembler.reset_round`` of the assembler, when one was built (a new one has
+        nothing to forget)."""
+        if self.built is not None:
+            self.built.reset_round()

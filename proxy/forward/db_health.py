@@ -40,7 +40,8 @@ class DatabaseHealth:
             self.failed()
 
     async def usable(self) -> bool:
-        """True unless the database is down and a probe says it still is.
+        """True unless the database is down and a probe says it still is. The hot path tests
+        ``down`` first and awaits this only then (an up database's answer, without a coroutine).
 
         While down, every request waits for a probe (a fresh pool, then ``SELECT 1`` within
         ``probe_timeout_s``); requests that arrive while one runs share it.

@@ -48,7 +48,7 @@ import orjson
 
 from proxy.compaction.base import Compactor
 from proxy.compaction.overflow import classify_error
-from proxy.conversation.canonical import digests_off_loop
+from proxy.conversation.canonical import digests_now, digests_off_loop
 from proxy.conversation.digest_memo import DigestMemo
 from proxy.conversation.messages_codec import MESSAGES, hash_view
 from proxy.conversation.messages_rounds import after_rounds
@@ -149,13 +149,15 @@ class MessagesPipeline:
         if not pieces:  # no turn to log (``"messages": []``, no system): the provider answers it
             return await self._forward_unlogged(raw, target, forward_headers, tenant, warn=False)
         try:
-            digests, chain = await digests_off_loop([hash_view(p) for p in pieces], len(raw), self.digest_memo)
+            views = [hash_view(p) for p in pieces]
+            digests, chain = (digests_now(views, len(raw), self.digest_memo)  # (a small body: no coroutine)
+                              or await digests_off_loop(views, len(raw), self.digest_memo))
         except (orjson.JSONEncodeError, RecursionError):  # nested deeper than it hashes: the provider judges it
             return await self._forward_unlogged(raw, target, forward_headers, tenant, warn=False)
         self.log.follow(chain)  # a regenerate's write is then known stored, not read again
         session_id = session_id_of(headers) or self.log.derive_session_id(tenant, pieces, chain)
         try:
-            if not await self.health.usable():
+            if self.health.down and not await self.health.usable():  # (up: no coroutine to await)
                 raise StorageUnavailable("the database did not answer the last probe")
             session = await self.log.open_session(tenant, session_id, "messages")
             expanded = await self.log.expand_internal(session, pieces, digests, chain, after=after_rounds)

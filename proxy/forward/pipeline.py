@@ -25,7 +25,7 @@ import orjson
 
 from proxy.compaction.base import Compactor
 from proxy.conversation.body_memo import BodyMemo
-from proxy.conversation.canonical import digests_off_loop
+from proxy.conversation.canonical import digests_now, digests_off_loop
 from proxy.conversation.chat_request import is_too_deep, parse_chat_request, too_deep
 from proxy.conversation.digest_memo import DigestMemo
 from proxy.forward.answers import DISCONNECTED, Buffered, Reply, Streamed, Turn
@@ -35,7 +35,6 @@ from proxy.forward.log_writer import LogWriter
 from proxy.forward.rounds import RoundLoop
 from proxy.forward.session_ids import client_session_id, header_value
 from proxy.forward.session_log import SessionLog, new_id
-from proxy.forward.sse import ReplyAssembler
 from proxy.forward.streaming import Segment, relay_turn, relay_unlogged
 from proxy.forward.tool_rounds import ToolRounds
 from proxy.settings import Settings
@@ -116,7 +115,8 @@ class ChatPipeline:
         body = parse_chat_request(raw, self.body_memo, tenant)
         messages: list[dict[str, Any]] = body["messages"]
         try:
-            digests, chain = await digests_off_loop(messages, len(raw), self.digest_memo)
+            digests, chain = (digests_now(messages, len(raw), self.digest_memo)  # (a small body: no coroutine)
+                              or await digests_off_loop(messages, len(raw), self.digest_memo))
         except orjson.JSONEncodeError as exc:  # ``TypeError`` itself: only the depth limit is the client's
             if not is_too_deep(exc):
                 raise
@@ -124,7 +124,7 @@ class ChatPipeline:
         session_id = (client_session_id(headers.get("x-session-id"))
                       or self.log.derive_session_id(tenant, messages, chain))
         try:
-            if not await self.health.usable():
+            if self.health.down and not await self.health.usable():  # (up: no coroutine to await)
                 raise StorageUnavailable("the database did not answer the last probe")
             session = await self.log.open_session(tenant, session_id)
             expanded = await self.log.expand_internal(session, messages, digests, chain)
@@ -169,7 +169,7 @@ class ChatPipeline:
         complete answer, or a stream once its first bytes are ready (errors before them are
         answered with an HTTP status)."""
         await self.loop.recovery.prepare(ctx, None)
-        turn = Turn(assembler=ReplyAssembler(self.settings.stream_log_max_bytes))
+        turn = Turn(self.settings.stream_log_max_bytes)
         steps = self.loop.exchanges(ctx, turn)
         try:
             first = await anext(steps)

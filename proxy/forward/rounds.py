@@ -149,7 +149,6 @@ class RoundLoop:
                 assert ctx.prepared is not None
                 if turn.resp is not None:
                     await turn.resp.aclose()
-                sent = sent_with_rounds(ctx)  # what overflow errors may quote back
                 started = time.perf_counter()
                 resp = turn.resp = await self.upstream.send("POST", UPSTREAM_CHAT_PATH, headers=ctx.upstream_headers,
                                                             content=ctx.prepared.body, tenant=ctx.tenant)
@@ -157,7 +156,8 @@ class RoundLoop:
                 if resp.status_code >= 400:
                     data = await resp.aread()
                     await resp.aclose()  # read whole: its pool slot is free for a summary call
-                    overflow = classify_error(resp.status_code, data, resp.headers, sent=sent)
+                    # (``sent_with_rounds``: what overflow errors may quote back; ``ctx`` is as sent)
+                    overflow = classify_error(resp.status_code, data, resp.headers, sent=sent_with_rounds(ctx))
                     if overflow is not None:
                         if turn.committed:
                             yield COMPACTING
@@ -171,7 +171,7 @@ class RoundLoop:
                         turn.reply = Reply(resp.status_code, resp.headers, data)
                     return
                 if ctx.stream and "text/event-stream" in resp.headers.get("content-type", ""):
-                    state = await start_stream(resp, hold=hold, assembler=turn.assembler, sent=sent)
+                    state = await start_stream(resp, hold=hold, assembler=turn.assembler, sent=sent_with_rounds(ctx))
                     if state.overflow is not None:
                         if turn.committed:
                             yield COMPACTING
@@ -215,7 +215,7 @@ class RoundLoop:
         kept = turn.committed and not turn.assembler.empty
         if not await self.recovery.retry(ctx, overflow, keep_rounds=kept, escalate=False):
             return False
-        turn.assembler.reset_round()
+        turn.reset_round()
         return True
 
 

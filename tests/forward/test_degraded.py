@@ -92,3 +92,29 @@ async def test_open_forwards_uncompacted_when_preparing_fails(
     assert sent.json == {"model": "fake-8k-openai", "messages": [USER], "stream": stream}  # the client's bytes
     monkeypatch.undo()
     await proxy.wait_logged("half", requests=1)
+
+
+async def test_only_a_database_marked_down_is_probed(
+    inprocess_factory: Any, fake_provider: FakeProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An up database's answer is read from ``health.down`` without awaiting ``usable`` (its answer
+    then is True all the same); once marked down, each request awaits ``usable`` (the probe)."""
+    proxy = await inprocess_factory(database_failure_mode="open")
+    health = pipeline_of(proxy).health
+    asked: list[bool] = []
+    usable = health.usable
+
+    async def counted() -> bool:
+        ok = await usable()
+        asked.append(ok)
+        return ok
+
+    monkeypatch.setattr(health, "usable", counted)
+    status, headers, _ = await answer(proxy, False, "up")
+    assert status == 200 and "x-context-proxy-warning" not in headers
+    assert asked == [] and await usable() is True  # not asked: True is what it would have said
+    health.failed()  # marked down: the next request awaits the probe, which finds the database up
+    status, headers, _ = await answer(proxy, False, "up")
+    assert status == 200 and "x-context-proxy-warning" not in headers
+    assert asked == [True] and not health.down
+    await proxy.wait_logged("up", requests=2)

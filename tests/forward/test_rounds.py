@@ -250,3 +250,46 @@ async def test_a_read_call_no_round_can_serve_is_never_an_empty_answer(
         assert '"finish_reason":"' not in raw and "[DONE]" not in raw  # no end of an answer before the error
     assert len(state.model_requests) == 2  # one round served, then the call nothing could serve
     assert [t["function"]["name"] for t in state.model_requests[1].json["tools"]] == ["fetch_log"]
+
+
+@needs_exact_encodings  # the window is set a margin of tokens above a prompt, as the fake counts it
+@pytest.mark.parametrize("stream", [False, True], ids=["complete", "streamed"])
+async def test_only_a_stream_builds_its_reply_assembler(
+    stream: bool, inprocess_factory: Any, fake_provider: FakeProvider, models_file: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``Turn.assembler`` is built when read: a complete answer never reads it, not even through
+    the overflow retry that resets it (``Turn.reset_round``), and answers as before."""
+    import proxy.forward.answers as answers
+
+    built: list[Any] = []
+
+    class Counted(answers.ReplyAssembler):
+        def __init__(self, max_bytes: int | None = None) -> None:
+            super().__init__(max_bytes)
+            built.append(self)
+
+    monkeypatch.setattr(answers, "ReplyAssembler", Counted)
+    fake_provider.state.responders.insert(0, window_shrinks_after_the_first_read())
+    proxy = await inprocess_factory(models_file=models_file)
+    status, _, text, _ = await send(proxy, body(stream, chat_turns=30), "lazy")
+    assert status == 200 and text == "ANSWER: B-7741"
+    assert "overflow" in [r.outcome for r in fake_provider.state.model_requests]  # the retry ran
+    assert len(built) == (1 if stream else 0)
+    if stream:
+        assert built[0].max_bytes == proxy.settings.stream_log_max_bytes
+    await proxy.wait_logged("lazy", requests=1)
+
+
+def test_a_fresh_assemblers_reset_changes_nothing() -> None:
+    """What ``Turn.reset_round`` skips for an assembler never built: resetting a new one."""
+    from proxy.forward.answers import Turn
+    from proxy.forward.sse import ReplyAssembler
+
+    reset = ReplyAssembler(100)
+    reset.reset_round()
+    assert vars(reset) == vars(ReplyAssembler(100))
+    turn = Turn(100)
+    turn.reset_round()
+    assert turn.built is None
+    assert turn.assembler is turn.built is turn.assembler and turn.built.max_bytes == 100

@@ -38,7 +38,8 @@ def test_unlogged_forwarding_keeps_the_tenant_share(upstream: Upstream, sqlite_d
         async def down() -> bool:
             return False
 
-        server.config.app.state.proxy.pipeline.health.usable = down  # the database "down": fail open
+        health = server.config.app.state.proxy.pipeline.health
+        health.down, health.usable = True, down  # the database down and its probe failing: fail open
         slow = [pool.submit(_stream, server.url, i) for i in range(4)]
         deadline = time.monotonic() + 10
         while len(upstream.state.chat_requests) < 2:
