@@ -188,6 +188,8 @@ class BodyMemo:
             if id(entry) in self._lru:
                 self._total += weight - entry.weight
             entry.weight = weight
+            if weight > self.max_bytes:  # too heavy to keep: it leaves alone, the others stay
+                self._drop(entry)
             self._evict(time.monotonic())  # (the body may be refused: no store would evict for it)
         return end
 
@@ -239,6 +241,10 @@ class BodyMemo:
             self._store(entry)
 
     def _store(self, entry: _Entry) -> None:
+        """Keep ``entry`` (newest first), evicting for it; one heavier than ``max_bytes`` is not kept
+        (it would push out every other kept body, then itself)."""
+        if entry.weight > self.max_bytes:
+            return
         cands = self._index.setdefault(entry.key, [])
         cands.insert(0, entry)
         for old in cands[CANDIDATES:]:
