@@ -47,21 +47,28 @@ PARSED_COST = 2.5
 """Memory a kept body costs per byte: its bytes (1) and its parsed messages (1.55: 8.2 MB of Python
 objects for the benchmark's 5.27 MB history, measured with ``tracemalloc``), plus what
 ``parsed_weight`` adds for the objects the bytes make."""
-OBJECT_COST = 64
-"""Bytes added per ``{`` and ``[`` of the kept messages: an empty dict or list is 56-64 bytes of
-Python for 2 bytes of JSON (``[{}, {}, ...]`` would hold 30 times its accounted weight)."""
-ITEM_COST = 24
-"""Bytes added per ``,`` and ``"`` of the kept messages: a list slot and a small number (``1.5,``)
-or string object (``"a",``) is 32-58 bytes of Python for 4 bytes of JSON. (Text with characters
-outside Latin-1 is stored at 2 or 4 bytes a character: up to 1.6 times its accounted weight.)"""
+DICT_COST = 192
+"""Bytes added per ``{`` of the kept messages: a dict with one to five keys is 184 bytes of Python
+(an empty one 64) for as few as 5 bytes of JSON (``{"":`` and ``}`` nested)."""
+LIST_COST = 64
+"""Bytes added per ``[``: an empty list is 56 bytes of Python, one of one element 64, for 2 bytes of JSON."""
+ITEM_COST = 40
+"""Bytes added per ``,``: a list slot and a number outside CPython's small-int cache (``-6,``: 32
+bytes of int and 8 of slot for 3 bytes of JSON)."""
+QUOTE_COST = 24
+"""Bytes added per ``"``: a short string object (``"ab",``: 56 bytes of str and 8 of slot for 5
+bytes of JSON). (Text with characters outside ASCII is stored at 1, 2 or 4 bytes a character and
+gets a cached UTF-8 copy once serialized: up to 2.4 times its accounted weight, not counted here.)"""
 
 
 def parsed_weight(data: bytes, start: int, stop: int) -> int:
     """What the parsed ``data[start:stop]`` (JSON text) is accounted at, in bytes: ``PARSED_COST - 1``
     a byte (the bytes themselves are accounted apart) and the per-object costs above, counted in C."""
-    objects = data.count(b"{", start, stop) + data.count(b"[", start, stop)
-    items = data.count(b",", start, stop) + data.count(b'"', start, stop)
-    return int((stop - start) * (PARSED_COST - 1)) + OBJECT_COST * objects + ITEM_COST * items
+    return (int((stop - start) * (PARSED_COST - 1)) + DICT_COST * data.count(b"{", start, stop)
+            + LIST_COST * data.count(b"[", start, stop) + ITEM_COST * data.count(b",", start, stop)
+            + QUOTE_COST * data.count(b'"', start, stop))
+
+
 CANDIDATES = 16
 """Kept bodies per (tenant, first ``KEY_BYTES`` bytes): conversations of one tenant that start alike
 (the same system prompt and tools); the newest kept."""
@@ -188,6 +195,8 @@ class BodyMemo:
             if id(entry) in self._lru:
                 self._total += weight - entry.weight
             entry.weight = weight
+            if weight > self.max_bytes:  # too heavy to keep: it leaves alone, the others stay
+                self._drop(entry)
             self._evict(time.monotonic())  # (the body may be refused: no store would evict for it)
         return end
 
@@ -239,6 +248,10 @@ class BodyMemo:
             self._store(entry)
 
     def _store(self, entry: _Entry) -> None:
+        """Keep ``entry`` (newest first), evicting for it; one heavier than ``max_bytes`` is not kept
+        (it would push out every other kept body, then itself)."""
+        if entry.weight > self.max_bytes:
+            return
         cands = self._index.setdefault(entry.key, [])
         cands.insert(0, entry)
         for old in cands[CANDIDATES:]:
