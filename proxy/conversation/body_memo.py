@@ -41,7 +41,8 @@ MIN_BODY_BYTES = 64 * 1024
 BODY_MEMO_MAX_BYTES = 32 * 1024 * 1024
 """Bound of ``BodyMemo``: accounted bytes of the kept bodies (each body's bytes, and its parsed
 messages by ``parsed_weight``; the messages are mostly shared with ``DigestMemo``); least
-recently used first out, and an entry unused for ``MEMO_IDLE_S`` leaves. A body past
+recently used first out, and an entry unused for ``MEMO_IDLE_S`` leaves. What the kept bodies hold
+is within it, or up to 2.4 times it when their text is outside ASCII (``QUOTE_COST``). A body past
 ``BODY_MEMO_MAX_BYTES / PARSED_COST`` (12.8 MB) is never kept: parsed whole each turn."""
 PARSED_COST = 2.5
 """Memory a kept body costs per byte: its bytes (1) and its parsed messages (1.55: 8.2 MB of Python
