@@ -54,7 +54,8 @@ BOUNDS: tuple[Bound, ...] = (
           "16 MB of messages, idle",
           "proxy.conversation.digest_memo.MEMO_MAX_BYTES"),
     Bound("big request bodies and their parsed messages, per tenant", "ChatPipeline.body_memo (BodyMemo)",
-          "32 MB accounted (2.5x the kept bytes), 16 per tenant and first KB, idle",
+          "32 MB accounted (the kept bytes and their parsed shape; text outside ASCII up to 2.4x), "
+          "16 per tenant and first KB, idle",
           "proxy.conversation.body_memo.BODY_MEMO_MAX_BYTES"),
     Bound("sessions, stored-length trust stamps, internal messages", "SessionLog", "10,000 sessions each, 30 s TTL",
           "proxy.forward.session_log.CACHED_SESSIONS"),
