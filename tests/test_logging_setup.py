@@ -378,9 +378,9 @@ def test_a_timestamp_s_milliseconds_are_those_formatting_writes(created: float) 
 
 
 def test_the_access_line_s_remembered_texts_are_masked_and_bounded() -> None:
-    """``access_line`` remembers the masked message and route of a (message, route) pair: the
-    remembered line is the line it wrote first (keys masked), at most ``ACCESS_TEXTS_KEPT`` pairs,
-    none past ``ACCESS_TEXT_CHARS`` characters."""
+    """``access_line`` remembers the message and route of a (message, route) pair that masking
+    leaves alone (a pair holding a key is masked every time and never kept: the key would stay in
+    memory), at most ``ACCESS_TEXTS_KEPT`` pairs, none past ``ACCESS_TEXT_CHARS`` characters."""
     from proxy.telemetry.logs import ACCESS_TEXT_CHARS, ACCESS_TEXTS_KEPT
 
     formatter = JsonFormatter()
@@ -388,10 +388,13 @@ def test_the_access_line_s_remembered_texts_are_masked_and_bounded() -> None:
     first = json.loads(formatter.access_line(1733343740.5, "INFO", "context_proxy.access", msg, route, 401, 1.5))
     again = json.loads(formatter.access_line(1733343740.5, "INFO", "context_proxy.access", msg, route, 401, 1.5))
     assert first == again and first["msg"] == "POST Bearer *** 401" and first["route"] == "/x/***"
-    assert formatter._access_texts == {(msg, route): ("POST Bearer *** 401", "/x/***")}
+    assert formatter._access_texts == {}  # the key is nowhere in memory
+    plain = json.loads(formatter.access_line(1.0, "INFO", "a", "POST /v1/chat/completions 200", "/v1/chat/completions",
+                                             200, 1.0))
+    assert plain["msg"] == "POST /v1/chat/completions 200" and len(formatter._access_texts) == 1
     long_method = "X" * ACCESS_TEXT_CHARS
     formatter.access_line(1.0, "INFO", "a", f"{long_method} /v1/x 200", "/v1/x", 200, 1.0)
-    assert len(formatter._access_texts) == 1  # too long: masked, not kept
+    assert len(formatter._access_texts) == 1  # too long: not kept
     for i in range(ACCESS_TEXTS_KEPT + 5):
         formatter.access_line(1.0, "INFO", "a", f"M{i} /v1/x 200", "/v1/x", 200, 1.0)
     assert 0 < len(formatter._access_texts) <= ACCESS_TEXTS_KEPT

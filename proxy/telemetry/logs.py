@@ -231,7 +231,8 @@ class JsonFormatter(logging.Formatter):
         texts = self._access_texts.get(key)
         if texts is None:
             texts = (mask_secrets(msg), mask_secrets(route))
-            if len(msg) <= ACCESS_TEXT_CHARS and len(route) <= ACCESS_TEXT_CHARS:
+            # only texts masking left alone: a secret it hid must not stay in memory as a key
+            if texts == key and len(msg) <= ACCESS_TEXT_CHARS and len(route) <= ACCESS_TEXT_CHARS:
                 if len(self._access_texts) >= ACCESS_TEXTS_KEPT:
                     self._access_texts.clear()
                 self._access_texts[key] = texts
