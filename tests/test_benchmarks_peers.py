@@ -303,7 +303,7 @@ def test_the_peer_table_has_a_row_each_measured_or_how_to_install_it(monkeypatch
         pytest.skip("this environment has a peer the table is expected to show as not installed")
     ov = _peer_overhead(("awecompress", "cliffcompaction"))
     lines = peer_table.table(ov, "quiet")
-    assert lines[0].startswith("Against the peers, quiet (4 servers on the candidate core): ")
+    assert lines[0].startswith("Against the peers, quiet (4 servers on the candidate core, all but the one measured paused): ")
     assert lines[2] == ("| candidate | added p50, c=1 | requests/s, c=16 | added p50, c=64 | added time to the first "
                         "streamed byte, c=1 | added p50, 402 KB history, c=1 |")
     rows = lines[4:-1]

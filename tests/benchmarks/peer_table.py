@@ -66,7 +66,10 @@ def table(ov: dict[str, Any], mode: str) -> list[str]:
     kb = f"{(history['history_bytes'] if history else HISTORY_BYTES) // 1000} KB"
     reps = next((p["reps"] for p in ov.get("points", [])), 0)
     headers = [h for h, *_ in COLUMNS] + [f"added p50, {kb} history, c=1"]
-    lines = [f"Against the peers, {mode} ({ov.get('servers_on_candidate_core', '–')} servers on the candidate core): "
+    up = ov.get("servers_on_candidate_core", "–")
+    where = (f"{up} servers on the candidate core, all but the one measured paused" if mode == "quiet"
+             else f"{up} servers up on the candidate core")
+    lines = [f"Against the peers, {mode} ({where}): "
              f"added latency over the direct call, median of {reps} repetitions, candidates interleaved.", "",
              "| candidate | " + " | ".join(headers) + " |", "|---" * (len(headers) + 1) + "|"]
     status = ov.get("peer_status") or {}
