@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
@@ -221,7 +220,7 @@ def test_cut_stream_is_reported_in_band(plain_proxy: Proxy, upstream: Upstream) 
 def test_client_read_timeout_does_not_break_proxy(plain_proxy: Proxy, upstream: Upstream) -> None:
     """A client that gives up (upstream stalled) leaves the proxy serving the next request."""
     upstream.state.fail_next.append(("delay", 1.0))
-    client = plain_proxy.client(timeout=httpx.Timeout(5.0, read=0.3))
+    client = plain_proxy.client(timeout=openai.Timeout(5.0, read=0.3))
     with pytest.raises(openai.APITimeoutError):
         client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "slow"}])
     ok = plain_proxy.client().chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "fast"}])

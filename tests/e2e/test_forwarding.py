@@ -167,7 +167,7 @@ def test_first_chunk_reaches_sdk_while_upstream_is_held(any_proxy: Proxy, upstre
     gate = threading.Event()
     state.stream_gate, state.stream_gate_after_chunks, state.stream_gate_timeout_s = gate, 2, 30.0
     state.script.append(TEXT_REPLY)
-    client = any_proxy.client(timeout=httpx.Timeout(10.0, read=5.0))  # a buffering proxy would time out here
+    client = any_proxy.client(timeout=openai.Timeout(10.0, read=5.0))  # a buffering proxy would time out here
     started = time.monotonic()
     stream = client.chat.completions.create(model="gpt-4o", messages=[USER], stream=True)
     first = next(iter(stream))
