@@ -57,9 +57,17 @@ class SSESplitter:
             self._cr = chunk.endswith(b"\r")
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         buf = self._buf
+        events: list[SSEEvent] = []
+        if not buf:  # (the usual chunk: whole events, split; an event being skipped keeps a byte in ``buf``)
+            *blocks, rest = chunk.split(b"\n\n")
+            for block in blocks:
+                if block.startswith(b"data: ") and b"\n" not in block:  # (``_parse_block``'s usual event)
+                    events.append(SSEEvent(None, block[6:], block))
+                elif (event := _parse_block(block)) is not None:
+                    events.append(event)
+            chunk = rest
         search = max(len(buf) - 1, 0)
         buf += chunk
-        events: list[SSEEvent] = []
         pos = 0
         while (end := buf.find(b"\n\n", search)) >= 0:
             block = bytes(buf[pos:end])
@@ -90,6 +98,8 @@ class SSESplitter:
 
 
 def _parse_block(block: bytes) -> SSEEvent | None:
+    if block.startswith(b"data: ") and b"\n" not in block:  # the usual event: one data line, no name
+        return SSEEvent(None, block[6:], block)
     name: str | None = None
     data: list[bytes] = []
     for line in block.split(b"\n"):
@@ -166,13 +176,17 @@ class ReplyAssembler:
         if event.data == b"[DONE]":
             self.done = True
             return
+        data = event.data
         try:
-            chunk = parse_json(event.data)  # a lone surrogate escape is read (``proxy.json_text``)
+            chunk = orjson.loads(data)
         except orjson.JSONDecodeError:
-            if event.event == "error":
-                self._flag(event)
-            self._error(event.data.decode("utf-8", "replace"))
-            return
+            try:  # orjson refused it: a lone surrogate escape is read all the same (``proxy.json_text``)
+                chunk = parse_json(data)
+            except orjson.JSONDecodeError:
+                if event.event == "error":
+                    self._flag(event)
+                self._error(data.decode("utf-8", "replace"))
+                return
         if not isinstance(chunk, dict):
             return
         if event.event == "error" or "error" in chunk:
@@ -197,41 +211,48 @@ class ReplyAssembler:
         observing a stream must not change it."""
         self.chunks += 1
         try:
-            if chunk.get("usage"):
-                self.usage = chunk["usage"]
+            usage = chunk.get("usage")
+            if usage:
+                self.usage = usage
             for choice in chunk.get("choices") or ():
                 if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                     continue
-                if choice.get("finish_reason"):
-                    self.finish_reason = choice["finish_reason"]
+                finish_reason = choice.get("finish_reason")
+                if finish_reason:
+                    self.finish_reason = finish_reason
                 self._add_delta(choice.get("delta") or {})
         except (AttributeError, TypeError, ValueError):
             self.malformed += 1
 
     def _add_delta(self, delta: dict[str, Any]) -> None:
-        if delta.get("role"):
-            self.role = delta["role"]
+        role = delta.get("role")
+        if role:
+            self.role = role
         if self.max_bytes is not None and self.seen_bytes > self.max_bytes:
             self.truncated = True
             return
         text = delta.get("content")
         if isinstance(text, str):
-            self._saw_content = self._saw_content or bool(text)
+            if text:
+                self._saw_content = True
             self._content.append(text)
-        for key in ("refusal", "reasoning_content"):
-            if isinstance(delta.get(key), str) and delta[key]:
-                self._extra[key] = self._extra.get(key, "") + delta[key]
-        for call in delta.get("tool_calls") or ():
-            acc = self._tools.setdefault(call.get("index", len(self._tools)), _ToolCallAcc())
-            if call.get("id"):
-                acc.id = call["id"]
-            if call.get("type"):
-                acc.type = call["type"]
-            fn = call.get("function") or {}
-            if fn.get("name"):
-                acc.name += fn["name"]
-            if fn.get("arguments"):
-                acc.arguments.append(fn["arguments"])
+        if "refusal" in delta or "reasoning_content" in delta:
+            for key in ("refusal", "reasoning_content"):
+                if isinstance(delta.get(key), str) and delta[key]:
+                    self._extra[key] = self._extra.get(key, "") + delta[key]
+        tool_calls = delta.get("tool_calls")
+        if tool_calls:
+            for call in tool_calls:
+                acc = self._tools.setdefault(call.get("index", len(self._tools)), _ToolCallAcc())
+                if call.get("id"):
+                    acc.id = call["id"]
+                if call.get("type"):
+                    acc.type = call["type"]
+                fn = call.get("function") or {}
+                if fn.get("name"):
+                    acc.name += fn["name"]
+                if fn.get("arguments"):
+                    acc.arguments.append(fn["arguments"])
 
     def reset_round(self) -> None:
         """Forget the tool calls and finish of a round the client did not see (keep the content)."""

@@ -1,0 +1,201 @@
+"""The incremental SSE splitter and the reply assembler against plain references, on random streams.
+
+``SSESplitter.feed`` takes a chunk of whole events by a split (its usual case) and anything else by
+its incremental search; the events must be those of the stream read whole, line ends normalized
+first (``_reference_events``), whatever the chunking. ``ReplyAssembler`` must rebuild what a plain
+reading of the chunks gives (``_ReferenceAssembler``: the rules of ``proxy.forward.sse`` written
+the long way), malformed shapes included.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import orjson
+import pytest
+
+from proxy.forward import sse
+from proxy.forward.sse import ReplyAssembler, SSEEvent, SSESplitter
+
+
+def _reference_events(stream: bytes) -> list[tuple[str | None, bytes, bytes]]:
+    """The events of a whole stream by the rules of ``proxy.forward.sse``'s docstring."""
+    text = stream.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    blocks = text.split(b"\n\n")
+    tail = blocks.pop()  # (no blank line after it: what ``flush`` reads)
+    out = []
+    for block in [*blocks, tail.strip(b"\n")]:
+        name: str | None = None
+        data: list[bytes] = []
+        for line in block.split(b"\n"):
+            if not line or line.startswith(b":"):
+                continue
+            key, _, value = line.partition(b":")
+            value = value[1:] if value.startswith(b" ") else value
+            if key == b"data":
+                data.append(value)
+            elif key == b"event":
+                name = value.decode("utf-8", "replace")
+            elif key == b"error":
+                name = name or "error"
+                data.append(value)
+        if data or name is not None:
+            out.append((name, b"\n".join(data), block))
+    return out
+
+
+def _random_stream(rng: random.Random) -> bytes:
+    lines: list[bytes] = []
+    for _ in range(rng.randint(0, 12)):
+        kind = rng.random()
+        if kind < 0.6:
+            lines.append(b"data: " + orjson.dumps({"choices": [{"delta": {"content": rng.choice("ab\u00e9:")}}]}))
+        elif kind < 0.7:
+            lines += [b"event: " + rng.choice([b"error", b"ping", b""]), b"data:" + rng.choice([b"x", b" y", b""])]
+        elif kind < 0.8:
+            lines += [b"data: one", b"data: two"]
+        elif kind < 0.85:
+            lines.append(b": keep-alive")
+        elif kind < 0.9:
+            lines.append(b"error: {\"message\": \"boom\"}")
+        else:
+            lines.append(rng.choice([b"data: [DONE]", b"retry: 10", b"data", b"id: 1"]))
+        if rng.random() < 0.8:
+            lines.append(b"")  # the blank line that ends an event
+    end = rng.choice([b"\n", b"\r\n", b"\r"])
+    return end.join(lines) + (end if rng.random() < 0.5 else b"")
+
+
+def _chunked(stream: bytes, rng: random.Random) -> list[bytes]:
+    how = rng.random()
+    if how < 0.3:
+        return [stream]
+    if how < 0.4:
+        return [stream[i:i + 1] for i in range(len(stream))]
+    cuts = sorted(rng.sample(range(len(stream) + 1), min(len(stream) + 1, rng.randint(1, 6))))
+    return [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+
+
+def _split(chunks: list[bytes]) -> list[tuple[str | None, bytes, bytes]]:
+    splitter = SSESplitter()
+    events = [e for chunk in chunks for e in splitter.feed(chunk)] + splitter.flush()
+    return [(e.event, e.data, e.raw) for e in events]
+
+
+def test_any_chunking_of_a_random_stream_gives_the_whole_stream_s_events() -> None:
+    rng = random.Random(2126)
+    for _ in range(3000):
+        stream = _random_stream(rng)
+        assert _split(_chunked(stream, rng)) == _reference_events(stream), stream
+
+
+def test_a_chunk_of_whole_plain_events_is_split_without_the_line_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[bytes] = []
+    parse = sse._parse_block
+    monkeypatch.setattr(sse, "_parse_block", lambda block: calls.append(block) or parse(block))
+    chunk = b"data: {\"a\":1}\n\ndata: [DONE]\n\nevent: ping\ndata: x\n\n"
+    events = SSESplitter().feed(chunk)
+    assert [(e.event, e.data) for e in events] == [(None, b'{"a":1}'), (None, b"[DONE]"), ("ping", b"x")]
+    assert calls == [b"event: ping\ndata: x"]  # only the named event went through the line parser
+
+
+class _ReferenceAssembler:
+    """The reply rebuilt from parsed chunks the long way (choice 0's deltas, in order)."""
+
+    def __init__(self, max_bytes: int | None) -> None:
+        self.max_bytes, self.seen = max_bytes, 0
+        self.role, self.content, self.saw = "assistant", [], False
+        self.extra: dict[str, str] = {}
+        self.tools: dict[Any, dict[str, Any]] = {}
+        self.finish: Any = None
+        self.usage: Any = None
+        self.malformed = self.chunks = 0
+        self.truncated = False
+
+    def add(self, data: bytes) -> None:
+        self.seen += len(data)
+        chunk = orjson.loads(data)
+        if not isinstance(chunk, dict) or "error" in chunk:
+            return
+        self.chunks += 1
+        try:
+            if chunk.get("usage"):
+                self.usage = chunk["usage"]
+            for choice in chunk.get("choices") or ():
+                if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                    continue
+                if choice.get("finish_reason"):
+                    self.finish = choice["finish_reason"]
+                self._delta(choice.get("delta") or {})
+        except (AttributeError, TypeError, ValueError):
+            self.malformed += 1
+
+    def _delta(self, delta: Any) -> None:
+        if delta.get("role"):
+            self.role = delta["role"]
+        if self.max_bytes is not None and self.seen > self.max_bytes:
+            self.truncated = True
+            return
+        if isinstance(delta.get("content"), str):
+            self.saw = self.saw or bool(delta["content"])
+            self.content.append(delta["content"])
+        for key in ("refusal", "reasoning_content"):
+            if isinstance(delta.get(key), str) and delta[key]:
+                self.extra[key] = self.extra.get(key, "") + delta[key]
+        for call in delta.get("tool_calls") or ():
+            acc = self.tools.setdefault(call.get("index", len(self.tools)), {"id": None, "type": "function",
+                                                                              "name": "", "args": []})
+            if call.get("id"):
+                acc["id"] = call["id"]
+            if call.get("type"):
+                acc["type"] = call["type"]
+            fn = call.get("function") or {}
+            if fn.get("name"):
+                acc["name"] += fn["name"]
+            if fn.get("arguments"):
+                acc["args"].append(fn["arguments"])
+
+    def state(self) -> tuple[Any, ...]:
+        tools = [(i, t["id"], t["type"], t["name"], "".join(t["args"])) for i, t in sorted(self.tools.items())]
+        return (self.role, "".join(self.content), self.saw, self.extra, tools, self.finish, self.usage,
+                self.malformed, self.chunks, self.truncated)
+
+
+def _random_chunk(rng: random.Random) -> Any:
+    def some(*values: Any) -> Any:
+        return rng.choice(values)
+
+    delta: Any = {}
+    for key, values in (("role", ("assistant", "", None, 3)), ("content", ("hi ", "", None, 7, ["x"])),
+                        ("refusal", ("no", "", None)), ("reasoning_content", ("think", None, 1)),
+                        ("tool_calls", (None, [], "bad", [None], [{"index": 0, "id": "c1", "type": "function",
+                                                                   "function": {"name": "f", "arguments": "{\"a\""}}],
+                                        [{"index": 1, "function": {"arguments": ":1}"}}], [{"function": None}]))):
+        if rng.random() < 0.4:
+            delta[key] = some(*values)
+    if rng.random() < 0.05:
+        delta = some("text", None, [], 0)
+    choice: Any = {"index": some(0, 0, 0, 1, None), "delta": delta, "finish_reason": some(None, None, "stop", "")}
+    if rng.random() < 0.05:
+        choice = some("c", None, 1)
+    chunk: Any = {"choices": some([choice], [choice], [], None, "x", [choice, choice])}
+    if rng.random() < 0.2:
+        chunk["usage"] = some({"prompt_tokens": 1}, None, {})
+    if rng.random() < 0.02:
+        chunk = some([1], "s", {"error": {"message": "x"}})
+    return chunk
+
+
+@pytest.mark.parametrize("max_bytes", [None, 400])
+def test_the_assembler_rebuilds_what_a_plain_reading_of_the_chunks_gives(max_bytes: int | None) -> None:
+    rng = random.Random(32)
+    for _ in range(1500):
+        datas = [orjson.dumps(_random_chunk(rng)) for _ in range(rng.randint(1, 8))]
+        fast, reference = ReplyAssembler(max_bytes), _ReferenceAssembler(max_bytes)
+        for data in datas:
+            fast.add(SSEEvent(None, data))
+            reference.add(data)
+        tools = [(i, t.id, t.type, t.name, "".join(t.arguments)) for i, t in sorted(fast._tools.items())]
+        assert (fast.role, "".join(fast._content), fast._saw_content, fast._extra, tools, fast.finish_reason,
+                fast.usage, fast.malformed, fast.chunks, fast.truncated) == reference.state(), datas
