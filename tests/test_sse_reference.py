@@ -93,7 +93,12 @@ def test_any_chunking_of_a_random_stream_gives_the_whole_stream_s_events() -> No
 def test_a_chunk_of_whole_plain_events_is_split_without_the_line_parser(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[bytes] = []
     parse = sse._parse_block
-    monkeypatch.setattr(sse, "_parse_block", lambda block: calls.append(block) or parse(block))
+
+    def counted(block: bytes) -> SSEEvent | None:
+        calls.append(block)
+        return parse(block)
+
+    monkeypatch.setattr(sse, "_parse_block", counted)
     chunk = b"data: {\"a\":1}\n\ndata: [DONE]\n\nevent: ping\ndata: x\n\n"
     events = SSESplitter().feed(chunk)
     assert [(e.event, e.data) for e in events] == [(None, b'{"a":1}'), (None, b"[DONE]"), ("ping", b"x")]
@@ -105,7 +110,8 @@ class _ReferenceAssembler:
 
     def __init__(self, max_bytes: int | None) -> None:
         self.max_bytes, self.seen = max_bytes, 0
-        self.role, self.content, self.saw = "assistant", [], False
+        self.role, self.saw = "assistant", False
+        self.content: list[str] = []
         self.extra: dict[str, str] = {}
         self.tools: dict[Any, dict[str, Any]] = {}
         self.finish: Any = None
