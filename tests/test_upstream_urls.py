@@ -4,11 +4,14 @@ tests/e2e/test_routing_security.py."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import pydantic
 import pytest
 
 from proxy.errors import BadRequest
+from proxy.routes.messages import anthropic_target
 from proxy.settings import Settings
 from proxy.upstream.headers import forward_request_headers, response_headers
 from proxy.upstream.urls import (
@@ -134,3 +137,14 @@ def test_a_bad_setting_never_echoes_its_value() -> None:
     text = str(caught.value)
     assert "upstream_url" in text and "port" in text
     assert "s3cret" not in text
+
+
+@pytest.mark.parametrize("query", [b"", b"beta=true", b"a=%2F..&b=@#"])
+@pytest.mark.parametrize("method", ["POST", "GET"])
+def test_the_messages_route_s_target_is_what_the_pass_through_checks_give(query: bytes, method: str) -> None:
+    """``anthropic_target`` answers the Messages route itself without the checks; its answer is theirs."""
+    scope: dict[str, Any] = {"path": "/v1/messages", "raw_path": b"/v1/messages", "query_string": query}
+    expected = "/v1" + passthrough_target("/v1/messages", query.decode("latin-1"), method)
+    assert anthropic_target(scope, method) == expected  # type: ignore[arg-type]
+    with pytest.raises(BadRequest):  # another spelling still goes through them
+        anthropic_target(dict(scope, raw_path=b"/v1/messages/"), "POST")  # type: ignore[arg-type]

@@ -81,7 +81,10 @@ def anthropic_target(scope: Scope, method: str) -> str:
     upstream's base has no ``/v1``: kept) and its query, checked by ``passthrough_target`` (raises
     ``BadRequest``)."""
     raw_path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
-    return "/v1" + passthrough_target(raw_path, scope.get("query_string", b"").decode("latin-1"), method)
+    query = scope.get("query_string", b"").decode("latin-1")
+    if raw_path == MESSAGES_ROUTE:  # (the Messages route itself: every check passes, the query is kept as it is)
+        return MESSAGES_ROUTE + ("?" + query if query else "")
+    return "/v1" + passthrough_target(raw_path, query, method)
 
 
 async def relay_anthropic(request: Request, content: bytes | None = None) -> StreamingResponse:
