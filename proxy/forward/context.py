@@ -90,6 +90,14 @@ class ChatContext:
             self.append_task = spawn(self.session_log.append_request(self.session, self.messages, self.chain))
         return self.append_task
 
+    def append_early(self, spawn: Spawn) -> None:
+        """A stream's early write of the client's messages (``start_append`` with ``spawn``, once
+        its first byte is out), unless this process knows they are all stored already: nothing to
+        commit while the stream runs, and the end of the request writes its reply alone, as a
+        complete answer's does (no task, no shield; the same rows and record)."""
+        if self.append_task is None and not self.session_log.known_stored(self.session, self.chain):
+            self.start_append(spawn)
+
     async def ensure_logged(self) -> LoggedRequest:
         """Write the client's messages now (before a compaction event anchors on them). Shielded:
         a request cancelled meanwhile (its client left) does not cancel the write. Raises

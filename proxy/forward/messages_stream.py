@@ -175,11 +175,13 @@ class MessagesStream:
 
         async def chunks() -> AsyncGenerator[bytes, None]:
             nonlocal ended
+            out = False
             try:
                 async for chunk in (self._rounds(ctx, target, start, client, current) if rounds else plain()):
                     yield chunk
-                    if ctx.append_task is None:  # once the first byte is out (the write would delay it)
-                        ctx.start_append(self.writer.spawn)  # a long stream: the turns committed meanwhile
+                    if not out:  # once the first byte is out (the write would delay it)
+                        out = True
+                        ctx.append_early(self.writer.spawn)  # a long stream: the turns committed meanwhile
             except ProxyError as exc:  # the client has the stream's start: told in-band, as the API would
                 ended = f"the upstream failed mid-stream: {exc.message}"
                 yield stream_error_event(exc)

@@ -185,7 +185,7 @@ class ChatPipeline:
         def started() -> None:
             # a stream may last minutes: commit the client's messages while it runs, once its
             # first byte is out (not before: the write would delay that byte); once per request
-            ctx.start_append(self.writer.spawn)
+            ctx.append_early(self.writer.spawn)
 
         relay = relay_turn(turn, first, steps, started=started, ended=lambda: self._stream_ended(ctx, turn, steps))
 

@@ -195,6 +195,12 @@ class SessionLog:
             self._trusted.put(session_pk, self._next_stamp())
         self.prefixes.note_stored(chain, session_pk, self._next_stamp())
 
+    def known_stored(self, session: SessionRecord, chain: list[str]) -> bool:
+        """Whether this process knows every message of ``chain`` is stored in ``session``'s log
+        (``append_request`` would write nothing)."""
+        stored = self._known_prefix(session.pk, chain)
+        return stored is not None and stored >= len(chain)
+
     def _known_prefix(self, session_pk: int, chain: list[str]) -> int | None:
         """How many of ``chain``'s first messages this process knows are stored in the session (the
         log is prefix-closed: everything up to a stored message is stored); ``None``: unknown."""
