@@ -178,3 +178,27 @@ async def test_a_failure_after_a_held_event_is_reported_by_the_relay_after_it() 
         async for part in relay_plain(state):
             sent.append(part)
     assert sent == [ROLE]
+
+
+async def test_a_chunk_goes_out_before_its_events_are_assembled_and_a_closed_relay_still_has_them() -> None:
+    """The first byte waits for no parsing; the client leaving at a chunk does not lose its events."""
+    for close_after in (1, 2, None):
+        state = await start_stream(Parts(ROLE + CONTENT, chunk({"content": " world"}), chunk({}, "stop") + DONE),
+                                   hold=True)
+        relay = relay_plain(state)
+        sent = [await anext(relay)]
+        assert sent == [ROLE + CONTENT] and state.assembler.chunks == 0  # out first
+        if close_after == 1:
+            await relay.aclose()
+            assert (state.assembler.message()["content"], state.assembler.done) == ("Hello", False)
+            continue
+        sent.append(await anext(relay))
+        assert state.assembler.message()["content"] == "Hello"  # the first chunk's, once it was out
+        if close_after == 2:
+            await relay.aclose()
+            assert state.assembler.message()["content"] == "Hello world"
+            continue
+        sent += [part async for part in relay]
+        assert (state.assembler.message()["content"], state.assembler.finish_reason, state.assembler.done) == (
+            "Hello world", "stop", True)
+        assert b"".join(sent) == ROLE + CONTENT + chunk({"content": " world"}) + chunk({}, "stop") + DONE

@@ -207,18 +207,30 @@ def _overflow(event: SSEEvent, sent: dict[str, Any] | None) -> Overflow | None:
 
 
 async def relay_plain(state: StreamState) -> AsyncGenerator[bytes, None]:
-    """The upstream's bytes, unchanged, chunk by chunk; the reply reassembled on the side. Raises
-    our 502/504 error if the upstream fails."""
-    for event in state.first:
-        state.assembler.add(event)
-    for chunk in state.prebuffer:
-        yield chunk
-    async for chunk in state.chunks:
-        for event in state.splitter.feed(chunk):
-            state.assembler.add(event)
-        yield chunk
+    """The upstream's bytes, unchanged, chunk by chunk; the reply reassembled on the side, each
+    chunk's events once the chunk is out (its bytes wait for no parsing: a stream's first byte
+    goes before the events read with it are assembled). A relay closed at a chunk (the client
+    left) still assembles that chunk's events: it was handed to the client. Raises our 502/504
+    error if the upstream fails."""
+    add = state.assembler.add
+    out = state.first  # events of the chunks out, not assembled yet
+    try:
+        for chunk in state.prebuffer:
+            yield chunk
+        out, events = [], out
+        for event in events:
+            add(event)
+        async for chunk in state.chunks:
+            out = state.splitter.feed(chunk)
+            yield chunk
+            out, events = [], out
+            for event in events:
+                add(event)
+    finally:
+        for event in out:
+            add(event)
     for event in state.splitter.flush():
-        state.assembler.add(event)
+        add(event)
 
 
 Segment = bytes | AsyncGenerator[bytes, None]
