@@ -1,4 +1,4 @@
-"""The end-of-request log write: the reply and the request record, started before the answer goes back.
+"""The end-of-request log write: the reply and the request record, started as the answer goes back.
 
 ``LogWriter`` (one per pipeline, ``ChatPipeline.writer``) owns what the pipeline's requests leave
 running: the pending writes (the end of a request; a stream's early append of the client's
@@ -29,7 +29,7 @@ from typing import Any
 from proxy.errors import ProxyError
 from proxy.forward.context import ChatContext
 from proxy.forward.db_health import DatabaseHealth
-from proxy.forward.session_log import LoggedRequest, SessionLog, settle, tell
+from proxy.forward.session_log import LoggedRequest, SessionLog, Then, settle, tell
 from proxy.settings import Settings
 from proxy.telemetry.metrics import Metrics
 from storage.errors import StorageUnavailable
@@ -85,14 +85,21 @@ class LogWriter:
         return task
 
     def finish(self, ctx: ChatContext, status: int, reply: dict[str, Any] | None, usage: dict[str, Any] | None, *,
-               error: str | None = None, partial: bool = False,
-               finish_reason: str | None = None) -> asyncio.Future[None]:
+               error: str | None = None, partial: bool = False, finish_reason: str | None = None,
+               after_answer: bool = False) -> asyncio.Future[None]:
         """Log the reply (``partial``: as far as it came, marked with ``error``) and the request
         record, once per request (``ctx.finished``). Started now; never raises. The returned
         future is resolved (never failed) once the write ended and its outcome was handled:
         committed, or its failure logged (``logging the reply failed``) and counted. A caller
         that must know the write is stored before it answers (the proxy's own rounds: the
-        client's next request must find them) awaits it."""
+        client's next request must find them) awaits it.
+
+        ``after_answer``: the caller is about to hand a complete answer to the server in this
+        loop step; the record and rows are then built and queued in the next step (``call_soon``),
+        once the answer is out, instead of before it. The latency recorded is measured now, the
+        request is finished now (pending, counted), and the write is queued before anything the
+        answer leads to can run (a client's next request, a read of the log: the loop runs the
+        callbacks queued in one step before the next step's I/O)."""
         ctx.finished = True
         latency_ms = (time.perf_counter() - ctx.started) * 1000
         self._count_finished(ctx, status)
@@ -108,16 +115,25 @@ class LogWriter:
             self._running.add(task)
             task.add_done_callback(self._running.discard)
             task.add_done_callback(functools.partial(tell, then))
+        elif after_answer:
+            asyncio.get_running_loop().call_soon(self._write, ctx, latency_ms, status, reply, usage, error, partial,
+                                                 finish_reason, then)
         else:
-            try:
-                record = _record(ctx, latency_ms, status, usage, None, error, finish_reason)
-                keep = _kept_reply(reply, status, partial, error)
-            except Exception as exc:  # noqa: BLE001  (an odd value in what the upstream sent: answered all the same)
-                asyncio.get_running_loop().call_soon(then, exc)
-            else:
-                self.log.finish(ctx.session, ctx.messages, ctx.chain, ctx.internal, keep, record,
-                                     with_request=True, then=then)
+            self._write(ctx, latency_ms, status, reply, usage, error, partial, finish_reason, then)
         return ended
+
+    def _write(self, ctx: ChatContext, latency_ms: float, status: int, reply: dict[str, Any] | None,
+               usage: dict[str, Any] | None, error: str | None, partial: bool, finish_reason: str | None,
+               then: Then) -> None:
+        """``finish``'s write when nothing was written early: the record and the rows, queued."""
+        try:
+            record = _record(ctx, latency_ms, status, usage, None, error, finish_reason)
+            keep = _kept_reply(reply, status, partial, error)
+        except Exception as exc:  # noqa: BLE001  (an odd value in what the upstream sent: answered all the same)
+            asyncio.get_running_loop().call_soon(then, exc)
+        else:
+            self.log.finish(ctx.session, ctx.messages, ctx.chain, ctx.internal, keep, record,
+                            with_request=True, then=then)
 
     def finish_failed(self, ctx: ChatContext, exc: BaseException) -> None:
         """``finish`` for a request that ended in ``exc`` (unless already finished): the record with

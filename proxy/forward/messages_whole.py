@@ -48,22 +48,23 @@ async def own_calls(ctx: ChatContext, data: bytes, tools: ToolRounds) -> bytes |
 
 def finish_whole(ctx: ChatContext, status: int, data: bytes, writer: LogWriter, *, shared_key: bool) -> None:
     """Log a complete answer: the Message's ``content`` as the reply, its ``usage`` and
-    ``stop_reason`` (``writer``); an error status with the provider's text; a 401/403 to the
-    client's own key (not ``shared_key``, the operator's) logs the record only (``ctx.refused``)."""
+    ``stop_reason`` (``writer``; queued once the answer, returned next, is out:
+    ``LogWriter.finish``'s ``after_answer``); an error status with the provider's text; a 401/403
+    to the client's own key (not ``shared_key``, the operator's) logs the record only (``ctx.refused``)."""
     if status >= 400:
         ctx.refused = status in (401, 403) and not shared_key
         error = (f"the upstream refused the client's key ({status})" if ctx.refused
                  else data[:500].decode("utf-8", "replace"))
-        writer.finish(ctx, status, None, None, error=error)
+        writer.finish(ctx, status, None, None, error=error, after_answer=True)
         return
     try:
         message = parse_json(data)
     except ValueError:
         message = None
     if not isinstance(message, dict) or not isinstance(message.get("content"), list):
-        writer.finish(ctx, status, None, None, error="the upstream's answer is not a Message")
+        writer.finish(ctx, status, None, None, error="the upstream's answer is not a Message", after_answer=True)
         return
     usage = message.get("usage") if isinstance(message.get("usage"), dict) else None
     stop = message.get("stop_reason") if isinstance(message.get("stop_reason"), str) else None
     reply = hash_view({"role": "assistant", "content": message["content"]})
-    writer.finish(ctx, status, reply, usage, finish_reason=stop)
+    writer.finish(ctx, status, reply, usage, finish_reason=stop, after_answer=True)

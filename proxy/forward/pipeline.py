@@ -228,8 +228,9 @@ class ChatPipeline:
         must find them), else started in the background."""
         if ctx.internal:
             await self.writer.finish(ctx, reply.status, reply.message, reply.usage, finish_reason=reply.finish_reason)
-        else:
-            self.writer.finish(ctx, reply.status, reply.message, reply.usage, finish_reason=reply.finish_reason)
+        else:  # (queued once the answer is out)
+            self.writer.finish(ctx, reply.status, reply.message, reply.usage, finish_reason=reply.finish_reason,
+                               after_answer=True)
         return Buffered(reply.status, self._client_headers(ctx, reply.headers), reply.data)
 
     def _error_answer(self, ctx: ChatContext, reply: Reply) -> Buffered:
@@ -240,7 +241,7 @@ class ChatPipeline:
         # (the provider's 401 text may quote the key: not kept for a refused one)
         error = (f"the upstream refused the client's key ({status})" if ctx.refused
                  else data[:500].decode("utf-8", "replace"))
-        self.writer.finish(ctx, status, None, None, error=error)
+        self.writer.finish(ctx, status, None, None, error=error, after_answer=True)
         return Buffered(status, self._client_headers(ctx, reply.headers), data)
 
     async def _stream_ended(self, ctx: ChatContext, turn: Turn, steps: AsyncGenerator[Segment, None]) -> None:

@@ -81,3 +81,30 @@ async def test_a_refused_request_with_nothing_pending_is_recorded_at_once(log: S
     assert session is not None
     rows, _ = await log.store.list_requests(session.pk, 10, None)
     assert [(r.id, r.status, r.added_messages) for r in rows] == [(ctx.request_id, 401, 0)]
+
+
+async def test_after_the_answer_the_write_is_queued_in_the_next_loop_step_with_the_latency_of_now(
+        log: SessionLog) -> None:
+    """``after_answer``: the request is finished and pending at once; its rows are built and queued
+    in the next step (the answer goes out first), before anything scheduled after it runs."""
+    writer = LogWriter(Settings(), log, Metrics(), DatabaseHealth(log.store))
+    ctx = await _ctx(log)
+    queued: list[float] = []
+    finish = log.finish
+
+    def noted(*args: Any, **kwargs: Any) -> None:
+        queued.append(args[5].latency_ms)  # (the record)
+        finish(*args, **kwargs)
+
+    log.finish = noted  # type: ignore[method-assign]
+    ended = writer.finish(ctx, 200, {"role": "assistant", "content": "hi"}, None, after_answer=True)
+    measured = (time.perf_counter() - ctx.started) * 1000
+    time.sleep(0.05)  # the answer being sent: not in the latency
+    assert ctx.finished and ended in writer._pending and queued == []
+    later: list[int] = []
+    asyncio.get_running_loop().call_soon(lambda: later.append(len(queued)))  # what the answer leads to
+    await asyncio.sleep(0)
+    assert len(queued) == 1 and later == [1] and queued[0] <= measured
+    await asyncio.wait_for(ended, 10)
+    rows, _ = await log.store.list_requests(ctx.session.pk, 10, None)
+    assert [(r.id, r.status) for r in rows] == [(ctx.request_id, 200)] and rows[0].latency_ms < 50
