@@ -57,7 +57,9 @@ class StreamStart:
     splitter: SSESplitter
     assembler: MessagesAssembler
     events: list[SSEEvent] = dataclasses.field(default_factory=list)
-    """The events of ``held`` (``assembler`` has read them)."""
+    """The events of ``held``, not read by ``assembler`` yet: the relay reads them once they are
+    out (``MessagesStream.relay``'s plain relay, ``_round_events``), so the first byte waits for no
+    parsing."""
     overflow: Overflow | None = None
     ended: bool = False
     failed: ProxyError | None = None
@@ -79,7 +81,6 @@ class StreamStart:
                 size += len(chunk)
                 decided = False
                 for event in start.splitter.feed(chunk):
-                    start.assembler.add(event)
                     start.events.append(event)
                     if event.event == "error" and not decided:
                         start.overflow = classify_stream_event(event.data, sent=sent)
@@ -161,15 +162,26 @@ class MessagesStream:
         ended: str | None = DISCONNECTED  # how the stream ended, for the log (``None``: complete)
 
         async def plain() -> AsyncGenerator[bytes, None]:
-            for chunk in start.held:
-                yield chunk
-            if start.failed is not None:
-                raise start.failed
-            if not start.ended:
-                async for chunk in start.rest:
-                    for event in splitter.feed(chunk):
-                        client.add(event)
+            # each chunk's events read once the chunk is out (a relay closed at a chunk reads them too)
+            out = start.events
+            try:
+                for chunk in start.held:
                     yield chunk
+                out, events = [], out
+                for event in events:
+                    client.add(event)
+                if start.failed is not None:
+                    raise start.failed
+                if not start.ended:
+                    async for chunk in start.rest:
+                        out = splitter.feed(chunk)
+                        yield chunk
+                        out, events = [], out
+                        for event in events:
+                            client.add(event)
+            finally:
+                for event in out:
+                    client.add(event)
             for event in splitter.flush():
                 client.add(event)
 
@@ -268,6 +280,7 @@ async def _round_events(state: StreamStart) -> AsyncGenerator[SSEEvent, None]:
     """A round's events: those its start held, then the rest as it arrives (each read into
     ``state.assembler``: the round's whole assistant turn). Raises the upstream's failure."""
     for event in state.events:
+        state.assembler.add(event)
         yield event
     if state.failed is not None:
         raise state.failed
