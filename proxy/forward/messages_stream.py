@@ -11,6 +11,7 @@ upstream cuts short ends with an Anthropic ``error`` event (``stream_error_event
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -161,8 +162,12 @@ class MessagesStream:
         current: list[HeldResponse] = [resp]  # the upstream response open now
         ended: str | None = DISCONNECTED  # how the stream ended, for the log (``None``: complete)
 
+        began = False  # ``plain`` ran (else, the client gone before the first byte, ``close`` reads the start)
+
         async def plain() -> AsyncGenerator[bytes, None]:
             # each chunk's events read once the chunk is out (a relay closed at a chunk reads them too)
+            nonlocal began
+            began = True
             out = start.events
             try:
                 for chunk in start.held:
@@ -188,12 +193,14 @@ class MessagesStream:
         async def chunks() -> AsyncGenerator[bytes, None]:
             nonlocal ended
             out = False
+            source = self._rounds(ctx, target, start, client, current) if rounds else plain()
             try:
-                async for chunk in (self._rounds(ctx, target, start, client, current) if rounds else plain()):
-                    yield chunk
-                    if not out:  # once the first byte is out (the write would delay it)
-                        out = True
-                        ctx.append_early(self.writer.spawn)  # a long stream: the turns committed meanwhile
+                async with contextlib.aclosing(source):  # closed with the relay: its last chunk's events read
+                    async for chunk in source:
+                        yield chunk
+                        if not out:  # once the first byte is out (the write would delay it)
+                            out = True
+                            ctx.append_early(self.writer.spawn)  # a long stream: the turns committed meanwhile
             except ProxyError as exc:  # the client has the stream's start: told in-band, as the API would
                 ended = f"the upstream failed mid-stream: {exc.message}"
                 yield stream_error_event(exc)
@@ -213,6 +220,9 @@ class MessagesStream:
                 await relay.aclose()
             finally:
                 await current[0].aclose()
+                if not rounds and not began:  # gone before the first byte: the start as held is logged
+                    for event in start.events:
+                        client.add(event)
                 if not ctx.finished:
                     error = ended
                     if error == DISCONNECTED and client.done and not client.upstream_error:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from proxy.conversation.canonical import digests_and_chain
+from proxy.forward.answers import Streamed
 from proxy.forward.context import ChatContext
 from proxy.forward.db_health import DatabaseHealth
 from proxy.forward.log_writer import LogWriter
@@ -18,6 +19,7 @@ from proxy.forward.messages_stream import MessagesStream, StreamStart
 from proxy.forward.session_log import SessionLog, new_id
 from proxy.settings import Settings
 from proxy.telemetry.metrics import Metrics
+from storage.records import SessionRecord
 from storage.store import Store
 from tests.fakes.anthropic import reply, text
 from tests.fakes.anthropic.cache import CacheUsage
@@ -60,15 +62,10 @@ async def log(database_url: str) -> AsyncIterator[SessionLog]:
         await store.close()
 
 
-@pytest.mark.parametrize("close_after", [1, None])
-async def test_the_start_goes_out_before_its_events_are_read(log: SessionLog, close_after: int | None) -> None:
-    events = _events()
-    at = next(i for i, e in enumerate(events) if e.startswith(b"event: content_block_delta")) + 1
-    first, rest = b"".join(events[:at]), events[at:]  # up to the first text delta: one read
-    resp = _Parts([first, *rest])
+async def _relay(log: SessionLog, parts: list[bytes]) -> tuple[StreamStart, Streamed, LogWriter, SessionRecord]:
+    resp = _Parts(parts)
     settings = Settings()
     start = await StreamStart.read(resp, 1 << 20, {})  # type: ignore[arg-type]
-    assert start.held == [first] and not start.assembler.message()["content"]  # held, not read
     messages = [{"role": "user", "content": "hi"}]
     digests, chain = digests_and_chain(messages)
     session = await log.open_session("t", "s", "messages")
@@ -77,22 +74,54 @@ async def test_the_start_goes_out_before_its_events_are_read(log: SessionLog, cl
                       started=time.perf_counter(), session_log=log)
     writer = LogWriter(settings, log, Metrics(), DatabaseHealth(log.store))
     streams = MessagesStream(settings, None, writer, None, None)  # type: ignore[arg-type]
-    streamed = streams.relay(ctx, resp, {}, start, "/v1/messages")  # type: ignore[arg-type]
-    relay = streamed.chunks
-    assert await anext(relay) == first
-    assert start.assembler.message()["content"] == []  # out before it was read
-    if close_after == 1:
-        assert streamed.close is not None
-        await streamed.close()  # the client left at the first chunk
-    else:
-        assert b"".join([part async for part in relay]) == b"".join(rest)
-        assert streamed.close is not None
-        await streamed.close()
+    return start, streams.relay(ctx, resp, {}, start, "/v1/messages"), writer, session  # type: ignore[arg-type]
+
+
+async def _logged(log: SessionLog, writer: LogWriter, session: SessionRecord) -> tuple[str | None, Any]:
+    """The request record's error and the assistant message logged (``None``: none)."""
     await writer.drain()
     rows, _ = await log.store.list_requests(session.pk, 10, None)
-    content = start.assembler.message()["content"]
-    assert len(rows) == 1 and len(content) == 1 and content[0]["type"] == "text"
-    if close_after is None:
-        assert content[0]["text"] == "Hello there" and rows[0].error is None
-    else:  # the first chunk's text, logged as a partial reply
-        assert content[0]["text"] and "Hello there".startswith(content[0]["text"]) and rows[0].error is not None
+    leaf = await log.store.branch_leaf(session.pk, None)
+    assert len(rows) == 1 and leaf is not None
+    return rows[0].error, (leaf.message if leaf.role == "assistant" else None)
+
+
+async def _close(streamed: Streamed) -> None:
+    assert streamed.close is not None
+    await streamed.close()
+
+
+async def test_the_start_goes_out_before_its_events_are_read(log: SessionLog) -> None:
+    events = _events()
+    at = next(i for i, e in enumerate(events) if e.startswith(b"event: content_block_delta")) + 1
+    first, rest = b"".join(events[:at]), events[at:]  # up to the first text delta: one read
+    start, streamed, writer, session = await _relay(log, [first, *rest])
+    assert start.held == [first] and not start.assembler.message()["content"]  # held, not read
+    assert await anext(streamed.chunks) == first
+    assert start.assembler.message()["content"] == []  # out before it was read
+    assert b"".join([part async for part in streamed.chunks]) == b"".join(rest)
+    await _close(streamed)
+    error, reply = await _logged(log, writer, session)
+    assert error is None and reply == {"role": "assistant", "content": [{"type": "text", "text": "Hello there"}]}
+
+
+@pytest.mark.parametrize("where", ["held start", "message_stop", "before the first byte"])
+async def test_a_relay_closed_at_a_chunk_logs_what_the_client_was_sent(log: SessionLog, where: str) -> None:
+    """One event a chunk; the client leaves after the held start, after the chunk that carries
+    ``message_stop`` (complete all the same), or before the first byte (the start as held)."""
+    events = _events()
+    start, streamed, writer, session = await _relay(log, list(events))
+    got: list[bytes] = []
+    if where == "message_stop":
+        while not (got and got[-1].startswith(b"event: message_stop")):
+            got.append(await anext(streamed.chunks))
+    elif where == "held start":
+        got = [await anext(streamed.chunks) for _ in start.held]
+    await _close(streamed)
+    error, reply = await _logged(log, writer, session)
+    assert reply is not None and reply["content"], where  # as far as the client got it
+    text = reply["content"][0]["text"]
+    if where == "message_stop":
+        assert error is None and text == "Hello there" and "x_context_proxy" not in reply
+    else:
+        assert error is not None and "Hello there".startswith(text)
