@@ -345,3 +345,26 @@ def test_the_peer_tables_of_both_modes_in_the_readme(tmp_path: Path) -> None:
     assert "| cliffcompaction 0.1.0 | +1.54 ms |" in text[at_crowded:]
     assert f"{results['machine']['date']}" in text and "python -m tests.benchmarks --quick --out out" in text
     assert text.count("Against the peers") == 2 == (tmp_path / "out" / "report.md").read_text().count("Against the peers")
+
+
+def test_instructions_section_runs_both_modes_and_reports_the_streamed_counts(monkeypatch: pytest.MonkeyPatch,
+                                                                               tmp_path: Path) -> None:
+    """Each server is measured non-streaming, then streamed; the report names both."""
+    from tests.benchmarks import instructions
+
+    calls: list[tuple[str, bool]] = []
+
+    def measured(kind: str, cfg: BenchConfig, workdir: Path, stream: bool = False) -> dict[str, Any]:
+        calls.append((kind, stream))
+        ir = {"floor": 500_000, "proxy": 1_000_000}[kind] * (2 if stream else 1)
+        return {"requests": 500, "errors": 0, "ir_per_request": ir, "by_object": {"libpython3.11.so.1.0": ir}}
+
+    monkeypatch.setattr(instructions, "status", lambda: None)
+    monkeypatch.setattr(instructions, "measure", measured)
+    r = instructions.run(BenchConfig(out=tmp_path))
+    assert calls == [("floor", False), ("proxy", False), ("floor", True), ("proxy", True)]
+    assert (r["proxy_vs_floor"], r["streamed"]["proxy_vs_floor"]) == (2.0, 2.0)
+    text = "\n".join(instructions.table(r))
+    assert "the proxy 1,000,000, the floor 500,000 (2.00×)" in text
+    assert "The same request streamed (the reply's SSE events observed and logged): the proxy 2,000,000, " \
+           "the floor 1,000,000 (2.00×)." in text

@@ -3,12 +3,13 @@
 CPU time per request moves with whatever else runs on the core (other people's tests, the crowd);
 instruction counts do not. Each server runs under ``valgrind --tool=callgrind`` with instrumentation
 off (``--instr-atstart=no``) through its start and a warm-up of ``WARMUP`` requests, then on for
-``cfg.instruction_requests`` requests at concurrency 16 (non-streaming, the overhead section's
-request), dumped (``callgrind_control``) and read: instructions (``Ir``) per request in all and by
+``cfg.instruction_requests`` requests at concurrency 16 (the overhead section's request; then the
+same streamed: its SSE reply observed and logged, the path Claude Code and Codex take), dumped
+(``callgrind_control``) and read: instructions (``Ir``) per request in all and by
 shared object (``libpython``: the interpreter running Python code; ``libsqlite3``: the log's SQL;
 ``libcrypto``: hashing; ...). The proxy is ``python -m proxy.cli serve`` as the overhead section
 serves it, the floor the same raw relay. Needs ``valgrind`` (``apt-get install valgrind``); the
-section is skipped, with the reason, without it. About a minute per server.
+section is skipped, with the reason, without it. About a minute per server and mode.
 """
 
 from __future__ import annotations
@@ -76,8 +77,9 @@ def by_object(path: Path) -> dict[str, int]:
     return {Path(names.get(k, k)).name: v for k, v in totals.items()}
 
 
-def measure(kind: str, cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
-    """``kind`` (``proxy`` or ``floor``) under callgrind: ``{"ir_per_request", "by_object"}``."""
+def measure(kind: str, cfg: BenchConfig, workdir: Path, stream: bool = False) -> dict[str, Any]:
+    """``kind`` (``proxy`` or ``floor``) under callgrind, its requests streamed or not:
+    ``{"requests", "errors", "ir_per_request", "by_object"}``."""
     near, far = cores()
     upstream = Server("upstream", near, workdir, ready_path="/v1/chat/completions")
     out = workdir / f"callgrind.{kind}"
@@ -100,7 +102,7 @@ def measure(kind: str, cfg: BenchConfig, workdir: Path) -> dict[str, Any]:
             port = int(proc.stdout.readline().decode().split()[1])
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         _ready(proc, url)
-        body = request_body(False)
+        body = request_body(stream)
         gen.run(url, body, CONCURRENCY, WARMUP, False)
         subprocess.run(["callgrind_control", "-i", "on", str(proc.pid)], check=True, capture_output=True)
         res = gen.run(url, body, CONCURRENCY, cfg.instruction_requests, False)
@@ -129,17 +131,21 @@ def status() -> str | None:
 
 
 def run(cfg: BenchConfig) -> dict[str, Any]:
-    """``{"status", "concurrency", "proxy", "floor", "proxy_vs_floor"}`` (see the module docstring)."""
+    """``{"status", "concurrency", "proxy", "floor", "proxy_vs_floor", "streamed"}``, ``streamed`` the
+    same three for streamed requests (see the module docstring)."""
     why = status()
     if why is not None:
         print(f"  instructions: {why}", flush=True)
         return {"status": why}
-    out: dict[str, Any] = {"status": None, "concurrency": CONCURRENCY}
-    for kind in ("floor", "proxy"):
-        with tempfile.TemporaryDirectory(prefix=f"bench-instructions-{kind}-") as tmp:
-            out[kind] = measure(kind, cfg, Path(tmp))
-        print(f"  instructions {kind}: {out[kind]['ir_per_request']:,.0f} a request", flush=True)
-    out["proxy_vs_floor"] = out["proxy"]["ir_per_request"] / out["floor"]["ir_per_request"]
+    out: dict[str, Any] = {"status": None, "concurrency": CONCURRENCY, "streamed": {}}
+    for stream in (False, True):
+        into = out["streamed"] if stream else out
+        for kind in ("floor", "proxy"):
+            with tempfile.TemporaryDirectory(prefix=f"bench-instructions-{kind}-") as tmp:
+                into[kind] = measure(kind, cfg, Path(tmp), stream)
+            print(f"  instructions {kind}{' streamed' if stream else ''}: {into[kind]['ir_per_request']:,.0f} a request",
+                  flush=True)
+        into["proxy_vs_floor"] = into["proxy"]["ir_per_request"] / into["floor"]["ir_per_request"]
     return out
 
 
@@ -155,4 +161,9 @@ def table(r: dict[str, Any]) -> list[str]:
               "| object | proxy Ir/request | floor Ir/request |", "|---|---|---|"]
     for name in list(proxy["by_object"])[:10]:
         lines.append(f"| {name} | {proxy['by_object'][name]:,.0f} | {floor['by_object'].get(name, 0):,.0f} |")
+    streamed = r.get("streamed") or {}
+    if streamed:
+        lines += ["", f"The same request streamed (the reply's SSE events observed and logged): the proxy "
+                  f"{streamed['proxy']['ir_per_request']:,.0f}, the floor {streamed['floor']['ir_per_request']:,.0f} "
+                  f"({streamed['proxy_vs_floor']:.2f}×)."]
     return [*lines, ""]
