@@ -170,14 +170,14 @@ class ChatPipeline:
         answered with an HTTP status)."""
         await self.loop.recovery.prepare(ctx, None)
         turn = Turn(self.settings.stream_log_max_bytes)
+        if not ctx.stream:  # the same loop, never yielding: a coroutine (``RoundLoop.complete``)
+            await self.loop.complete(ctx, turn)
+            return await self._answer(ctx, turn)
         steps = self.loop.exchanges(ctx, turn)
         try:
             first = await anext(steps)
         except StopAsyncIteration:
-            assert turn.reply is not None
-            if turn.reply.status >= 400:
-                return self._error_answer(ctx, turn.reply)
-            return await self._answer(ctx, turn.reply)
+            return await self._answer(ctx, turn)
         resp = turn.resp  # the stream's (a later round's response is closed by ``exchanges``)
         assert resp is not None
         headers = self._client_headers(ctx, resp.headers)
@@ -223,13 +223,17 @@ class ChatPipeline:
             await resp.aclose()
         return Buffered(resp.status_code, out, data)
 
-    async def _answer(self, ctx: ChatContext, reply: Reply) -> Buffered:
-        """A complete reply, logged: waited for when the proxy served tool rounds (the next turn
-        must find them), else started in the background."""
+    async def _answer(self, ctx: ChatContext, turn: Turn) -> Buffered:
+        """The complete reply the loop left in ``turn``, logged: an error status as the provider
+        sent it (``_error_answer``); else its log write waited for when the proxy served tool
+        rounds (the next turn must find them), else started in the background."""
+        reply = turn.reply
+        assert reply is not None
+        if reply.status >= 400:
+            return self._error_answer(ctx, reply)
+        logged = self.writer.finish(ctx, reply.status, reply.message, reply.usage, finish_reason=reply.finish_reason)
         if ctx.internal:
-            await self.writer.finish(ctx, reply.status, reply.message, reply.usage, finish_reason=reply.finish_reason)
-        else:
-            self.writer.finish(ctx, reply.status, reply.message, reply.usage, finish_reason=reply.finish_reason)
+            await logged
         return Buffered(reply.status, self._client_headers(ctx, reply.headers), reply.data)
 
     def _error_answer(self, ctx: ChatContext, reply: Reply) -> Buffered:
