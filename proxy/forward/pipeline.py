@@ -31,6 +31,7 @@ from proxy.conversation.digest_memo import DigestMemo
 from proxy.forward.answers import DISCONNECTED, Buffered, Reply, Streamed, Turn
 from proxy.forward.context import ChatContext
 from proxy.forward.db_health import DatabaseHealth
+from proxy.forward.entropy import EntropyPool
 from proxy.forward.log_writer import LogWriter
 from proxy.forward.rounds import RoundLoop
 from proxy.forward.session_ids import client_session_id, header_value
@@ -99,6 +100,8 @@ class ChatPipeline:
         """Digests of the histories seen (bounded: ``digest_memo.MEMO_MAX_BYTES``)."""
         self.body_memo = BodyMemo()
         """Big bodies seen, parsed (bounded: ``body_memo.BODY_MEMO_MAX_BYTES``)."""
+        self.entropy = EntropyPool()
+        """System entropy for the request ids (bounded: ``entropy.ENTROPY_POOL_BYTES``)."""
         tools = ToolRounds(settings, session_log.store, compactor, counter)
         self.loop = RoundLoop(settings, upstream, compactor, tools, self.metrics, self.health)
         self.writer = LogWriter(settings, session_log, self.metrics, self.health)
@@ -136,7 +139,7 @@ class ChatPipeline:
         if expanded is not None:  # the proxy's earlier tool rounds, put back where they happened
             messages, digests, chain = expanded
         ctx = ChatContext(
-            request_id=new_id("req"),
+            request_id=new_id("req", self.entropy),
             tenant=tenant,
             session=session,
             body=body,

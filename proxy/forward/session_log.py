@@ -33,6 +33,7 @@ from typing import Any
 from proxy.cache import BoundedCache
 from proxy.conversation.canonical import chain_hash, message_digest
 from proxy.conversation.prefix import PrefixStates
+from proxy.forward.entropy import EntropyPool
 from storage.errors import MissingRow
 from storage.records import MessageRecord, NewMessage, RequestRecord, SessionRecord
 from storage.refused import RequestWrites
@@ -80,7 +81,7 @@ every request names the same one; SHA-256 through OpenSSL was about 1% of a smal
 instructions, callgrind). Emptied whole when full: the ids of active conversations come back at once."""
 
 
-def new_id(prefix: str) -> str:
+def new_id(prefix: str, entropy: EntropyPool | None = None) -> str:
     """A time-ordered id for records outside the projection (requests); never used inside it:
     ``prefix_`` + 12 hex of the Unix time in milliseconds + 12 hex (48 bits) from system entropy
     (time first, as in a UUIDv7, RFC 9562, without its version bits). Time first, so a new row
@@ -90,8 +91,11 @@ def new_id(prefix: str) -> str:
     Only ids of one millisecond can collide: for n of them, with probability about n^2 / 2^49.
     The id shows its request's time to the millisecond (to the client that sent it). From
     ``secrets``, not ``random``: whatever seeds ``random`` (a test framework, a library) would
-    make ids repeat, and a repeated request id fails the request's log write."""
-    return f"{prefix}_{time.time_ns() // 1_000_000:012x}{secrets.token_hex(6)}"
+    make ids repeat, and a repeated request id fails the request's log write. ``entropy``: the
+    caller's pool of the same system entropy, read in blocks (``proxy.forward.entropy``; the
+    pipelines'), else it is read for this id alone."""
+    random = entropy.hex(12) if entropy is not None else secrets.token_hex(6)
+    return f"{prefix}_{time.time_ns() // 1_000_000:012x}{random}"
 
 
 def now() -> datetime:
