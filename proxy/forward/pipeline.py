@@ -129,8 +129,12 @@ class ChatPipeline:
         try:
             if self.health.down and not await self.health.usable():  # (up: no coroutine to await)
                 raise StorageUnavailable("the database did not answer the last probe")
-            session = await self.log.open_session(tenant, session_id)
-            expanded = await self.log.expand_internal(session, messages, digests, chain)
+            # (the session row and its internal rounds as cached, without a coroutine each: most
+            # requests read neither)
+            session = self.log.session_now(tenant, session_id) or await self.log.open_session(tenant, session_id)
+            internal = self.log.internal_now(session.pk)
+            expanded = (self.log.expand(internal, messages, digests, chain) if internal is not None
+                        else await self.log.expand_internal(session, messages, digests, chain))
         except StorageError as exc:
             self.health.saw(exc)
             if self.settings.database_failure_mode != "open":

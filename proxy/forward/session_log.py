@@ -170,6 +170,11 @@ class SessionLog:
             self._sessions.put(key, session)
         return session
 
+    def session_now(self, tenant: str, session_id: str) -> SessionRecord | None:
+        """``open_session`` without I/O (nor a coroutine): the cached row, ``None`` when it is to be
+        opened (not cached, or cached more than ``CACHE_TTL_S`` ago)."""
+        return self._sessions.fresh((tenant, session_id))
+
     async def _reopen(self, session: SessionRecord) -> SessionRecord:
         """``session`` was found gone (``MissingRow``): forget what is cached of it and open it again."""
         self._sessions.pop((session.tenant, session.session_id), None)
@@ -366,6 +371,16 @@ class SessionLog:
         if records is None:
             records = await self.store.list_internal_messages(session_pk)
             self._internal.put(session_pk, records)
+        return self._with_pending(session_pk, records)
+
+    def internal_now(self, session_pk: int) -> list[MessageRecord] | None:
+        """``_internal_messages`` without I/O (nor a coroutine): ``None`` when the stored ones are
+        to be read first (not cached, or cached more than ``CACHE_TTL_S`` ago)."""
+        records = self._internal.fresh(session_pk)
+        return self._with_pending(session_pk, records) if records is not None else None
+
+    def _with_pending(self, session_pk: int, records: list[MessageRecord]) -> list[MessageRecord]:
+        """``records`` (the stored internal messages) and those being written not among them."""
         pending = self._pending_internal.fresh(session_pk)
         if pending:
             known = {r.chain_hash for r in records}
@@ -385,7 +400,18 @@ class SessionLog:
         those of the message as logged; Messages: ``messages_rounds.after_rounds``). Returns ``None``
         when the session has no internal rounds.
         """
-        internal = await self._internal_messages(session.pk)
+        internal = self.internal_now(session.pk)
+        if internal is None:
+            internal = await self._internal_messages(session.pk)
+        return self.expand(internal, messages, digests, chain, after)
+
+    @staticmethod
+    def expand(
+        internal: list[MessageRecord], messages: list[dict[str, Any]], digests: list[str], chain: list[str],
+        after: Callable[[list[dict[str, Any]], dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> tuple[list[dict[str, Any]], list[str], list[str]] | None:
+        """``expand_internal`` given the session's ``internal`` messages (``internal_now``, else
+        read): without I/O, for a caller that has them without a coroutine."""
         if not internal:
             return None
         children: dict[str | None, MessageRecord] = {}
