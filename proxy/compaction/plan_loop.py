@@ -53,6 +53,8 @@ MADE_BEFORE_CHARS = 16
 """Hex characters of each (unique enough within one session)."""
 CONFIG_MEMO = 4096
 """Defense configs kept (one per window and read-tool flag)."""
+NONE_UNAVAILABLE: frozenset[str] = frozenset()
+"""``unavailable_artifacts`` of a projection before any artifact failed to store (most requests)."""
 
 
 class SessionRef(Protocol):
@@ -254,25 +256,11 @@ class PlanLoop:
     def _project(self, req: PlanInput, cfg: DefenseConfig, count_tools: list[dict[str, Any]] | None,
                  events: list[EventRecord], force: bool, force_media: bool, unavailable: set[str],
                  truncate_first: bool, new_events: bool, reserved: int) -> Projection:
-        return project(
-            req.messages,
-            digests=req.digests,
-            chain_hashes=req.chain,
-            tools=count_tools,
-            reserved_output_tokens=reserved,
-            events=events,
-            config=cfg,
-            counter=self.counter,
-            session_id=req.session.session_id,
-            memos=self.memos,
-            force=force,
-            force_media=force_media,
-            unavailable_artifacts=frozenset(unavailable),
-            truncate_first=truncate_first,
-            new_events=new_events,
-            escalate=req.escalated,
-            codec=self.codec,
-        )
+        # (by position, in ``project``'s order: naming 17 arguments cost more than the call's work)
+        return project(req.messages, req.digests, req.chain, events, cfg, self.counter, req.session.session_id,
+                       self.codec, self.memos, count_tools, reserved, force, force_media, None,
+                       frozenset(unavailable) if unavailable else NONE_UNAVAILABLE, truncate_first, new_events,
+                       req.escalated)
 
     async def execute(self, req: PlanInput, cfg: DefenseConfig, proj: Projection, events: list[EventRecord],
                       effects: PlanEffects) -> EventRecord | None:
