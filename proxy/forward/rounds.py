@@ -190,20 +190,25 @@ class RoundLoop:
         """``exchanges`` for a request that is not a stream (``ctx.stream`` false), as a coroutine:
         such a request commits nothing and reads no event stream, so there the loop never yields,
         and an async generator ended by ``StopAsyncIteration`` cost about four times this
-        coroutine's await (timed in isolation). The same steps (``_send``, ``_refused``,
+        coroutine's await (timed in isolation). The same steps (what ``_send`` does, ``_refused``,
         ``_retry``, ``_whole``); the answer is left in ``turn.reply``, the upstream response is
         closed however this ends. Raises what ``exchanges`` raises."""
         assert not ctx.stream
         try:
-            while True:
-                resp = await self._send(ctx, turn)
-                if resp.status_code >= 400:
-                    data, overflow = await self._refused(ctx, resp)
-                    if overflow is not None and await self._retry(ctx, turn, overflow):
+            while True:  # (``_send`` inlined: every frame between the task and the upstream is resumed
+                # at each of its suspensions; a round's response is closed before the next is sent)
+                assert ctx.prepared is not None
+                started = time.perf_counter()
+                resp = turn.resp = await self.upstream.send("POST", UPSTREAM_CHAT_PATH, headers=ctx.upstream_headers,
+                                                            content=ctx.prepared.body, tenant=ctx.tenant)
+                self.metrics.upstream_answered(ctx.model, time.perf_counter() - started)
+                if resp.status_code < 400:
+                    if await self._whole(ctx, turn, resp):
                         continue
-                    turn.reply = Reply(resp.status_code, resp.headers, data)
                     return
-                if not await self._whole(ctx, turn, resp):
+                data, overflow = await self._refused(ctx, resp)
+                if overflow is None or not await self._retry(ctx, turn, overflow):
+                    turn.reply = Reply(resp.status_code, resp.headers, data)
                     return
         finally:
             if turn.resp is not None:
@@ -238,6 +243,7 @@ class RoundLoop:
         message, usage, finish_reason = reply_of(data)
         mine, theirs = own_only(message, ctx.prepared.own_tools)
         if self.tools.serves(ctx, mine, len(theirs)):
+            await resp.aclose()  # read whole: released before the tools are served
             await self.tools.serve(ctx, message or {}, mine)
             return True
         if turn.committed:
