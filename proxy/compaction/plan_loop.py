@@ -53,8 +53,8 @@ MADE_BEFORE_CHARS = 16
 """Hex characters of each (unique enough within one session)."""
 CONFIG_MEMO = 4096
 """Defense configs kept (one per window and read-tool flag)."""
-NONE_UNAVAILABLE: frozenset[str] = frozenset()
-"""``unavailable_artifacts`` of a projection before any artifact failed to store (most requests)."""
+NO_NAMES: frozenset[str] = frozenset()
+"""No names, built once: no artifact unavailable (most projections), no own tool sent (most requests)."""
 
 
 class SessionRef(Protocol):
@@ -259,7 +259,7 @@ class PlanLoop:
         # (by position, in ``project``'s order: naming 17 arguments cost more than the call's work)
         return project(req.messages, req.digests, req.chain, events, cfg, self.counter, req.session.session_id,
                        self.codec, self.memos, count_tools, reserved, force, force_media, None,
-                       frozenset(unavailable) if unavailable else NONE_UNAVAILABLE, truncate_first, new_events,
+                       frozenset(unavailable) if unavailable else NO_NAMES, truncate_first, new_events,
                        req.escalated)
 
     async def execute(self, req: PlanInput, cfg: DefenseConfig, proj: Projection, events: list[EventRecord],
@@ -310,11 +310,12 @@ class PlanLoop:
         # the codec: the client's bytes when the messages are the body's own, else only they change
         extra = {"tools": [*(req.body.get("tools") or []), *own]} if own else None
         body, forwarded = self.codec.apply(req.body, req.raw, proj.messages, extra)
-        names = frozenset(map(self.offer.name_of, own)) if own else frozenset()
+        names = frozenset(map(self.offer.name_of, own)) if own else NO_NAMES
         tokens_client, tokens_forwarded = proj.tokens_client, proj.tokens_forwarded
         if expected or own:
             counted = self.priced.count_tools(count_tools)
             tokens_client -= counted - self.priced.count_tools(client_tools)
             tokens_forwarded += self.priced.count_tools([*(client_tools or []), *own] or None) - counted
+        # (every field by position: a class called with a keyword builds a dict for its ``__init__``)
         return Prepared(body, tokens_client, tokens_forwarded, proj.applied, proj.event_ids, forwarded, names, window,
-                        count_tools=count_tools)
+                        count_tools)
