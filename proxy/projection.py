@@ -109,9 +109,10 @@ def _items(state: PrefixState, codec: Codec, pieces: list[Piece]) -> list[Item]:
     return items
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Projection:
-    """The result of ``project``.
+    """The result of ``project`` (not ``frozen``, yet never changed once built: one per request,
+    and a frozen dataclass's fields cost about five times as much to set; see ``Prepared``).
 
     ``messages``: the list to forward (the input list itself when ``applied`` is empty).
     ``tokens_forwarded``/``tokens_client``: estimates of the whole prompt (messages + tool schemas +

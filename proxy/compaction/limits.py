@@ -92,12 +92,13 @@ MAX_MODEL_CHARS = 256
 """Longer model names (client-chosen strings) are never learned about or stored."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class WindowView:
     """The window one request is sized for. ``tokens``: the context window in the provider's
     tokens (the profile's, or a learned one when smaller; ``None``: unknown); ``ratio``: the
     provider's count per estimated token; ``source``: where ``tokens`` came from (``builtin``,
-    ``config``, ``learned``, ``session``)."""
+    ``config``, ``learned``, ``session``). Not ``frozen``, yet never changed: one per request
+    (see ``proxy.compaction.base.Prepared``)."""
 
     tokens: int | None
     ratio: float

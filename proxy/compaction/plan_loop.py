@@ -119,9 +119,10 @@ class PlanEffects(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Planned:
-    """What ``PlanLoop.prepare`` decided: the ``prepared`` forward and the ``projection`` behind it."""
+    """What ``PlanLoop.prepare`` decided: the ``prepared`` forward and the ``projection`` behind it
+    (not ``frozen``, yet never changed: one per request; see ``proxy.compaction.base.Prepared``)."""
 
     prepared: Prepared
     projection: Projection
