@@ -143,12 +143,14 @@ class _Known:
         return r.context_window_tokens
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Sent:
     """What one request sent, as the pipeline knows it: ``estimate_tokens`` (the proxy's estimate
     of the whole prompt, reserved output included), ``reserved_tokens``; ``text_only()`` says
     whether it carried no image, audio or file (called at most once, only when needed: it may
-    search the body)."""
+    search the body). Not ``frozen``, yet never changed: one per answered request (its usage is
+    observed), and a frozen dataclass's fields cost about five times as much to set (see
+    ``proxy.compaction.base.Prepared``)."""
 
     tenant: str
     model: str
