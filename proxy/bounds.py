@@ -61,6 +61,8 @@ BOUNDS: tuple[Bound, ...] = (
           "proxy.forward.session_log.CACHED_SESSIONS"),
     Bound("derived session ids", "SessionLog", "10,000 ids, cleared when full",
           "proxy.forward.session_log.DERIVED_IDS_KEPT"),
+    Bound("system entropy not yet used in request ids", "ChatPipeline.entropy (EntropyPool)",
+          "4,096 bytes, read again when used up", "proxy.forward.entropy.ENTROPY_POOL_BYTES"),
     Bound("compaction events per session", "ProjectingCompactor", "10,000 sessions, 30 s TTL",
           "proxy.compaction.compactor.EVENTS_CACHED"),
     Bound("artifact ids known stored", "ProjectingCompactor", "100,000 ids, 60 s TTL",

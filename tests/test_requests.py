@@ -55,3 +55,27 @@ def test_a_role_the_proxy_does_not_know_is_forwarded_as_it_came(role: object) ->
     body = parse_chat_request(raw)
     assert orjson.dumps(body) == raw
     assert list(body["messages"][1]) == ["x_first", "role", "content", "x_last"]
+
+
+_NO_CALLS = [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": None},
+             {"role": "assistant", "tool_calls": []}]
+
+
+@pytest.mark.parametrize("bad, param", [
+    ("x", "messages[3].tool_calls[0]"),
+    ({"id": 5}, "messages[3].tool_calls[0].id"),
+    ({"function": []}, "messages[3].tool_calls[0].function"),
+    ({"function": {"name": 5}}, "messages[3].tool_calls[0].function.name"),
+])
+def test_the_check_of_a_body_without_calls_stops_early_and_one_bad_call_is_still_named(bad: object, param: str) -> None:
+    """``_check_tool_calls`` stops after its first pass when no message has a call (absent, null,
+    ``[]``): such a body passes as before, and the same body with one ill-typed call after those
+    messages is refused naming it (the early stop is not taken then)."""
+    assert parse_chat_request(orjson.dumps({"model": "m", "messages": _NO_CALLS}))["messages"] == _NO_CALLS
+    good = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    called = [*_NO_CALLS, {"role": "assistant", "tool_calls": [bad, good]}]
+    with pytest.raises(BadRequest) as err:
+        parse_chat_request(orjson.dumps({"model": "m", "messages": called}))
+    assert err.value.param == param
+    fine = [*_NO_CALLS, {"role": "assistant", "tool_calls": [good, {"id": None, "function": None}]}]
+    assert parse_chat_request(orjson.dumps({"model": "m", "messages": fine}))["messages"] == fine

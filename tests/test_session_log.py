@@ -173,3 +173,65 @@ def test_the_stored_lengths_stay_bounded_with_many_sessions_and_long_histories()
     for k in range(10_000):
         log._remember(k, [f"hash {k}"])
     assert len(prefixes) <= 5_000
+
+
+async def test_the_reads_without_a_coroutine_answer_as_the_reads_do(database_url: str) -> None:
+    """``session_now``, and ``internal_now`` with ``expand``: ``None`` until cached, then what
+    ``open_session`` and ``expand_internal`` answer (the proxy's own round put back where it ran)."""
+    store = await Store.open(database_url, pool_size=2)
+    try:
+        log = SessionLog(store)
+        assert log.session_now("t", "s") is None
+        session = await log.open_session("t", "s")
+        assert log.session_now("t", "s") is session
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "hello"}]
+        digests, chain = digests_and_chain(messages)
+        assert log.internal_now(session.pk) is None  # not read yet
+        assert await log.expand_internal(session, messages, digests, chain) is None
+        assert log.internal_now(session.pk) == []
+        assert log.expand([], messages, digests, chain) is None
+        internal = [{"role": "assistant", "content": None,
+                     "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "r", "arguments": "{}"}}]},
+                    {"role": "tool", "tool_call_id": "c1", "content": "read"}]
+        reply = {"role": "assistant", "content": "done"}
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        log.finish(session, messages, chain, internal, reply, _record(session.pk), with_request=True,
+                   then=functools.partial(settle, done))
+        await done
+        following = [*messages, reply, {"role": "user", "content": "again"}]
+        digests, chain = digests_and_chain(following)
+        assert log.internal_now(session.pk) is None  # the write dropped the cached list: read again
+        read = await log.expand_internal(session, following, digests, chain)
+        assert read is not None and read[0] == [*messages, *internal, *following[1:]]
+        cached = log.internal_now(session.pk)
+        assert cached is not None and len(cached) == 2
+        assert log.expand(cached, following, digests, chain) == read
+    finally:
+        await store.close()
+
+
+async def test_a_cached_session_is_served_without_the_coroutines(
+    inprocess_proxy: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pipeline's second request of a session finds its row and its (no) internal rounds
+    cached: ``open_session`` and ``expand_internal`` are not called; the first calls both."""
+    calls: list[str] = []
+    open_session, expand_internal = SessionLog.open_session, SessionLog.expand_internal
+
+    async def opened(self: SessionLog, *args: Any, **kwargs: Any) -> Any:
+        calls.append("open_session")
+        return await open_session(self, *args, **kwargs)
+
+    async def expanded(self: SessionLog, *args: Any, **kwargs: Any) -> Any:
+        calls.append("expand_internal")
+        return await expand_internal(self, *args, **kwargs)
+
+    monkeypatch.setattr(SessionLog, "open_session", opened)
+    monkeypatch.setattr(SessionLog, "expand_internal", expanded)
+    body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hello"}]}
+    first = await inprocess_proxy.chat(body, headers={"x-session-id": "cached"})
+    assert first.status_code == 200 and calls == ["open_session", "expand_internal"]
+    second = await inprocess_proxy.chat(body, headers={"x-session-id": "cached"})
+    assert second.status_code == 200 and calls == ["open_session", "expand_internal"]
+    assert second.json()["choices"] == first.json()["choices"]
+    assert second.headers["x-context-proxy-session-id"] == first.headers["x-context-proxy-session-id"] == "cached"

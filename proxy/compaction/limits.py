@@ -92,12 +92,13 @@ MAX_MODEL_CHARS = 256
 """Longer model names (client-chosen strings) are never learned about or stored."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class WindowView:
     """The window one request is sized for. ``tokens``: the context window in the provider's
     tokens (the profile's, or a learned one when smaller; ``None``: unknown); ``ratio``: the
     provider's count per estimated token; ``source``: where ``tokens`` came from (``builtin``,
-    ``config``, ``learned``, ``session``)."""
+    ``config``, ``learned``, ``session``). Not ``frozen``, yet never changed: one per request
+    (see ``proxy.compaction.base.Prepared``)."""
 
     tokens: int | None
     ratio: float
@@ -142,12 +143,14 @@ class _Known:
         return r.context_window_tokens
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Sent:
     """What one request sent, as the pipeline knows it: ``estimate_tokens`` (the proxy's estimate
     of the whole prompt, reserved output included), ``reserved_tokens``; ``text_only()`` says
     whether it carried no image, audio or file (called at most once, only when needed: it may
-    search the body)."""
+    search the body). Not ``frozen``, yet never changed: one per answered request (its usage is
+    observed), and a frozen dataclass's fields cost about five times as much to set (see
+    ``proxy.compaction.base.Prepared``)."""
 
     tenant: str
     model: str

@@ -53,6 +53,8 @@ MADE_BEFORE_CHARS = 16
 """Hex characters of each (unique enough within one session)."""
 CONFIG_MEMO = 4096
 """Defense configs kept (one per window and read-tool flag)."""
+NO_NAMES: frozenset[str] = frozenset()
+"""No names, built once: no artifact unavailable (most projections), no own tool sent (most requests)."""
 
 
 class SessionRef(Protocol):
@@ -117,9 +119,10 @@ class PlanEffects(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Planned:
-    """What ``PlanLoop.prepare`` decided: the ``prepared`` forward and the ``projection`` behind it."""
+    """What ``PlanLoop.prepare`` decided: the ``prepared`` forward and the ``projection`` behind it
+    (not ``frozen``, yet never changed: one per request; see ``proxy.compaction.base.Prepared``)."""
 
     prepared: Prepared
     projection: Projection
@@ -254,25 +257,11 @@ class PlanLoop:
     def _project(self, req: PlanInput, cfg: DefenseConfig, count_tools: list[dict[str, Any]] | None,
                  events: list[EventRecord], force: bool, force_media: bool, unavailable: set[str],
                  truncate_first: bool, new_events: bool, reserved: int) -> Projection:
-        return project(
-            req.messages,
-            digests=req.digests,
-            chain_hashes=req.chain,
-            tools=count_tools,
-            reserved_output_tokens=reserved,
-            events=events,
-            config=cfg,
-            counter=self.counter,
-            session_id=req.session.session_id,
-            memos=self.memos,
-            force=force,
-            force_media=force_media,
-            unavailable_artifacts=frozenset(unavailable),
-            truncate_first=truncate_first,
-            new_events=new_events,
-            escalate=req.escalated,
-            codec=self.codec,
-        )
+        # (by position, in ``project``'s order: naming 17 arguments cost more than the call's work)
+        return project(req.messages, req.digests, req.chain, events, cfg, self.counter, req.session.session_id,
+                       self.codec, self.memos, count_tools, reserved, force, force_media, None,
+                       frozenset(unavailable) if unavailable else NO_NAMES, truncate_first, new_events,
+                       req.escalated)
 
     async def execute(self, req: PlanInput, cfg: DefenseConfig, proj: Projection, events: list[EventRecord],
                       effects: PlanEffects) -> EventRecord | None:
@@ -322,11 +311,12 @@ class PlanLoop:
         # the codec: the client's bytes when the messages are the body's own, else only they change
         extra = {"tools": [*(req.body.get("tools") or []), *own]} if own else None
         body, forwarded = self.codec.apply(req.body, req.raw, proj.messages, extra)
-        names = frozenset(map(self.offer.name_of, own)) if own else frozenset()
+        names = frozenset(map(self.offer.name_of, own)) if own else NO_NAMES
         tokens_client, tokens_forwarded = proj.tokens_client, proj.tokens_forwarded
         if expected or own:
             counted = self.priced.count_tools(count_tools)
             tokens_client -= counted - self.priced.count_tools(client_tools)
             tokens_forwarded += self.priced.count_tools([*(client_tools or []), *own] or None) - counted
+        # (every field by position: a class called with a keyword builds a dict for its ``__init__``)
         return Prepared(body, tokens_client, tokens_forwarded, proj.applied, proj.event_ids, forwarded, names, window,
-                        count_tools=count_tools)
+                        count_tools)

@@ -151,7 +151,7 @@ def digests_now(messages: list[dict[str, Any]], body_bytes: int,
     coroutine; ``None`` for a big one (await ``digests_off_loop`` for it). Raises what
     ``digests_and_chain`` raises."""
     if body_bytes < OFF_LOOP_DIGEST_BYTES and len(messages) < OFF_LOOP_DIGEST_MESSAGES:
-        return digests_and_chain(messages, memo)
+        return memo.digests_and_chain(messages) if memo is not None else _hash_all(messages)  # (``digests_and_chain``)
     return None
 
 

@@ -69,8 +69,8 @@ class PrefixState:
 
     def weight(self) -> int:
         """Positions held (the unit of ``MAX_POSITIONS``; a stored length counts one)."""
-        return (len(self.index) + len(self.items) + sum(len(c) for c in self.counts.values()) + len(self.stored)
-                + 1)
+        return (len(self.index) + len(self.items) + sum(map(len, self.counts.values())) + len(self.stored)
+                + 1)  # (``map``: no generator frame; weighed on every ``keep``)
 
     def stored_in(self, session_pk: int, since: int, chain: Sequence[str]) -> int | None:
         """How many of ``chain``'s first pieces are known stored in ``session_pk``'s log, noted after

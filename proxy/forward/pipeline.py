@@ -31,6 +31,7 @@ from proxy.conversation.digest_memo import DigestMemo
 from proxy.forward.answers import DISCONNECTED, Buffered, Reply, Streamed, Turn
 from proxy.forward.context import ChatContext
 from proxy.forward.db_health import DatabaseHealth
+from proxy.forward.entropy import EntropyPool
 from proxy.forward.log_writer import LogWriter
 from proxy.forward.rounds import RoundLoop
 from proxy.forward.session_ids import client_session_id, header_value
@@ -99,6 +100,8 @@ class ChatPipeline:
         """Digests of the histories seen (bounded: ``digest_memo.MEMO_MAX_BYTES``)."""
         self.body_memo = BodyMemo()
         """Big bodies seen, parsed (bounded: ``body_memo.BODY_MEMO_MAX_BYTES``)."""
+        self.entropy = EntropyPool()
+        """System entropy for the request ids (bounded: ``entropy.ENTROPY_POOL_BYTES``)."""
         tools = ToolRounds(settings, session_log.store, compactor, counter)
         self.loop = RoundLoop(settings, upstream, compactor, tools, self.metrics, self.health)
         self.writer = LogWriter(settings, session_log, self.metrics, self.health)
@@ -126,8 +129,12 @@ class ChatPipeline:
         try:
             if self.health.down and not await self.health.usable():  # (up: no coroutine to await)
                 raise StorageUnavailable("the database did not answer the last probe")
-            session = await self.log.open_session(tenant, session_id)
-            expanded = await self.log.expand_internal(session, messages, digests, chain)
+            # (the session row and its internal rounds as cached, without a coroutine each: most
+            # requests read neither)
+            session = self.log.session_now(tenant, session_id) or await self.log.open_session(tenant, session_id)
+            internal = self.log.internal_now(session.pk)
+            expanded = (self.log.expand(internal, messages, digests, chain) if internal is not None
+                        else await self.log.expand_internal(session, messages, digests, chain))
         except StorageError as exc:
             self.health.saw(exc)
             if self.settings.database_failure_mode != "open":
@@ -135,24 +142,12 @@ class ChatPipeline:
             return await self._forward_unlogged(raw, bool(body.get("stream")), header_items, tenant)
         if expanded is not None:  # the proxy's earlier tool rounds, put back where they happened
             messages, digests, chain = expanded
+        compact_tool = (headers.get("x-context-proxy-compact-tool") or "").lower() in ("1", "on", "true", "yes")
+        # (by position, in the fields' order: naming them cost about half of building the context)
         ctx = ChatContext(
-            request_id=new_id("req"),
-            tenant=tenant,
-            session=session,
-            body=body,
-            raw=raw,
-            messages=messages,
-            digests=digests,
-            chain=chain,
-            upstream_headers=forward_request_headers(
-                header_items, upstream_api_key=self.settings.upstream_api_key, identity=True
-            ),
-            stream=bool(body.get("stream")),
-            started=time.perf_counter(),
-            session_log=self.log,
-            compactor=self.compactor,
-            compact_tool=(headers.get("x-context-proxy-compact-tool") or "").lower() in ("1", "on", "true", "yes"),
-            expanded=expanded is not None,
+            new_id("req", self.entropy), tenant, session, body, raw, messages, digests, chain,
+            forward_request_headers(header_items, upstream_api_key=self.settings.upstream_api_key, identity=True),
+            bool(body.get("stream")), time.perf_counter(), self.log, self.compactor, compact_tool, expanded is not None,
         )
         bind(request_id=ctx.request_id, session_id=session.session_id, model=ctx.model)
         tracking = track_writes(ctx.writes)
@@ -170,14 +165,14 @@ class ChatPipeline:
         answered with an HTTP status)."""
         await self.loop.recovery.prepare(ctx, None)
         turn = Turn(self.settings.stream_log_max_bytes)
+        if not ctx.stream:  # the same loop, never yielding: a coroutine (``RoundLoop.complete``)
+            await self.loop.complete(ctx, turn)
+            return await self._answer(ctx, turn)
         steps = self.loop.exchanges(ctx, turn)
         try:
             first = await anext(steps)
         except StopAsyncIteration:
-            assert turn.reply is not None
-            if turn.reply.status >= 400:
-                return self._error_answer(ctx, turn.reply)
-            return await self._answer(ctx, turn.reply)
+            return await self._answer(ctx, turn)
         resp = turn.resp  # the stream's (a later round's response is closed by ``exchanges``)
         assert resp is not None
         headers = self._client_headers(ctx, resp.headers)
@@ -223,9 +218,14 @@ class ChatPipeline:
             await resp.aclose()
         return Buffered(resp.status_code, out, data)
 
-    async def _answer(self, ctx: ChatContext, reply: Reply) -> Buffered:
-        """A complete reply, logged: waited for when the proxy served tool rounds (the next turn
-        must find them), else started in the background."""
+    async def _answer(self, ctx: ChatContext, turn: Turn) -> Buffered:
+        """The complete reply the loop left in ``turn``, logged: an error status as the provider
+        sent it (``_error_answer``); else its log write waited for when the proxy served tool
+        rounds (the next turn must find them), else started in the background."""
+        reply = turn.reply
+        assert reply is not None
+        if reply.status >= 400:
+            return self._error_answer(ctx, reply)
         if ctx.internal:
             await self.writer.finish(ctx, reply.status, reply.message, reply.usage, finish_reason=reply.finish_reason)
         else:  # (queued once the answer is out)

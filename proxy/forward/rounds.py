@@ -40,6 +40,7 @@ from proxy.json_text import parse_json
 from proxy.settings import Settings
 from proxy.telemetry.metrics import Metrics
 from proxy.upstream.client import Upstream
+from proxy.upstream.transport import UpstreamResponse
 from proxy.upstream.urls import UPSTREAM_CHAT_PATH
 from storage.errors import StorageError
 
@@ -142,22 +143,13 @@ class RoundLoop:
         ``Segment``s for ``relay_turn`` (a stream keeps relaying across rounds and retries); a
         complete answer is left in ``turn.reply``. The upstream response is closed however this
         ends. Raises our 502/504 errors when the upstream fails (in a stream, after its start: in
-        what the relay reads)."""
+        what the relay reads). A request that is not a stream runs ``complete`` instead."""
         hold = self.compactor.retries_overflows  # an overflow in a stream's start can be retried
         try:
             while True:
-                assert ctx.prepared is not None
-                if turn.resp is not None:
-                    await turn.resp.aclose()
-                started = time.perf_counter()
-                resp = turn.resp = await self.upstream.send("POST", UPSTREAM_CHAT_PATH, headers=ctx.upstream_headers,
-                                                            content=ctx.prepared.body, tenant=ctx.tenant)
-                self.metrics.upstream_answered(ctx.model, time.perf_counter() - started)
+                resp = await self._send(ctx, turn)
                 if resp.status_code >= 400:
-                    data = await resp.aread()
-                    await resp.aclose()  # read whole: its pool slot is free for a summary call
-                    # (``sent_with_rounds``: what overflow errors may quote back; ``ctx`` is as sent)
-                    overflow = classify_error(resp.status_code, data, resp.headers, sent=sent_with_rounds(ctx))
+                    data, overflow = await self._refused(ctx, resp)
                     if overflow is not None:
                         if turn.committed:
                             yield COMPACTING
@@ -170,6 +162,7 @@ class RoundLoop:
                     else:
                         turn.reply = Reply(resp.status_code, resp.headers, data)
                     return
+                assert ctx.prepared is not None
                 if ctx.stream and "text/event-stream" in resp.headers.get("content-type", ""):
                     state = await start_stream(resp, hold=hold, assembler=turn.assembler, sent=sent_with_rounds(ctx))
                     if state.overflow is not None:
@@ -187,24 +180,81 @@ class RoundLoop:
                     await self.tools.serve(ctx, {"content": None}, state.own_calls)
                     turn.assembler.reset_round()
                     continue
-                data = await resp.aread()
-                message, usage, finish_reason = reply_of(data)
-                mine, theirs = own_only(message, ctx.prepared.own_tools)
-                if self.tools.serves(ctx, mine, len(theirs)):
-                    await self.tools.serve(ctx, message or {}, mine)
-                    continue
-                if turn.committed:
-                    raise UpstreamUnreachable("The upstream answered a streamed round without an event stream.")
-                if mine and message is not None:  # the model called the proxy's tools too: those are removed
-                    if not theirs:  # nothing but the proxy's calls, none servable: the text, or our 502
-                        self.tools.unserved(ctx, mine, has_text=bool(message.get("content")))
-                    data, message = self.tools.strip(data, message, theirs)
-                    finish_reason = "stop" if not theirs else finish_reason
-                turn.reply = Reply(resp.status_code, resp.headers, data, message, usage, finish_reason)
-                return
+                if not await self._whole(ctx, turn, resp):
+                    return
         finally:
             if turn.resp is not None:
                 await turn.resp.aclose()
+
+    async def complete(self, ctx: ChatContext, turn: Turn) -> None:
+        """``exchanges`` for a request that is not a stream (``ctx.stream`` false), as a coroutine:
+        such a request commits nothing and reads no event stream, so there the loop never yields,
+        and an async generator ended by ``StopAsyncIteration`` cost about four times this
+        coroutine's await (timed in isolation). The same steps (what ``_send`` does, ``_refused``,
+        ``_retry``, ``_whole``); the answer is left in ``turn.reply``, the upstream response is
+        closed however this ends. Raises what ``exchanges`` raises."""
+        assert not ctx.stream
+        try:
+            while True:  # (``_send`` inlined: every frame between the task and the upstream is resumed
+                # at each of its suspensions; a round's response is closed before the next is sent)
+                assert ctx.prepared is not None
+                started = time.perf_counter()
+                resp = turn.resp = await self.upstream.send("POST", UPSTREAM_CHAT_PATH, headers=ctx.upstream_headers,
+                                                            content=ctx.prepared.body, tenant=ctx.tenant)
+                self.metrics.upstream_answered(ctx.model, time.perf_counter() - started)
+                if resp.status_code < 400:
+                    if await self._whole(ctx, turn, resp):
+                        continue
+                    return
+                data, overflow = await self._refused(ctx, resp)
+                if overflow is None or not await self._retry(ctx, turn, overflow):
+                    turn.reply = Reply(resp.status_code, resp.headers, data)
+                    return
+        finally:
+            if turn.resp is not None:
+                await turn.resp.aclose()
+
+    async def _send(self, ctx: ChatContext, turn: Turn) -> UpstreamResponse:
+        """Forward what is prepared (``ctx.prepared``), the last round's response closed first."""
+        assert ctx.prepared is not None
+        if turn.resp is not None:
+            await turn.resp.aclose()
+        started = time.perf_counter()
+        resp = turn.resp = await self.upstream.send("POST", UPSTREAM_CHAT_PATH, headers=ctx.upstream_headers,
+                                                    content=ctx.prepared.body, tenant=ctx.tenant)
+        self.metrics.upstream_answered(ctx.model, time.perf_counter() - started)
+        return resp
+
+    async def _refused(self, ctx: ChatContext, resp: UpstreamResponse) -> tuple[bytes, Overflow | None]:
+        """An error status: its body, read whole and released (its pool slot is free for a summary
+        call), and the overflow it reports (``None``: another error)."""
+        data = await resp.aread()
+        await resp.aclose()
+        # (``sent_with_rounds``: what overflow errors may quote back; ``ctx`` is as sent)
+        return data, classify_error(resp.status_code, data, resp.headers, sent=sent_with_rounds(ctx))
+
+    async def _whole(self, ctx: ChatContext, turn: Turn, resp: UpstreamResponse) -> bool:
+        """A round answered whole (not an event stream): True when the model called only the
+        proxy's tools and they were served (ask again), else the answer is left in ``turn.reply``
+        (the proxy's own calls removed from it). Raises our 502 for such a round after a stream's
+        first byte."""
+        assert ctx.prepared is not None
+        data = await resp.aread()
+        message, usage, finish_reason = reply_of(data)
+        mine, theirs = own_only(message, ctx.prepared.own_tools)
+        if self.tools.serves(ctx, mine, len(theirs)):
+            await resp.aclose()  # read whole: released before the tools are served
+            await self.tools.serve(ctx, message or {}, mine)
+            return True
+        if turn.committed:
+            raise UpstreamUnreachable("The upstream answered a streamed round without an event stream.")
+        if mine and message is not None:  # the model called the proxy's tools too: those are removed
+            if not theirs:  # nothing but the proxy's calls, none servable: the text, or our 502
+                self.tools.unserved(ctx, mine, has_text=bool(message.get("content")))
+            data, message = self.tools.strip(data, message, theirs)
+            finish_reason = "stop" if not theirs else finish_reason
+        turn.reply = Reply(resp.status_code, resp.headers, data, message, usage, finish_reason)
+        return False
 
     async def _retry(self, ctx: ChatContext, turn: Turn, overflow: Overflow) -> bool:
         """After an overflow: ``Recovery.retry`` (True: the compacted request is prepared; False:

@@ -33,6 +33,7 @@ from typing import Any
 from proxy.cache import BoundedCache
 from proxy.conversation.canonical import chain_hash, message_digest
 from proxy.conversation.prefix import PrefixStates
+from proxy.forward.entropy import EntropyPool
 from storage.errors import MissingRow
 from storage.records import MessageRecord, NewMessage, RequestRecord, SessionRecord
 from storage.refused import RequestWrites
@@ -80,7 +81,7 @@ every request names the same one; SHA-256 through OpenSSL was about 1% of a smal
 instructions, callgrind). Emptied whole when full: the ids of active conversations come back at once."""
 
 
-def new_id(prefix: str) -> str:
+def new_id(prefix: str, entropy: EntropyPool | None = None) -> str:
     """A time-ordered id for records outside the projection (requests); never used inside it:
     ``prefix_`` + 12 hex of the Unix time in milliseconds + 12 hex (48 bits) from system entropy
     (time first, as in a UUIDv7, RFC 9562, without its version bits). Time first, so a new row
@@ -90,8 +91,11 @@ def new_id(prefix: str) -> str:
     Only ids of one millisecond can collide: for n of them, with probability about n^2 / 2^49.
     The id shows its request's time to the millisecond (to the client that sent it). From
     ``secrets``, not ``random``: whatever seeds ``random`` (a test framework, a library) would
-    make ids repeat, and a repeated request id fails the request's log write."""
-    return f"{prefix}_{time.time_ns() // 1_000_000:012x}{secrets.token_hex(6)}"
+    make ids repeat, and a repeated request id fails the request's log write. ``entropy``: the
+    caller's pool of the same system entropy, read in blocks (``proxy.forward.entropy``; the
+    pipelines'), else it is read for this id alone."""
+    random = entropy.hex(12) if entropy is not None else secrets.token_hex(6)
+    return f"{prefix}_{time.time_ns() // 1_000_000:012x}{random}"
 
 
 def now() -> datetime:
@@ -165,6 +169,11 @@ class SessionLog:
             session = await self.store.get_or_create_session(tenant, session_id, now(), api)
             self._sessions.put(key, session)
         return session
+
+    def session_now(self, tenant: str, session_id: str) -> SessionRecord | None:
+        """``open_session`` without I/O (nor a coroutine): the cached row, ``None`` when it is to be
+        opened (not cached, or cached more than ``CACHE_TTL_S`` ago)."""
+        return self._sessions.fresh((tenant, session_id))
 
     async def _reopen(self, session: SessionRecord) -> SessionRecord:
         """``session`` was found gone (``MissingRow``): forget what is cached of it and open it again."""
@@ -368,6 +377,16 @@ class SessionLog:
         if records is None:
             records = await self.store.list_internal_messages(session_pk)
             self._internal.put(session_pk, records)
+        return self._with_pending(session_pk, records)
+
+    def internal_now(self, session_pk: int) -> list[MessageRecord] | None:
+        """``_internal_messages`` without I/O (nor a coroutine): ``None`` when the stored ones are
+        to be read first (not cached, or cached more than ``CACHE_TTL_S`` ago)."""
+        records = self._internal.fresh(session_pk)
+        return self._with_pending(session_pk, records) if records is not None else None
+
+    def _with_pending(self, session_pk: int, records: list[MessageRecord]) -> list[MessageRecord]:
+        """``records`` (the stored internal messages) and those being written not among them."""
         pending = self._pending_internal.fresh(session_pk)
         if pending:
             known = {r.chain_hash for r in records}
@@ -387,7 +406,18 @@ class SessionLog:
         those of the message as logged; Messages: ``messages_rounds.after_rounds``). Returns ``None``
         when the session has no internal rounds.
         """
-        internal = await self._internal_messages(session.pk)
+        internal = self.internal_now(session.pk)
+        if internal is None:
+            internal = await self._internal_messages(session.pk)
+        return self.expand(internal, messages, digests, chain, after)
+
+    @staticmethod
+    def expand(
+        internal: list[MessageRecord], messages: list[dict[str, Any]], digests: list[str], chain: list[str],
+        after: Callable[[list[dict[str, Any]], dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> tuple[list[dict[str, Any]], list[str], list[str]] | None:
+        """``expand_internal`` given the session's ``internal`` messages (``internal_now``, else
+        read): without I/O, for a caller that has them without a coroutine."""
         if not internal:
             return None
         children: dict[str | None, MessageRecord] = {}

@@ -31,6 +31,7 @@ async def test_digests_now_answers_what_digests_off_loop_answers() -> None:
         fast = digests_now(messages, size, now_memo)
         assert fast is not None  # small: taken
         assert fast == await digests_off_loop(messages, size, loop_memo) == digests_and_chain(messages)
+        assert digests_now(messages, size) == fast  # without a memo: hashed whole, the same values
 
 
 async def test_a_big_request_gets_none_and_the_thread_gives_the_same_values(monkeypatch: pytest.MonkeyPatch) -> None:

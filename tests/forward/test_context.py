@@ -8,6 +8,8 @@ from collections.abc import Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
+
 from proxy.forward.context import ChatContext
 from proxy.forward.session_log import LoggedRequest
 from storage.records import SessionRecord
@@ -54,3 +56,36 @@ async def test_ensure_logged_alone_starts_the_write() -> None:
     ctx = _ctx(log)
     assert (await ctx.ensure_logged()).added == 1
     assert ctx.start_append() is ctx.append_task and log.appends == 1
+
+
+async def test_the_pipeline_builds_each_field_from_its_source(
+    inprocess_proxy: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``ChatPipeline.handle`` passes the context's fields by position: each holds what its name
+    says (the ids, the body and its bytes, the digests and chain hashes in their places, the flags)."""
+    from proxy.conversation.canonical import digests_and_chain
+    from proxy.forward.pipeline import ChatPipeline
+
+    seen: list[ChatContext] = []
+    run = ChatPipeline._run
+
+    async def kept(self: ChatPipeline, ctx: ChatContext) -> Any:
+        seen.append(ctx)
+        return await run(self, ctx)
+
+    monkeypatch.setattr(ChatPipeline, "_run", kept)
+    body = {"model": "gpt-4o-mini", "messages": [{"role": "system", "content": "Be brief."},
+                                                 {"role": "user", "content": "hello"}]}
+    resp = await inprocess_proxy.chat(body, headers={"x-session-id": "fields", "x-context-proxy-compact-tool": "on"})
+    assert resp.status_code == 200
+    (ctx,) = seen
+    pipeline = inprocess_proxy.app.state.proxy.pipeline
+    digests, chain = digests_and_chain(body["messages"])
+    assert ctx.request_id == resp.headers["x-context-proxy-request-id"] and ctx.request_id.startswith("req_")
+    assert ctx.tenant and ctx.session.session_id == "fields" and ctx.session.tenant == ctx.tenant
+    assert ctx.body == body and ctx.messages == body["messages"] and ctx.raw == resp.request.content
+    assert (ctx.digests, ctx.chain) == (digests, chain)
+    assert ("content-type", "application/json") in ctx.upstream_headers  # the client's, forwarded
+    assert ctx.stream is False and ctx.compact_tool is True and ctx.expanded is False
+    assert ctx.started > 0 and ctx.session_log is pipeline.log and ctx.compactor is pipeline.compactor
+    assert ctx.model == "gpt-4o-mini" and ctx.internal == [] and ctx.prepared is not None

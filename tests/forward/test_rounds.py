@@ -293,3 +293,76 @@ def test_a_fresh_assemblers_reset_changes_nothing() -> None:
     turn.reset_round()
     assert turn.built is None
     assert turn.assembler is turn.built is turn.assembler and turn.built.max_bytes == 100
+
+
+async def _answered(path: str, scenario: str, database_url: str, monkeypatch: pytest.MonkeyPatch,
+                    models_file: str) -> tuple[Any, ...]:
+    """One request that is not a stream, through ``RoundLoop.complete`` (``path`` "coroutine", its
+    calls counted) or through ``exchanges`` driven to its end in its place ("generator"), on a fresh
+    fake provider: what the client got and what the provider was sent."""
+    from proxy.forward.rounds import RoundLoop
+    from tests.fakes.upstream import create_fake_upstream
+    from tests.support.inprocess import default_settings, start_inprocess
+
+    calls: list[str] = []
+    complete = RoundLoop.complete
+
+    async def counted(self: RoundLoop, ctx: Any, turn: Any) -> None:
+        calls.append("complete")
+        await complete(self, ctx, turn)
+
+    async def through_exchanges(self: RoundLoop, ctx: Any, turn: Any) -> None:
+        calls.append("exchanges")
+        async for _ in self.exchanges(ctx, turn):
+            raise AssertionError("a request that is not a stream yielded")
+
+    monkeypatch.setattr(RoundLoop, "complete", counted if path == "coroutine" else through_exchanges)
+    app, state = create_fake_upstream()
+    provider = FakeProvider(app, state)
+    overrides: dict[str, Any] = {"models_file": models_file}
+    payload = body(False)
+    if scenario in ("retried", "no retry left"):
+        state.responders.insert(0, window_shrinks_after_the_first_read())
+        payload = body(False, chat_turns=30)
+        if scenario == "no retry left":
+            overrides["max_overflow_retries"] = 0
+    elif scenario == "unserved":
+        state.responders.insert(0, calls_the_read_tool_always(None))
+        overrides["read_tool_max_rounds"] = 1
+    elif scenario == "plain":
+        payload = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}]}
+    async with start_inprocess(default_settings(database_url, provider, **overrides), provider) as proxy:
+        resp = await proxy.chat(payload, headers={"x-session-id": "paths"})
+        await proxy.wait_logged("paths", requests=1)
+        logged = (await proxy.http.get("/sessions/paths/messages")).json()["data"]
+        records = (await proxy.http.get("/sessions/paths/requests")).json()["data"]
+    assert calls == [path.replace("coroutine", "complete").replace("generator", "exchanges")]
+    answer = resp.json()
+    for key in ("id", "created"):
+        answer.pop(key, None)
+    headers = {k: v for k, v in resp.headers.items() if k.startswith("x-context-proxy-") and k != "x-context-proxy-request-id"}
+    sent = [r.json for r in state.model_requests]
+    rows = [(m["id"], m["seq"], m.get("role"), m.get("content"), m["internal"]) for m in logged]
+    timed = ("id", "created_at", "latency_ms", "upstream_latency_ms")
+    kept = [{k: v for k, v in r.items() if k not in timed} for r in records]
+    return resp.status_code, answer, headers, sent, rows, kept
+
+
+@needs_exact_encodings  # the window is set a margin of tokens above a prompt, as the fake counts it
+@pytest.mark.parametrize("scenario", ["plain", "rounds", "retried", "no retry left", "unserved"])
+async def test_a_complete_answer_through_the_coroutine_is_the_generators(
+    scenario: str, tmp_path: Path, sqlite_template: Path, monkeypatch: pytest.MonkeyPatch, models_file: str,
+) -> None:
+    """``RoundLoop.complete`` (what a request that is not a stream runs) answers, forwards and logs
+    what ``exchanges`` run to its end does: the same status, answer, headers, upstream bodies and
+    logged messages, in each kind of loop (a plain answer, tool rounds, an overflow retried, one
+    with no retry left, a call no round can serve)."""
+    import shutil
+
+    results = []
+    for path in ("coroutine", "generator"):
+        db = tmp_path / f"{path}.db"
+        shutil.copyfile(sqlite_template, db)
+        results.append(await _answered(path, scenario, f"sqlite:///{db}", monkeypatch, models_file))
+    assert results[0] == results[1]
+    assert results[0][0] == {"no retry left": 400, "unserved": 502}.get(scenario, 200)
