@@ -70,7 +70,7 @@ async def test_a_connection_reset_mid_body_raises_our_error_through_aiohttp(read
         _ours(caught.value, UpstreamUnreachable)
         assert caught.value.status == 502
         await resp.aclose()
-        assert upstream.slots._all._value == 2  # the pool slot is back
+        assert upstream.slots._all.free == 2  # the pool slot is back
     finally:
         await upstream.aclose()
         server.close()
@@ -143,7 +143,7 @@ async def test_the_httpx_transport_maps_its_errors_too(respx_mock: respx.MockRou
             with pytest.raises(UpstreamError) as caught:
                 await upstream.send("POST", "/chat/completions", headers=[], content=b"{}")
             _ours(caught.value, kind)
-        assert upstream.slots._all._value == 2  # every slot back
+        assert upstream.slots._all.free == 2  # every slot back
     finally:
         await upstream.aclose()
 
