@@ -30,21 +30,19 @@ class Slots:
     (``asyncio.Semaphore`` takes a free slot through a coroutine, and its ``locked`` builds a
     generator each call: a free share and pool slot cost about 22,000 instructions a request,
     callgrind). ``wait`` queues behind earlier waiters; ``give`` hands a slot to the first
-    waiter still waiting, else frees it. Not thread-safe (one event loop)."""
+    waiter, else frees it. ``waiters`` holds only waits under way (as many as requests waiting:
+    a cancelled or timed-out one leaves at once). Not thread-safe (one event loop)."""
 
     __slots__ = ("free", "waiters")
 
     def __init__(self, size: int) -> None:
         self.free = size
         self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        """Waiting ``wait`` calls, first come first (a cancelled one stays until ``give`` or ``locked`` passes it)."""
+        """Waiting ``wait`` calls, first come first."""
 
     def locked(self) -> bool:
         """No slot can be taken at once: none is free, or callers still wait for one."""
-        waiters = self.waiters
-        while waiters and waiters[0].done():  # cancelled waiters left at the head
-            waiters.popleft()
-        return self.free <= 0 or bool(waiters)
+        return self.free <= 0 or bool(self.waiters)
 
     def take_now(self) -> bool:
         """Take a slot if one is free and nobody waits (``True``), else take nothing (``False``)."""
@@ -62,17 +60,18 @@ class Slots:
             await waiter
         except BaseException:
             if waiter.done() and not waiter.cancelled():
-                self.give()  # handed over just as the wait ended: pass it on
+                self.give()  # handed over just as the wait ended (``give`` took it out): pass it on
             else:
-                waiter.cancel()  # (left in ``waiters``: passed over by ``give``)
+                waiter.cancel()
+                self.waiters.remove(waiter)  # (a timed-out wait must not stay: the queue would grow)
             raise
 
     def give(self) -> None:
-        """Give a slot back: to the first waiter still waiting, else to the free ones."""
+        """Give a slot back: to the first waiter, else to the free ones."""
         waiters = self.waiters
         while waiters:
             waiter = waiters.popleft()
-            if not waiter.done():
+            if not waiter.done():  # (always: a wait that ends leaves the queue; kept as a guard)
                 waiter.set_result(None)
                 return
         self.free += 1

@@ -215,3 +215,22 @@ async def test_pool_share_waiting_times_out_holding_nothing_and_serves_in_order(
     release_c()
     release_d()
     assert pool._tenants == {} and pool._all.free == 2 and not pool._all.locked()
+
+
+async def test_waits_that_time_out_or_are_cancelled_leave_the_queue() -> None:
+    """A wait for a busy pool that times out (``ProxyBusy``) or is cancelled leaves ``Slots``'
+    queue at once: requests refused while streams hold every slot for minutes do not pile up."""
+    pool = PoolShare(pool_size=1, tenant_slots=1)
+    held = await pool.acquire("a", 1.0)
+    for _ in range(50):
+        with pytest.raises(ProxyBusy):
+            await pool.acquire("b", 0.0)
+    cancelled = asyncio.ensure_future(pool.acquire("c", 5.0))
+    await asyncio.sleep(0.01)
+    assert len(pool._all.waiters) == 1
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    assert not pool._all.waiters and pool._all.free == 0 and set(pool._tenants) == {"a"}
+    held()
+    assert pool._all.free == 1 and not pool._all.locked() and pool._tenants == {}
