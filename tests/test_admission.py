@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
-from proxy.admission import BodyBudget, HeldBody, PoolShare
+from proxy.admission import BodyBudget, HeldBody, PoolShare, Slots
 from proxy.errors import ProxyBusy
 
 
@@ -145,3 +146,91 @@ def test_a_request_s_held_body_is_taken_from_the_budget_and_given_back_whole() -
     assert budget.held_bytes == 90
     held.release()
     assert budget.held_bytes == 0 and held.held_bytes == 0
+
+
+async def test_slots_serve_waiters_first_come_first_and_a_newcomer_does_not_jump_the_queue() -> None:
+    """``Slots`` (``PoolShare``'s semaphore): a freed slot goes to the longest waiter, and while
+    anybody waits a new caller cannot take one at once (``take_now``), as ``asyncio.Semaphore``."""
+    slots = Slots(1)
+    assert slots.take_now() and slots.locked() and not slots.take_now()
+    order: list[str] = []
+
+    async def waits(name: str) -> None:
+        await slots.wait()
+        order.append(name)
+
+    first, second = asyncio.ensure_future(waits("first")), asyncio.ensure_future(waits("second"))
+    await asyncio.sleep(0)
+    slots.give()  # to ``first``, not to the free count
+    assert not slots.take_now()  # ``second`` still waits: a newcomer is refused
+    await first
+    slots.give()
+    await second
+    assert order == ["first", "second"]
+    slots.give()
+    assert slots.free == 1 and not slots.locked() and slots.take_now()
+
+
+async def test_a_slot_handed_to_a_wait_that_is_cancelled_at_that_moment_goes_to_the_next_waiter() -> None:
+    """The slot ``give`` hands to a waiter whose task is cancelled before it runs (its timeout, a
+    client gone) is not lost: the next waiter gets it, else it is free again."""
+    slots = Slots(1)
+    assert slots.take_now()
+    late, next_ = asyncio.ensure_future(slots.wait()), asyncio.ensure_future(slots.wait())
+    await asyncio.sleep(0)
+    slots.give()  # handed to ``late`` ...
+    late.cancel()  # ... which is cancelled before it resumes
+    with pytest.raises(asyncio.CancelledError):
+        await late
+    await asyncio.wait_for(next_, 1.0)  # the slot went on
+    slots.give()
+    assert slots.free == 1 and not slots.waiters
+    alone = asyncio.ensure_future(slots.wait()) if not slots.take_now() else None
+    assert alone is None  # free again: taken at once
+
+
+async def test_pool_share_waiting_times_out_holding_nothing_and_serves_in_order() -> None:
+    """``PoolShare`` over ``Slots``: a waiter that times out holds no slot (of its share or the
+    pool), and the waiters that remain are served in order as slots come back."""
+    pool = PoolShare(pool_size=2, tenant_slots=2)
+    held = [await pool.acquire("a", 1.0), await pool.acquire("b", 1.0)]
+    with pytest.raises(ProxyBusy, match="every upstream connection"):
+        await pool.acquire("a", 0.01)
+    assert pool._tenants["a"][0] == 1 and pool._tenants["a"][1].free == 1  # its share slot given back
+    got: list[str] = []
+
+    async def take(name: str) -> Callable[[], None]:
+        release = await pool.acquire(name, 5.0)
+        got.append(name)
+        return release
+
+    c, d = asyncio.ensure_future(take("c")), asyncio.ensure_future(take("d"))
+    await asyncio.sleep(0.01)
+    held[0]()
+    release_c = await asyncio.wait_for(c, 1.0)
+    assert got == ["c"] and not d.done()
+    held[1]()
+    release_d = await asyncio.wait_for(d, 1.0)
+    assert got == ["c", "d"]
+    release_c()
+    release_d()
+    assert pool._tenants == {} and pool._all.free == 2 and not pool._all.locked()
+
+
+async def test_waits_that_time_out_or_are_cancelled_leave_the_queue() -> None:
+    """A wait for a busy pool that times out (``ProxyBusy``) or is cancelled leaves ``Slots``'
+    queue at once: requests refused while streams hold every slot for minutes do not pile up."""
+    pool = PoolShare(pool_size=1, tenant_slots=1)
+    held = await pool.acquire("a", 1.0)
+    for _ in range(50):
+        with pytest.raises(ProxyBusy):
+            await pool.acquire("b", 0.0)
+    cancelled = asyncio.ensure_future(pool.acquire("c", 5.0))
+    await asyncio.sleep(0.01)
+    assert len(pool._all.waiters) == 1
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    assert not pool._all.waiters and pool._all.free == 0 and set(pool._tenants) == {"a"}
+    held()
+    assert pool._all.free == 1 and not pool._all.locked() and pool._tenants == {}

@@ -107,6 +107,27 @@ async def test_a_buffered_answer_is_sent_as_send_whole_sends_its_encoded_headers
             assert fast[0]["headers"][-1] == (b"content-length", str(len(body)).encode())
 
 
+async def test_whole_headers_takes_known_names_from_its_table_and_sends_what_encoding_them_sends() -> None:
+    """``whole_headers`` takes a name of ``KNOWN_NAMES`` from the table (the fast path: the very
+    bytes object there) and lowers and encodes any other: the same messages as ``send_whole`` of
+    ``encode_headers`` either way, a known name in another case or a ``content-length`` included."""
+    from proxy.forward.answers import Buffered
+    from proxy.routes.answer import KNOWN_NAMES, encode_headers, send_outcome, send_whole, whole_headers
+
+    assert all(raw == name.lower().encode("latin-1") and name == name.lower() for name, raw in KNOWN_NAMES.items())
+    assert "content-length" not in KNOWN_NAMES
+    known = {name: f"v{i}" for i, name in enumerate(KNOWN_NAMES)}
+    cases = [known, {"Content-Type": "application/json", "X-Context-Proxy-Session-Id": "sess_é", "content-length": "1"},
+             {**known, "Content-Length": "7", "x-other": "café"}]
+    for headers in cases:
+        slow, fast = _Sent(), _Sent()
+        await send_whole(slow, 200, encode_headers(headers), b"{}")  # type: ignore[arg-type]
+        await send_outcome(Buffered(200, dict(headers), b"{}"), None, fast)  # type: ignore[arg-type]
+        assert fast == slow, headers
+    taken = whole_headers(known, 2)
+    assert all(name is KNOWN_NAMES[text] for (name, _), text in zip(taken, known, strict=False))  # from the table
+
+
 class _Sent(list):  # type: ignore[type-arg]
     """An ASGI ``send`` keeping what it is sent."""
 

@@ -7,6 +7,7 @@ import gzip
 import zlib
 
 import pytest
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.errors import UpstreamTimeout, UpstreamUnreachable
 from proxy.upstream.aiohttp_transport import aiohttp_error
@@ -229,6 +230,9 @@ def test_the_one_pass_header_filters_keep_what_the_two_pass_ones_kept(pairs: lis
         for shared_key in (False, True):
             expected = _reference_response_headers(pairs, keep_encoding=keep_encoding, shared_key=shared_key)
             assert response_headers(_Pairs(pairs), keep_encoding=keep_encoding, shared_key=shared_key) == expected
+            # aiohttp's own headers: their ``items()`` view is read again (not copied) for a second pass
+            multi = CIMultiDictProxy(CIMultiDict(pairs))
+            assert response_headers(multi, keep_encoding=keep_encoding, shared_key=shared_key) == expected
 
 
 class _Pairs:

@@ -70,7 +70,7 @@ async def test_a_connection_reset_mid_body_raises_our_error_through_aiohttp(read
         _ours(caught.value, UpstreamUnreachable)
         assert caught.value.status == 502
         await resp.aclose()
-        assert upstream.slots._all._value == 2  # the pool slot is back
+        assert upstream.slots._all.free == 2  # the pool slot is back
     finally:
         await upstream.aclose()
         server.close()
@@ -143,7 +143,7 @@ async def test_the_httpx_transport_maps_its_errors_too(respx_mock: respx.MockRou
             with pytest.raises(UpstreamError) as caught:
                 await upstream.send("POST", "/chat/completions", headers=[], content=b"{}")
             _ours(caught.value, kind)
-        assert upstream.slots._all._value == 2  # every slot back
+        assert upstream.slots._all.free == 2  # every slot back
     finally:
         await upstream.aclose()
 
@@ -229,3 +229,60 @@ def test_each_transport_maps_its_own_library() -> None:
         aiohttp.client_reqrep.ConnectionKey("h", 1, False, True, None, None, None), OSError(111, "refused"))).message
     assert "closed the connection" in aiohttp_error(aiohttp.ServerDisconnectedError()).message
     assert isinstance(aiohttp_error(aiohttp.ServerTimeoutError("read")), UpstreamTimeout)
+
+
+async def test_aiohttp_sends_the_bytes_a_session_skipping_content_type_sent_asking_to_skip_only_without_one() -> None:
+    """``AiohttpTransport.send`` asks aiohttp to skip its automatic ``Content-Type`` only when the
+    headers carry none (the fast path: no ``skip_auto_headers``, which would cost aiohttp a copy of
+    the headers): the upstream gets, byte for byte, what a session skipping it on every request
+    (the transport's former configuration) sends, with or without the client's content type."""
+    from proxy.upstream.aiohttp_transport import AiohttpTransport
+
+    heads: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                return
+            length = next((int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
+                           if line.startswith(b"content-length:")), 0)
+            heads.append(head + await reader.readexactly(length))
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+            await writer.drain()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    url = yarl.URL(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/chat/completions")
+    transport = AiohttpTransport(pool_size=4, connect_timeout_s=5, read_timeout_s=5, keepalive_s=4)
+    reference = aiohttp.ClientSession(auto_decompress=False, trust_env=False, skip_auto_headers=("Content-Type",),
+                                      cookie_jar=aiohttp.DummyCookieJar())
+    asked: list[object] = []
+    request = transport._session.request
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        asked.append(kwargs.get("skip_auto_headers"))
+        return request(*args, **kwargs)
+
+    transport._session.request = spy  # type: ignore[method-assign]
+    cases = [("POST", [("content-type", "application/json"), ("authorization", "Bearer k"),
+                       ("accept-encoding", "identity")], b'{"a": 1}'),
+             ("POST", [("Content-Type", "text/plain"), ("x-a", "1"), ("x-a", "2")], b"hi"),
+             ("POST", [("authorization", "Bearer k")], b'{"a": 1}'),  # no content type: none added
+             ("GET", [("accept", "application/json")], None),
+             ("POST", [], None)]
+    try:
+        for method, headers, body in cases:
+            resp = await transport.send(method, url, headers=headers, content=body)
+            await resp.aread()
+            await resp.aclose()
+            async with reference.request(method, url, headers=headers, data=body, allow_redirects=False) as ref:
+                await ref.read()
+            ours, theirs = heads[-2], heads[-1]
+            assert ours == theirs, (ours, theirs)
+            assert (b"content-type:" in ours.lower()) == any(k.lower() == "content-type" for k, _ in headers)
+    finally:
+        await transport.aclose()
+        await reference.close()
+        server.close()
+    assert asked == [None, None, ("Content-Type",), ("Content-Type",), ("Content-Type",)]

@@ -18,10 +18,13 @@ from collections.abc import AsyncIterator
 import aiohttp
 import certifi
 import yarl
-from multidict import CIMultiDictProxy
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.errors import UpstreamError, UpstreamUnreachable
 from proxy.upstream.transport import OS_ERRORS, upstream_error
+
+_SKIP_CONTENT_TYPE = ("Content-Type",)
+"""aiohttp's automatic header the proxy never adds: a body goes with the client's content type, or none."""
 
 TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError, *OS_ERRORS)
 """What aiohttp raises when a connection fails (mapped by ``aiohttp_error``)."""
@@ -115,7 +118,6 @@ class AiohttpTransport:
                                           sock_read=read_timeout_s),
             auto_decompress=False,  # bytes are relayed as the upstream sent them
             trust_env=False,
-            skip_auto_headers=("Content-Type",),  # the client's own goes through, else none
             # one client serves every tenant: a cookie the upstream sets goes back to the client
             # that got it (in the response headers), never into a jar sent with others' requests
             cookie_jar=aiohttp.DummyCookieJar(),
@@ -123,8 +125,15 @@ class AiohttpTransport:
 
     async def send(self, method: str, url: yarl.URL, *, headers: list[tuple[str, str]],
                    content: bytes | None) -> AiohttpResponse:
+        """``headers`` as given and no ``Content-Type`` of aiohttp's: the client's own goes through,
+        else none (``skip_auto_headers``, asked for only then: with a ``Content-Type`` there it
+        changes nothing, and it costs aiohttp a copy of the headers and two multidicts, about
+        11,000 instructions a request, callgrind)."""
+        sent = CIMultiDict(headers)  # (what aiohttp makes of a list; the lookup below is then one call)
+        skip = None if "Content-Type" in sent else _SKIP_CONTENT_TYPE
         try:
-            resp = await self._session.request(method, url, headers=headers, data=content, allow_redirects=False)
+            resp = await self._session.request(method, url, headers=sent, data=content, allow_redirects=False,
+                                               skip_auto_headers=skip)
         except TRANSPORT_ERRORS as exc:
             raise aiohttp_error(exc) from exc
         return AiohttpResponse(resp)

@@ -111,7 +111,8 @@ def response_headers(headers: Mapping[str, str], *, keep_encoding: bool, shared_
     ``shared_key`` (the proxy's own upstream key) the operator's account headers as well
     (``OPERATOR_RESPONSE_HEADERS``)."""
     multi = getattr(headers, "multi_items", None)  # ``httpx.Headers``: each repeated name's value apart
-    pairs = list(multi() if multi is not None else headers.items())
+    # (a view, not copied: iterated again only when a ``Connection`` header names more)
+    pairs: Iterable[tuple[str, str]] = multi() if multi is not None else headers.items()
     dropped = _RESPONSE_DROPPED if keep_encoding else _RESPONSE_DROPPED_DECODED
     out, connection = _passed_back(pairs, dropped, _NONE, shared_key)
     if connection:  # the names it lists go too (then a second pass)
@@ -121,7 +122,7 @@ def response_headers(headers: Mapping[str, str], *, keep_encoding: bool, shared_
     return out
 
 
-def _passed_back(pairs: list[tuple[str, str]], dropped: frozenset[str], named: frozenset[str],
+def _passed_back(pairs: Iterable[tuple[str, str]], dropped: frozenset[str], named: frozenset[str],
                  shared_key: bool) -> tuple[dict[str, str], bool]:
     """``response_headers``' pass over ``pairs`` with ``named`` dropped too (each name lowered
     once): the headers kept, and whether a ``Connection`` header was among them."""
