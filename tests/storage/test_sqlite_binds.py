@@ -8,6 +8,7 @@ compiled statement's processors, so the two paths cannot drift apart.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -181,3 +182,35 @@ def test_none_binds_through_a_registered_adapter_as_null() -> None:
     conn.executemany("INSERT INTO t VALUES (?, ?, ?)", [(None, None, None), (1, "x", None)])
     assert conn.execute("SELECT a, b, c, typeof(a), typeof(b), typeof(c) FROM t").fetchall() == [
         (None, None, None, "null", "null", "null"), (1, "x", None, "integer", "text", "null")]
+
+
+def test_request_counts_in_range_are_taken_as_is_and_others_clamped_as_by_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``storage.rows.request_tuple`` keeps a count already as stored (an ``int`` within its column,
+    ``None`` where the column takes it) without calling ``_count``, and gives every other value
+    to ``_count``: each field is what ``_count`` makes of it, whichever way it went."""
+    import dataclasses
+    import math
+
+    from storage import rows
+    from storage.records import RequestRecord
+    from storage.values import COUNT_MAX, TOKENS_MAX
+
+    base = RequestRecord(id="req_1", session_pk=1, model="m", status=200, latency_ms=1.0, stream=False, usage=None,
+                         added_messages=0, first_added_seq=None, tokens_client=None, tokens_forwarded=None)
+    now = datetime(2026, 1, 2, tzinfo=UTC)
+    at = {name: i for i, name in enumerate(rows.REQUEST_ROW_KEYS)}
+    fields = {"status": (COUNT_MAX, 0), "added_messages": (COUNT_MAX, 0), "first_added_seq": (COUNT_MAX, None),
+              "tokens_client": (TOKENS_MAX, None), "tokens_forwarded": (TOKENS_MAX, None),
+              "overflow_retries": (COUNT_MAX, 0)}
+    count = rows._count
+    calls: list[Any] = []
+    monkeypatch.setattr(rows, "_count", lambda value, maximum, default: calls.append(value) or count(value, maximum, default))
+    for name, (maximum, default) in fields.items():
+        for value in (0, 7, -7, maximum, -maximum, maximum + 1, -maximum - 1, 2**70, None, 2.7, -2.7, math.nan,
+                      math.inf, True, "x"):
+            calls.clear()
+            made = rows.request_tuple(dataclasses.replace(base, **{name: value}), now, None)
+            expected = count(value, maximum, default)
+            assert made[at[name]] == expected and type(made[at[name]]) is type(expected), (name, value)
+            as_is = (type(value) is int and -maximum <= value <= maximum) or (value is None and default is None)
+            assert (value not in calls) if as_is else (value in calls or value != value), (name, value)
