@@ -290,16 +290,22 @@ def _utc(value: datetime) -> datetime:
     return value.astimezone(UTC)
 
 
+_THREE_DIGITS = tuple(f"{i:03d}" for i in range(1000))
+"""``000`` to ``999``: a time's microseconds as two of them (``_sqlite_utc_text``)."""
+
+
 def _sqlite_utc_text() -> Bind:
     """A bind of UTC wall time as the text SQLAlchemy's SQLite ``DATETIME`` writes
     (``2026-11-29 21:36:32.123456``: text order is time order), in one step. It remembers the
-    last value it converted (one entry: a request's rows all carry the same ``now``; 2.5 us a
-    conversion, measured) as state of the function, which SQLAlchemy builds and keeps per
+    last value it converted (one entry: a request's rows all carry the same ``now``) and the
+    text of that value's second, as state of the function, which SQLAlchemy builds and keeps per
     dialect and column type (``UTC_TIME``: one type for every time column). Each of the
     ``Store``'s engines (``storage.engine``) has a dialect of its own, hence its own memo.
-    ``test_driver_statements_write_the_same_rows_as_sqlalchemy`` compares the text with the
-    text SQLAlchemy's own ``DATETIME`` writes."""
-    last: tuple[datetime | None, str | None] = (None, None)
+    ``test_driver_statements_write_the_same_rows_as_sqlalchemy`` and
+    ``test_times_bind_as_sqlalchemys_sqlite_text_and_each_dialect_keeps_its_own_memo`` compare
+    the text with the text SQLAlchemy's own ``DATETIME`` writes."""
+    last: tuple[Any, ...] = (None, None, None, None)
+    """``(value, its text, its second (fields), that second's text up to the ".")``."""
 
     def bind(value: datetime | None) -> str | None:
         nonlocal last
@@ -307,15 +313,24 @@ def _sqlite_utc_text() -> Bind:
             return None
         seen = last  # one tuple, swapped whole (an engine's threads may bind at once)
         if seen[0] is value:
-            return seen[1]
-        # str() is isoformat(" "), without the microseconds when they are 0 (half the time of
-        # isoformat(" ", "microseconds"), timeit); a UTC datetime (the proxy's ``now``) is
-        # written without the two datetimes of astimezone and replace: its text ends "+00:00"
-        text = str(value)[:-6] if value.tzinfo is UTC and type(value) is datetime else str(
-            _utc(value).replace(tzinfo=None))
-        if not value.microsecond:  # (astimezone keeps the microseconds)
+            known: str = seen[1]
+            return known
+        if value.tzinfo is UTC and type(value) is datetime:
+            # a UTC datetime (the proxy's ``now``) is written without the two datetimes of
+            # astimezone and replace, and the text of its second is taken from the last value
+            # when that was of the same second: ``str`` of a datetime was about 14,000
+            # instructions, the six fields and the microseconds' digits about a fifth of that
+            # (callgrind)
+            second = (value.second, value.minute, value.hour, value.day, value.month, value.year)
+            head = seen[3] if second == seen[2] else str(value.replace(microsecond=0))[:-6] + "."
+            us = value.microsecond
+            text = head + _THREE_DIGITS[us // 1000] + _THREE_DIGITS[us % 1000]
+            last = (value, text, second, head)
+            return text
+        text = str(_utc(value).replace(tzinfo=None))
+        if not value.microsecond:  # (str() leaves out microseconds of 0; astimezone keeps them)
             text += ".000000"
-        last = (value, text)
+        last = (value, text, None, None)
         return text
 
     return bind

@@ -42,23 +42,33 @@ def request_values(record: RequestRecord, now: datetime, added: tuple[int, int |
 
 def request_tuple(record: RequestRecord, now: datetime, added: tuple[int, int | None] | None) -> tuple[Any, ...]:
     """``request_values``' values in ``REQUEST_ROW_KEYS`` order, built without a dict (the
-    SQLite end-of-request write binds them by position, ``storage.sqlite.end_write``)."""
+    SQLite end-of-request write binds them by position, ``storage.sqlite.end_write``). A count
+    already as stored (an ``int`` within its column; ``None`` where the column takes one) is
+    taken as is, without ``_count``'s call (which gives it back unchanged)."""
     r = record
     added_messages, first_added_seq = (r.added_messages, r.first_added_seq) if added is None else added
-    latency = r.latency_ms
+    latency, status, retries = r.latency_ms, r.status, r.overflow_retries
+    tokens_client, tokens_forwarded = r.tokens_client, r.tokens_forwarded
     return (
         r.id, r.session_pk, r.model,
-        _count(r.status, COUNT_MAX, 0),
+        status if type(status) is int and -COUNT_MAX <= status <= COUNT_MAX else _count(status, COUNT_MAX, 0),
         latency if type(latency) is not float or isfinite(latency) else 0.0,  # (``finite``'s, inline)
         r.stream, r.usage,
-        _count(added_messages, COUNT_MAX, 0),
-        _count(first_added_seq, COUNT_MAX, None),
-        _count(r.tokens_client, TOKENS_MAX, None),
-        _count(r.tokens_forwarded, TOKENS_MAX, None),
+        added_messages if type(added_messages) is int and -COUNT_MAX <= added_messages <= COUNT_MAX
+        else _count(added_messages, COUNT_MAX, 0),
+        first_added_seq if first_added_seq is None or (type(first_added_seq) is int and
+                                                      -COUNT_MAX <= first_added_seq <= COUNT_MAX)
+        else _count(first_added_seq, COUNT_MAX, None),
+        tokens_client if tokens_client is None or (type(tokens_client) is int and
+                                                  -TOKENS_MAX <= tokens_client <= TOKENS_MAX)
+        else _count(tokens_client, TOKENS_MAX, None),
+        tokens_forwarded if tokens_forwarded is None or (type(tokens_forwarded) is int and
+                                                        -TOKENS_MAX <= tokens_forwarded <= TOKENS_MAX)
+        else _count(tokens_forwarded, TOKENS_MAX, None),
         r.defenses, r.event_ids, r.error,
         r.created_at or now,
         r.finish_reason,
-        _count(r.overflow_retries, COUNT_MAX, 0),
+        retries if type(retries) is int and -COUNT_MAX <= retries <= COUNT_MAX else _count(retries, COUNT_MAX, 0),
     )
 
 

@@ -59,19 +59,20 @@ def _new_rows(
     counts), then ``internal`` and ``reply``, chained on."""
     new: list[NewMessage] = []
     added = None
+    n = len(messages)
     if stored is not None:
-        new = [
-            NewMessage(chain_hash=chain[i], parent_hash=chain[i - 1] if i else None, seq=i,
-                       role=str(messages[i].get("role")), message=messages[i])
-            for i in range(stored, len(messages))
-        ]
+        if stored < n:  # (a turn whose history is stored: none)
+            new = [NewMessage(chain[i], chain[i - 1] if i else None, i, str(messages[i].get("role")), messages[i])
+                   for i in range(stored, n)]
         added = (len(new), stored if new else None)
-    parent, seq = chain[-1], len(messages)
-    for message in [*internal, *([reply] if reply is not None else [])]:
+    parent, seq = chain[-1], n
+    for message in internal:
         h = chain_hash(parent, message_digest(message))
-        new.append(NewMessage(chain_hash=h, parent_hash=parent, seq=seq, role=str(message.get("role", "assistant")),
-                              message=message, internal=message is not reply))
+        new.append(NewMessage(h, parent, seq, str(message.get("role", "assistant")), message, message is not reply))
         parent, seq = h, seq + 1
+    if reply is not None:
+        new.append(NewMessage(chain_hash(parent, message_digest(reply)), parent, seq,
+                              str(reply.get("role", "assistant")), reply))
     return new, added
 
 
@@ -317,7 +318,7 @@ class SessionLog:
         (``reopen``)."""
         try:
             new, added = _new_rows(messages, chain, internal, reply, stored)
-            written = self.store.append_and_record(session.pk, new, record, now(), added=added)
+            written = self.store.append_and_record(session.pk, new, record, datetime.now(UTC), added=added)
             if internal:
                 rows = [MessageRecord(0, session.pk, m.chain_hash, m.parent_hash, m.seq, m.role, m.message, True,
                                       now()) for m in new if m.internal]

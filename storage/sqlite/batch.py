@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import sqlite3
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -35,19 +36,21 @@ three ``wal_writer_delay``s, 600 ms by default, for the same kind of saving). A 
 crash can lose more: with ``synchronous = NORMAL`` in WAL mode the WAL is synced at checkpoints
 (``storage.sqlite.file.CHECKPOINT_EVERY_WRITES``), not at each commit."""
 
-Batch = Callable[[sa.Connection, list[Any]], list[Any]]
-"""Runs several deferred writes of one kind at once: ``batch(conn, items)`` returns a result per item."""
+Batch = Callable[[sqlite3.Connection, list[Any]], list[Any]]
+"""Runs several deferred writes of one kind at once: ``batch(driver, items)`` returns a result per
+item (``driver``: the ``sqlite3`` connection, inside the batch's transaction)."""
 
-Job = tuple[str, Callable[[sa.Connection], Any], "asyncio.Future[Any]", Batch | None, Any]
-"""``(operation, fn, future, batch, item)``: ``fn(conn)`` alone, or ``item`` among others in ``batch``."""
+Job = tuple[str, Callable[[sa.Connection], Any], "asyncio.Future[Any]", Batch, Any]
+"""``(operation, fn, future, batch, item)``: ``item`` among others in ``batch``, or ``fn(conn)`` alone."""
 
 
 class Runner(Protocol):
     """What the batch runs its transactions on (``storage.sqlite.file.SqliteFile``)."""
 
-    def commit_inline(self, operation: str, fn: Callable[[sa.Connection], T]) -> T:
-        """``fn(conn)`` in one transaction on the event loop's thread, committed; raises if it
-        failed for any reason (a locked database included)."""
+    def commit_driver(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn(driver)`` in one transaction on the event loop's thread, on the ``sqlite3``
+        connection itself, committed; raises if it failed for any reason (a locked database
+        included)."""
 
     async def run(self, operation: str, fn: Callable[[sa.Connection], T], *, write: bool, small: bool) -> T:
         """``fn(conn)`` in one transaction, inline or on a store thread; ``StorageError`` if it failed."""
@@ -68,7 +71,7 @@ class DeferredBatch:
         self._retrying: set[asyncio.Task[None]] = set()
 
     def defer(self, operation: str, fn: Callable[[sa.Connection], Any], *,
-              batch: Batch | None = None, item: Any = None) -> asyncio.Future[Any]:
+              batch: Batch, item: Any) -> asyncio.Future[Any]:
         """Queue a small write; its future gets ``fn``'s result once committed, or the error.
 
         The point is when it runs: at one request a time, a client's next request arrives right
@@ -78,11 +81,12 @@ class DeferredBatch:
         which the client resends with its next request anyway.
 
         ``batch`` and ``item``: writes queued one after the other with an equal ``batch`` (a
-        bound method of one object, say) run as one call, ``batch(conn, [item, ...])``, which
-        does what their ``fn``s would with fewer statements. ``fn`` alone is what runs when the
-        transaction is retried write by write. A result that is an exception instance means
-        "committed, and this write failed with it" (its future gets the exception): a request
-        row refused alone while its messages were stored (``storage.sqlite.end_write``)."""
+        bound method of one object, say) run as one call, ``batch(driver, [item, ...])``, which
+        does what their ``fn``s would with fewer statements (or raises: then each runs alone).
+        ``fn`` alone is what runs when the transaction is retried write by write. A result that
+        is an exception instance means "committed, and this write failed with it" (its future
+        gets the exception): a request row refused alone while its messages were stored
+        (``storage.sqlite.end_write``)."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._deferred.append((operation, fn, future, batch, item))
         if self._flush_timer is None:
@@ -100,7 +104,7 @@ class DeferredBatch:
         if not jobs:
             return
         try:
-            results = self._runner.commit_inline("deferred writes", lambda conn: _run_jobs(conn, jobs))
+            results = self._runner.commit_driver(functools.partial(_run_jobs, jobs=jobs))
         except Exception:  # noqa: BLE001  (locked, a refused write, anything: retried one by one)
             remaining = list(jobs)
             task = asyncio.get_running_loop().create_task(self._one_by_one(remaining))
@@ -156,20 +160,16 @@ def _tell_cancelled(remaining: list[Job], task: asyncio.Task[None]) -> None:
         remaining.clear()
 
 
-def _run_jobs(conn: sa.Connection, jobs: list[Job]) -> list[Any]:
+def _run_jobs(driver: sqlite3.Connection, jobs: list[Job]) -> list[Any]:
     """The jobs' results, in order: consecutive jobs of one ``batch`` in one call of it."""
     results: list[Any] = []
     i = 0
     while i < len(jobs):
         batch = jobs[i][3]
-        if batch is None:
-            results.append(jobs[i][1](conn))
-            i += 1
-            continue
         j = i + 1
         while j < len(jobs) and jobs[j][3] == batch:  # (a bound method is made anew at each access)
             j += 1
-        out = batch(conn, [job[4] for job in jobs[i:j]])
+        out = batch(driver, [job[4] for job in jobs[i:j]])
         if len(out) != j - i:
             raise RuntimeError(f"a deferred batch returned {len(out)} results for {j - i} writes")
         results.extend(out)

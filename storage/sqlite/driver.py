@@ -27,12 +27,13 @@ sqlite3.register_adapter(type(None), _null)
 class DriverStatement:
     """A SQLAlchemy statement compiled once for SQLite, then run on the driver's connection.
 
-    ``execute(conn, values)`` / ``executemany(conn, rows)`` take the values by bind name (as
-    ``conn.execute`` does), convert them with the compiled statement's bind processors (the
-    column types' own: ``storage.columns`` gives each of its types one bind function on SQLite,
-    the one SQLAlchemy's statements use too), and call ``sqlite3`` directly inside ``conn``'s
-    transaction. They return the rows changed (``executemany``: the sum, so an ``INSERT .. ON
-    CONFLICT DO NOTHING`` counts the rows it added). SQLAlchemy's per-execution work (execution
+    ``execute(conn, values)`` takes the values by bind name (as ``conn.execute`` does; ``row``,
+    ``row_of``: the rows of the other calls), converts them with the compiled statement's bind
+    processors (the column types' own: ``storage.columns`` gives each of its types one bind
+    function on SQLite, the one SQLAlchemy's statements use too), and calls ``sqlite3`` directly
+    inside ``conn``'s transaction (``run_on``: a driver connection's). They return the rows
+    changed (``executemany``: the sum, so an ``INSERT .. ON CONFLICT DO NOTHING`` counts the rows
+    it added). SQLAlchemy's per-execution work (execution
     context, parameter processing, result objects) was about 15% of a small chat request's CPU
     (py-spy, ``tests/benchmarks`` overhead at concurrency 16); this keeps the same SQL and types
     without it. Driver errors are raised as SQLAlchemy's (``OperationalError`` for a locked
@@ -81,31 +82,35 @@ class DriverStatement:
         return row
 
     def execute(self, conn: sa.Connection, values: dict[str, Any]) -> int:
-        return self._run(conn, False, [self.row(values)])
-
-    def executemany(self, conn: sa.Connection, rows: Sequence[dict[str, Any]]) -> int:
-        return self._run(conn, True, [self.row(r) for r in rows])
+        return self.run_on(_driver(conn), False, [self.row(values)])
 
     def executemany_rows(self, conn: sa.Connection, rows: list[list[Any]]) -> int:
         """``executemany`` of rows already converted by ``row`` or ``row_of``."""
-        return self._run(conn, True, rows)
+        return self.run_on(_driver(conn), True, rows)
 
     def execute_row(self, conn: sa.Connection, row: list[Any]) -> int:
         """``execute`` of a row already converted by ``row`` or ``row_of``."""
-        return self._run(conn, False, [row])
+        return self.run_on(_driver(conn), False, [row])
 
-    def _run(self, conn: sa.Connection, many: bool, params: list[list[Any]]) -> int:
-        driver = conn.connection.driver_connection
-        assert driver is not None
-        dbapi = conn.dialect.dbapi
-        assert dbapi is not None
+    def run_on(self, driver: sqlite3.Connection, many: bool, params: list[list[Any]]) -> int:
+        """The statement on ``driver`` itself (``sqlite3``; a transaction of the caller's: one
+        ``conn``'s, or ``storage.sqlite.file.SqliteFile.commit_driver``'s) with ``params``,
+        rows converted by ``row`` or ``row_of`` (``many``: ``executemany``, else the first row).
+        Returns the rows changed; driver errors raised as SQLAlchemy's (``DriverStatement``)."""
         try:
             cursor = driver.executemany(self.sql, params) if many else driver.execute(self.sql, params[0])
-        except (dbapi.Error, OverflowError) as exc:  # (sqlite3: an int beyond 64 bits)
+        except (sqlite3.Error, OverflowError) as exc:  # (sqlite3: an int beyond 64 bits)
             # parameters hidden, as every engine hides them (``storage.engine``): they are message content
-            raise sa_exc.DBAPIError.instance(self.sql, params, exc, dbapi.Error, hide_parameters=True) from exc
+            raise sa_exc.DBAPIError.instance(self.sql, params, exc, sqlite3.Error, hide_parameters=True) from exc
         try:
             count: int = cursor.rowcount
             return count
         finally:
             cursor.close()
+
+
+def _driver(conn: sa.Connection) -> sqlite3.Connection:
+    """``conn``'s ``sqlite3`` connection (a SQLite dialect's: its ``dbapi`` is ``sqlite3``)."""
+    driver = conn.connection.driver_connection
+    assert isinstance(driver, sqlite3.Connection)
+    return driver

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import sqlite3
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -91,18 +92,34 @@ class SqliteEndWrite:
             return error
         return added
 
-    def batch(self, conn: sa.Connection, items: list[_Item]) -> list[int]:
+    def batch(self, driver: sqlite3.Connection, items: list[_Item]) -> list[int]:
         """The deferred writes (``item``) on the driver, as each would run alone (bump,
         messages, request), with a bump per session (to the latest ``now``: the bump keeps the
-        later time anyway) and the request rows in one ``executemany``. The messages stay an
-        ``executemany`` per item: its row count is the item's result."""
+        later time anyway), the message rows of all in one ``executemany`` and the request rows
+        in another. Each item's count is known from the one total when it is all of the rows
+        (all new) or none: otherwise (some new, some stored, say a row in two items) this raises
+        ``MixedCounts`` and the writes run alone (``DeferredBatch``: the transaction is undone),
+        each counting its own."""
         latest: dict[int, datetime] = {}
         for session_pk, rows, _, now in items:
             if rows and (session_pk not in latest or now > latest[session_pk]):
                 latest[session_pk] = now
+        added: list[int]
         if latest:
-            self._bump.executemany(conn, [{"b_pk": pk, "b_now": now} for pk, now in latest.items()])
-        insert_messages = self._insert_messages.executemany_rows
-        added = [insert_messages(conn, rows) if rows else 0 for _, rows, _, _ in items]
-        self._insert_request.executemany_rows(conn, [request_row for _, _, request_row, _ in items])
+            self._bump.run_on(driver, True, [self._bump.row({"b_pk": pk, "b_now": now}) for pk, now in latest.items()])
+            all_rows = [row for _, rows, _, _ in items for row in rows]
+            new = self._insert_messages.run_on(driver, True, all_rows)
+            if new == len(all_rows):
+                added = [len(rows) for _, rows, _, _ in items]
+            elif new == 0:
+                added = [0] * len(items)
+            else:
+                raise MixedCounts(f"{new} of {len(all_rows)} message rows were new: each write is counted alone")
+        else:
+            added = [0] * len(items)
+        self._insert_request.run_on(driver, True, [request_row for _, _, request_row, _ in items])
         return added
+
+
+class MixedCounts(Exception):
+    """A batch's message rows were partly new: whose were is not known (``SqliteEndWrite.batch``)."""

@@ -8,6 +8,7 @@ compiled statement's processors, so the two paths cannot drift apart.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -181,3 +182,62 @@ def test_none_binds_through_a_registered_adapter_as_null() -> None:
     conn.executemany("INSERT INTO t VALUES (?, ?, ?)", [(None, None, None), (1, "x", None)])
     assert conn.execute("SELECT a, b, c, typeof(a), typeof(b), typeof(c) FROM t").fetchall() == [
         (None, None, None, "null", "null", "null"), (1, "x", None, "integer", "text", "null")]
+
+
+def test_request_counts_in_range_are_taken_as_is_and_others_clamped_as_by_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``storage.rows.request_tuple`` keeps a count already as stored (an ``int`` within its column,
+    ``None`` where the column takes it) without calling ``_count``, and gives every other value
+    to ``_count``: each field is what ``_count`` makes of it, whichever way it went."""
+    import dataclasses
+    import math
+
+    from storage import rows
+    from storage.records import RequestRecord
+    from storage.values import COUNT_MAX, TOKENS_MAX
+
+    base = RequestRecord(id="req_1", session_pk=1, model="m", status=200, latency_ms=1.0, stream=False, usage=None,
+                         added_messages=0, first_added_seq=None, tokens_client=None, tokens_forwarded=None)
+    now = datetime(2026, 1, 2, tzinfo=UTC)
+    at = {name: i for i, name in enumerate(rows.REQUEST_ROW_KEYS)}
+    fields = {"status": (COUNT_MAX, 0), "added_messages": (COUNT_MAX, 0), "first_added_seq": (COUNT_MAX, None),
+              "tokens_client": (TOKENS_MAX, None), "tokens_forwarded": (TOKENS_MAX, None),
+              "overflow_retries": (COUNT_MAX, 0)}
+    count = rows._count
+    calls: list[Any] = []
+    monkeypatch.setattr(rows, "_count", lambda value, maximum, default: calls.append(value) or count(value, maximum, default))
+    for name, (maximum, default) in fields.items():
+        for value in (0, 7, -7, maximum, -maximum, maximum + 1, -maximum - 1, 2**70, None, 2.7, -2.7, math.nan,
+                      math.inf, True, "x"):
+            calls.clear()
+            made = rows.request_tuple(dataclasses.replace(base, **{name: value}), now, None)
+            expected = count(value, maximum, default)
+            assert made[at[name]] == expected and type(made[at[name]]) is type(expected), (name, value)
+            as_is = (type(value) is int and -maximum <= value <= maximum) or (value is None and default is None)
+            assert (value not in calls) if as_is else (value in calls or value != value), (name, value)
+
+
+def test_utc_times_of_one_second_bind_as_sqlalchemys_text_whatever_came_before() -> None:
+    """The UTC time bind reuses the text of the last value's second when the next value is of the
+    same second: every value's text is SQLAlchemy's, in any order (same second, the next
+    second, the same clock time a minute, day, month or year apart, microseconds 0 and 999,999,
+    other zones in between)."""
+    import random
+
+    dialect = sqlite.dialect()
+    bind = UTC_TIME.bind_processor(dialect)
+    plain = sa.DateTime().dialect_impl(dialect).bind_processor(dialect)
+    assert bind is not None and plain is not None
+    base = datetime(2026, 12, 4, 23, 59, 59, 999_999, tzinfo=UTC)
+    times = [base, base.replace(microsecond=0), base.replace(microsecond=1), base + timedelta(microseconds=1),
+             base.replace(minute=58), base.replace(hour=22), base.replace(day=3), base.replace(month=11),
+             base.replace(year=2025), base.replace(year=999), base.astimezone(timezone(timedelta(hours=2))), base,
+             datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 1, 0, 0, 0, 5, tzinfo=UTC)]
+    rng = random.Random(7)
+    times += [base - timedelta(microseconds=rng.randrange(3_000_000)) for _ in range(300)]
+    for when in times:
+        assert bind(when) == plain(when.astimezone(UTC).replace(tzinfo=None)), when
+    # the reuse is taken: a value of the last one's second gets its text from that one's
+    (cell,) = [c for c in bind.__closure__ or () if isinstance(c.cell_contents, tuple)]
+    bind(base)
+    head = cell.cell_contents[3]
+    assert bind(base.replace(microsecond=5)) == "2026-12-04 23:59:59.000005" and cell.cell_contents[3] is head

@@ -402,6 +402,58 @@ async def test_end_of_request_writes_queued_together_each_count_their_own(store:
         assert added == [1, 0] and batches == [5, 2]
 
 
+async def test_a_batch_inserts_its_messages_at_once_unless_only_some_are_new(tmp_path: Any,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite's deferred batch inserts the message rows of all its writes in one statement when
+    each write's count follows from the total (all rows new, or none): the counts are those of
+    the writes run alone. When only some rows are new (whose is not known) the batch is undone
+    and each write runs alone, counting its own; a batch after ``dispose`` (a new connection)
+    commits as well."""
+    from storage.migrate import upgrade
+    from storage.sqlite.driver import DriverStatement
+    from storage.sqlite.end_write import SqliteEndWrite
+
+    url = f"sqlite:///{tmp_path}/batch.db"
+    await upgrade(url)
+    store = await Store.open(url)
+    assert store._end_write is not None and store._sqlite is not None
+    inserts: list[int] = []
+    alone: list[int] = []
+    run_on, by_itself = DriverStatement.run_on, SqliteEndWrite._alone
+    message_sql = store._end_write._insert_messages.sql
+
+    def counting(self: DriverStatement, driver: Any, many: bool, params: list[list[Any]]) -> int:
+        if self.sql == message_sql:
+            inserts.append(len(params))
+        return run_on(self, driver, many, params)
+
+    def counting_alone(self: SqliteEndWrite, item: Any, conn: Any) -> Any:
+        alone.append(len(item[1]))
+        return by_itself(self, item, conn)
+
+    monkeypatch.setattr(DriverStatement, "run_on", counting)
+    monkeypatch.setattr(SqliteEndWrite, "_alone", counting_alone)
+    try:
+        a = await store.get_or_create_session("t", "a", T0)
+        b = await store.get_or_create_session("t", "b", T0)
+        log_a, log_b = chain(conversation(4, "a")), chain(conversation(4, "b"))
+        writes = [(a, log_a[:2]), (b, log_b[:3]), (a, log_a[2:3]), (b, [])]
+
+        async def batch(name: str) -> list[int]:
+            return await asyncio.gather(*(store.append_and_record(s.pk, m, _record(f"{name}_{i}", s.pk), T0)
+                                          for i, (s, m) in enumerate(writes)))
+
+        assert await batch("req_new") == [2, 3, 1, 0] and inserts == [6] and alone == []  # all new: one insert
+        assert await batch("req_again") == [0, 0, 0, 0] and inserts == [6, 6] and alone == []  # none new
+        store._sqlite.dispose()
+        writes = [(a, log_a), (b, log_b[:3]), (a, log_a[3:])]  # a's last message new, in two writes
+        assert await batch("req_mixed") == [1, 0, 0]  # each alone: in order, the first adds it
+        assert inserts == [6, 6, 8, 4, 3, 1] and alone == [4, 3, 1]  # (alone: an insert each)
+        assert (await store.session_summary(a)).request_count == 6
+    finally:
+        await store.close()
+
+
 async def test_deferred_writes_commit_without_another_operation(tmp_path: Any) -> None:
     """Nothing else touching the store: the queued end-of-request write is committed within
     milliseconds all the same (seen by another connection)."""
