@@ -63,7 +63,10 @@ class Slots:
                 self.give()  # handed over just as the wait ended (``give`` took it out): pass it on
             else:
                 waiter.cancel()
-                self.waiters.remove(waiter)  # (a timed-out wait must not stay: the queue would grow)
+                try:
+                    self.waiters.remove(waiter)  # (a timed-out wait must not stay: the queue would grow)
+                except ValueError:
+                    pass  # a ``give`` in the step it was cancelled in skipped it and dropped it already
             raise
 
     def give(self) -> None:
@@ -71,7 +74,7 @@ class Slots:
         waiters = self.waiters
         while waiters:
             waiter = waiters.popleft()
-            if not waiter.done():  # (always: a wait that ends leaves the queue; kept as a guard)
+            if not waiter.done():  # (a wait cancelled but not yet resumed is skipped: it leaves then)
                 waiter.set_result(None)
                 return
         self.free += 1

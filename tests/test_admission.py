@@ -234,3 +234,31 @@ async def test_waits_that_time_out_or_are_cancelled_leave_the_queue() -> None:
     assert not pool._all.waiters and pool._all.free == 0 and set(pool._tenants) == {"a"}
     held()
     assert pool._all.free == 1 and not pool._all.locked() and pool._tenants == {}
+
+
+# A wait cancelled (its timeout, a client gone) in the loop step a slot is given back: the
+# cancellation or ProxyBusy, not ValueError from the waiters' queue (review of Slots).
+
+async def test_a_wait_cancelled_in_the_step_a_slot_is_given_raises_cancelled() -> None:
+    slots = Slots(1)
+    assert slots.take_now()
+    waiting = asyncio.ensure_future(slots.wait())
+    await asyncio.sleep(0)
+    waiting.cancel()
+    slots.give()  # skips the cancelled waiter: the slot is free again
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert slots.free == 1 and not slots.waiters
+
+
+async def test_a_pool_wait_timing_out_as_a_slot_comes_back_is_proxy_busy() -> None:
+    pool = PoolShare(pool_size=1, tenant_slots=1)
+    loop = asyncio.get_running_loop()
+    held = await pool.acquire("a", 1.0)
+    waiting = asyncio.ensure_future(pool.acquire("b", 0.05))
+    await asyncio.sleep(0)
+    timer = next(h for h in loop._scheduled if not h.cancelled())  # type: ignore[attr-defined]  # the wait's timeout
+    loop.call_at(timer.when(), held)  # a stream ends in the same step as the timeout fires
+    with pytest.raises(ProxyBusy):
+        await waiting
+    assert pool._all.free == 1 and not pool._all.waiters and pool._tenants == {}

@@ -3,7 +3,7 @@
 Dependencies point one way: ``proxy.forward`` calls this package, never the reverse. What the
 compactor reads of a request is ``CompactionInput`` (a Protocol of read-only members: the pipeline's
 ``proxy.forward.context.ChatContext`` is one, checked structurally, so nothing here imports it);
-what it returns is ``Prepared`` (frozen). The compactor never writes to its input. The one thing it
+what it returns is ``Prepared``. The compactor never writes to its input. The one thing it
 asks of the caller is ``CompactionInput.ensure_logged()``: write the client's messages now, because a
 compaction event about to be stored anchors on them (an event never anchors on a message missing from
 the log); it is the caller's to do (the pipeline passes it in, on the input), and afterwards

@@ -25,8 +25,7 @@ class EntropyPool:
         self._hex = ""
         self._at = 0
         self._lock = threading.Lock()
-        ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _drop(ref))
+        _POOLS.add(self)
 
     def hex(self, chars: int) -> str:
         """``chars`` (even, at most twice the pool's size) hex digits of bytes never handed out before."""
@@ -42,8 +41,20 @@ class EntropyPool:
         with self._lock:
             self._hex, self._at = "", 0
 
+    def _forked(self) -> None:
+        """In a forked child: forget the parent's bytes, and its lock (another thread of the parent
+        may have held it at the fork: taking it would hang the child)."""
+        self._lock = threading.Lock()
+        self._hex, self._at = "", 0
 
-def _drop(ref: weakref.ref[EntropyPool]) -> None:
-    pool = ref()
-    if pool is not None:
-        pool.drop()
+
+_POOLS: weakref.WeakSet[EntropyPool] = weakref.WeakSet()
+"""Every pool alive: a forked child resets each (one hook for all, registered once)."""
+
+
+def _after_fork_in_child() -> None:
+    for pool in list(_POOLS):
+        pool._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

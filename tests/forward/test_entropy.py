@@ -60,3 +60,45 @@ async def test_the_pipeline_draws_its_request_ids_from_its_pool(inprocess_proxy:
     assert resp.status_code == 200
     request_id = resp.headers["x-context-proxy-request-id"]
     assert pool._at >= 12 and request_id[-12:] == pool._hex[pool._at - 12:pool._at]
+
+
+def test_a_child_forked_while_another_thread_draws_ids_starts_with_a_pool_of_its_own() -> None:
+    """The child's reset takes no lock (a parent thread may hold it at the fork: the child would
+    hang in ``os.fork``), and one hook serves every pool (none registered per pool)."""
+    import threading
+    import time
+
+    pool = EntropyPool()
+    pool.hex(12)
+    held, go = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with pool._lock:  # a thread inside ``hex`` at the moment of the fork
+            held.set()
+            go.wait()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    held.wait()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a fresh pool, its lock free
+        os.write(write, b"ok" if pool._hex == "" and len(pool.hex(12)) == 12 else b"no")
+        os._exit(0)
+    go.set()
+    thread.join()
+    deadline = time.monotonic() + 10
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if done[0] == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    assert done[0] == pid and os.read(read, 2) == b"ok"  # (it did not hang in the fork hook)
+
+
+def test_pools_register_no_fork_hook_of_their_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    hooks: list[Any] = []
+    monkeypatch.setattr(os, "register_at_fork", lambda **kw: hooks.append(kw))
+    for _ in range(100):
+        EntropyPool()
+    assert hooks == []
