@@ -10,7 +10,6 @@ import asyncio
 import logging
 import sqlite3
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -26,15 +25,6 @@ from proxy.telemetry.metrics import Metrics
 from storage.store import Store
 
 REPLY = {"role": "assistant", "content": "hi"}
-
-
-@pytest.fixture
-async def log(database_url: str) -> AsyncIterator[SessionLog]:
-    store = await Store.open(database_url, pool_size=2)
-    try:
-        yield SessionLog(store)
-    finally:
-        await store.close()
 
 
 def _writer(log: SessionLog, **settings: Any) -> LogWriter:

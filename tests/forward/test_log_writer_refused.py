@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from typing import Any
-
-import pytest
 
 from proxy.conversation.canonical import digests_and_chain
 from proxy.forward.context import ChatContext
@@ -22,16 +19,6 @@ from proxy.forward.session_log import LoggedRequest, SessionLog, new_id
 from proxy.settings import Settings
 from proxy.telemetry.metrics import Metrics
 from storage.refused import RequestWrites
-from storage.store import Store
-
-
-@pytest.fixture
-async def log(database_url: str) -> AsyncIterator[SessionLog]:
-    store = await Store.open(database_url, pool_size=2)
-    try:
-        yield SessionLog(store)
-    finally:
-        await store.close()
 
 
 async def _ctx(log: SessionLog, *, refused: bool = False) -> ChatContext:

@@ -20,7 +20,6 @@ from proxy.forward.session_log import SessionLog, new_id
 from proxy.settings import Settings
 from proxy.telemetry.metrics import Metrics
 from storage.records import SessionRecord
-from storage.store import Store
 from tests.fakes.anthropic import reply, text
 from tests.fakes.anthropic.cache import CacheUsage
 from tests.fakes.anthropic.compose import compose
@@ -51,15 +50,6 @@ def _events() -> list[bytes]:
     usage = usage_object(CacheUsage(10, 0, 0), composed.output_tokens, "5m")
     message = message_object("msg_01x", "m", composed.content, composed.stop_reason, None, usage)
     return [sse_event(name, data) for name, data in stream_events(message)]
-
-
-@pytest.fixture
-async def log(database_url: str) -> AsyncIterator[SessionLog]:
-    store = await Store.open(database_url, pool_size=2)
-    try:
-        yield SessionLog(store)
-    finally:
-        await store.close()
 
 
 async def _relay(log: SessionLog, parts: list[bytes]) -> tuple[StreamStart, Streamed, LogWriter, SessionRecord]:
