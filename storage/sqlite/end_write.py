@@ -97,9 +97,9 @@ class SqliteEndWrite:
         messages, request), with a bump per session (to the latest ``now``: the bump keeps the
         later time anyway), the message rows of all in one ``executemany`` and the request rows
         in another. Each item's count is known from the one total when it is all of the rows
-        (all new) or none: otherwise (some new, some stored, say a row in two items) this raises
-        ``MixedCounts`` and the writes run alone (``DeferredBatch``: the transaction is undone),
-        each counting its own."""
+        (all new) or none: otherwise (some new, some stored, say a row in two items) that insert
+        is undone (to a savepoint) and each item's rows are inserted in turn, in the same
+        transaction, counting its own (the counts and times of the writes run one after the other)."""
         latest: dict[int, datetime] = {}
         for session_pk, rows, _, now in items:
             if rows and (session_pk not in latest or now > latest[session_pk]):
@@ -108,18 +108,18 @@ class SqliteEndWrite:
         if latest:
             self._bump.run_on(driver, True, [self._bump.row({"b_pk": pk, "b_now": now}) for pk, now in latest.items()])
             all_rows = [row for _, rows, _, _ in items for row in rows]
+            driver.execute("SAVEPOINT batch_messages")
             new = self._insert_messages.run_on(driver, True, all_rows)
             if new == len(all_rows):
                 added = [len(rows) for _, rows, _, _ in items]
             elif new == 0:
                 added = [0] * len(items)
-            else:
-                raise MixedCounts(f"{new} of {len(all_rows)} message rows were new: each write is counted alone")
+            else:  # some new: whose is not known; the one insert undone, each write's counted in order
+                driver.execute("ROLLBACK TO batch_messages")
+                insert = self._insert_messages.run_on
+                added = [insert(driver, True, rows) if rows else 0 for _, rows, _, _ in items]
+            driver.execute("RELEASE batch_messages")
         else:
             added = [0] * len(items)
         self._insert_request.run_on(driver, True, [request_row for _, _, request_row, _ in items])
         return added
-
-
-class MixedCounts(Exception):
-    """A batch's message rows were partly new: whose were is not known (``SqliteEndWrite.batch``)."""

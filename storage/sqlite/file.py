@@ -14,7 +14,6 @@ itself). The file's deferred batch (``storage.sqlite.batch``) commits through it
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import sqlite3
 import time
@@ -173,8 +172,10 @@ class SqliteFile:
             driver.commit()
         except BaseException:
             self._driver = None  # (looked up again next time: a connection SQLAlchemy replaced)
-            with contextlib.suppress(sqlite3.Error):
+            try:
                 driver.rollback()
+            except sqlite3.Error:  # still inside the failed transaction: never used again (as SQLAlchemy
+                self._inline.dispose()  # invalidates a connection whose reset fails), its changes undone
             raise
         return result
 

@@ -406,9 +406,9 @@ async def test_a_batch_inserts_its_messages_at_once_unless_only_some_are_new(tmp
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """SQLite's deferred batch inserts the message rows of all its writes in one statement when
     each write's count follows from the total (all rows new, or none): the counts are those of
-    the writes run alone. When only some rows are new (whose is not known) the batch is undone
-    and each write runs alone, counting its own; a batch after ``dispose`` (a new connection)
-    commits as well."""
+    the writes run alone. When only some rows are new (whose is not known) that insert is undone
+    and each write's rows are inserted in turn in the same transaction, counting its own (no write
+    retried alone: one commit); a batch after ``dispose`` (a new connection) commits as well."""
     from storage.migrate import upgrade
     from storage.sqlite.driver import DriverStatement
     from storage.sqlite.end_write import SqliteEndWrite
@@ -447,8 +447,8 @@ async def test_a_batch_inserts_its_messages_at_once_unless_only_some_are_new(tmp
         assert await batch("req_again") == [0, 0, 0, 0] and inserts == [6, 6] and alone == []  # none new
         store._sqlite.dispose()
         writes = [(a, log_a), (b, log_b[:3]), (a, log_a[3:])]  # a's last message new, in two writes
-        assert await batch("req_mixed") == [1, 0, 0]  # each alone: in order, the first adds it
-        assert inserts == [6, 6, 8, 4, 3, 1] and alone == [4, 3, 1]  # (alone: an insert each)
+        assert await batch("req_mixed") == [1, 0, 0]  # each in turn: in order, the first adds it
+        assert inserts == [6, 6, 8, 4, 3, 1] and alone == []  # (the 8 undone, then an insert each)
         assert (await store.session_summary(a)).request_count == 6
     finally:
         await store.close()
@@ -619,3 +619,42 @@ async def test_inline_transactions_see_other_writers_and_survive_a_locked_databa
     finally:
         await ours.close()
         await theirs.close()
+
+
+async def test_a_batch_whose_rollback_fails_leaves_nothing_for_the_next_transaction(tmp_path: Any) -> None:
+    """The commit fails and so does the rollback: the connection, still inside the failed
+    transaction, is dropped (its changes undone), not used again: the write retried alone (on a
+    new connection) stores its rows once. (Kept, the retry found its own uncommitted request row:
+    refused as a duplicate, while the failed batch's rows were committed with the next write.)"""
+    import sqlite3
+
+    from storage.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path}/rollback.db"
+    await upgrade(url)
+    store = await Store.open(url)
+    assert store._sqlite is not None
+    try:
+        session = await store.get_or_create_session("t", "s", T0)
+        store._sqlite.commit_driver(lambda driver: None)  # (the driver connection looked up)
+        real = store._sqlite._driver
+
+        class Failing:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real, name)
+
+            def commit(self) -> None:
+                raise sqlite3.OperationalError("disk I/O error")
+
+            def rollback(self) -> None:
+                raise sqlite3.OperationalError("cannot rollback")
+
+        store._sqlite._driver = Failing()  # type: ignore[assignment]
+        failed = store.append_and_record(session.pk, chain(conversation(3, "r")), _record("req_a", session.pk), T0)
+        assert await failed == 3  # retried alone, on a new connection
+        later = store.append_and_record(session.pk, [], _record("req_b", session.pk), T0)
+        assert await later == 0
+        summary = await store.session_summary(session)
+        assert (summary.message_count, summary.request_count) == (3, 2)
+    finally:
+        await store.close()
