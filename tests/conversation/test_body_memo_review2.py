@@ -26,6 +26,21 @@ def tools(n: int) -> list[dict[str, Any]]:
     return [{"type": "function", "function": {"name": f"tool_{i}", "description": "d" * 100}} for i in range(n)]
 
 
+
+def _count_parsed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Bytes parsed by orjson in the memo's modules from now on (``[n]``, growing)."""
+    parsed = [0]
+
+    def counting(data: Any) -> Any:
+        parsed[0] += len(data)
+        return orjson.loads(data)
+
+    for module in (body_memo, json_spans, chat_request):
+        monkeypatch.setattr(module, "orjson", SimpleNamespace(loads=counting, dumps=orjson.dumps,
+                                                              JSONDecodeError=orjson.JSONDecodeError))
+    return parsed
+
+
 def test_a_body_that_differs_from_the_kept_one_before_its_messages_parses_as_a_whole_parse() -> None:
     """Members written before ``messages`` (here ``tools``, 2.6 kB: past the first ``KEY_BYTES``
     that index a kept body) where the new body adds an element to an array: the two bodies first
@@ -96,18 +111,9 @@ def test_a_small_body_does_not_parse_a_big_kept_one(monkeypatch: pytest.MonkeyPa
     messages = history()
     same(orjson.dumps({"model": "m", "messages": messages, "metadata": {"note": "x" * 2_000_000}}), memo)
     raw = orjson.dumps({"model": "m", "messages": [*messages, {"role": "user", "content": "next"}]})
-    parsed = 0
-
-    def counting(data: Any) -> Any:
-        nonlocal parsed
-        parsed += len(data)
-        return orjson.loads(data)
-
-    for module in (body_memo, json_spans, chat_request):
-        monkeypatch.setattr(module, "orjson", SimpleNamespace(loads=counting, dumps=orjson.dumps,
-                                                              JSONDecodeError=orjson.JSONDecodeError))
+    parsed = _count_parsed(monkeypatch)
     parse_chat_request(raw, memo, "t")
-    assert parsed <= 3 * len(raw), f"{parsed / len(raw):.1f} times the body's bytes parsed"
+    assert parsed[0] <= 3 * len(raw), f"{parsed[0] / len(raw):.1f} times the body's bytes parsed"
 
 
 WS_RUN = b" " * 50_000
@@ -221,18 +227,9 @@ def test_a_body_verifies_one_kept_body_at_most(monkeypatch: pytest.MonkeyPatch) 
         same(head + b'],"messages":[{"role":"user","content":"override %d"}]}' % i, memo)
     assert len(memo) == 16
     attack = head + b',{"role":"user","content":"%s"}]}' % (b"next " * 20)
-    parsed = 0
-
-    def counting(data: Any) -> Any:
-        nonlocal parsed
-        parsed += len(data)
-        return orjson.loads(data)
-
-    for module in (body_memo, json_spans, chat_request):
-        monkeypatch.setattr(module, "orjson", SimpleNamespace(loads=counting, dumps=orjson.dumps,
-                                                              JSONDecodeError=orjson.JSONDecodeError))
+    parsed = _count_parsed(monkeypatch)
     same(attack, memo)
-    assert parsed <= 4 * len(attack), f"{parsed / len(attack):.1f} times the body's bytes parsed"
+    assert parsed[0] <= 4 * len(attack), f"{parsed[0] / len(attack):.1f} times the body's bytes parsed"
 
 
 def test_bodies_kept_whole_with_big_members_before_their_messages_stay_within_the_bound() -> None:
