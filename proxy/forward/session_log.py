@@ -318,7 +318,7 @@ class SessionLog:
         (``reopen``)."""
         try:
             new, added = _new_rows(messages, chain, internal, reply, stored)
-            written = self.store.append_and_record(session.pk, new, record, datetime.now(UTC), added=added)
+            written = self.store.append_and_record(session.pk, new, record, now(), added=added)
             if internal:
                 rows = [MessageRecord(0, session.pk, m.chain_hash, m.parent_hash, m.seq, m.role, m.message, True,
                                       now()) for m in new if m.internal]
