@@ -288,6 +288,23 @@ def test_requests_being_served_are_kept_past_the_cap(bounded: Callable[..., Uvic
             sock.close()
 
 
+def test_answers_carry_a_date_and_name_no_server_software(bounded: Callable[..., UvicornServer]) -> None:
+    """As ``context-proxy serve`` runs it: an answer has the ``date`` header HTTP asks of an origin
+    server with a clock, and no ``server`` header naming the software behind it (uvicorn's
+    ``server: uvicorn``, off: it tells a scanner which versions to try, and costs every answer a
+    header)."""
+    server = bounded()
+    body = json.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "hello"}]}).encode()
+    with _connect(server) as sock:
+        sock.sendall(CHAT_HEAD + b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        raw = _read_until(sock, b"\r\n\r\n")
+    head = raw.split(b"\r\n\r\n", 1)[0].lower().split(b"\r\n")
+    assert head[0].startswith(b"http/1.1 200"), head[0]
+    names = [line.split(b":", 1)[0] for line in head[1:]]
+    assert b"date" in names and b"x-context-proxy-request-id" in names
+    assert b"server" not in names, names
+
+
 def _read_until(sock: socket.socket, marker: bytes, timeout_s: float = 10.0) -> bytes:
     sock.settimeout(timeout_s)
     out = b""
