@@ -203,3 +203,23 @@ async def test_a_reply_that_cannot_be_logged_is_reported_not_raised(log: Session
     with caplog.at_level(logging.ERROR, logger="context_proxy.pipeline"):
         await writer.finish(ctx, 200, deep, None)
     assert any(r.getMessage() == "logging the reply failed" for r in caplog.records)
+
+
+async def test_finish_looks_the_running_loop_up_once(log: SessionLog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``finish`` takes the running loop once (on Python 3.11 each lookup is a ``getpid`` system
+    call) for its future and the queued write: it took two; the write is stored as before."""
+    writer = _writer(log)
+    ctx = await _ctx(log, "once")
+    real = asyncio.get_running_loop
+    looked_up: list[int] = []
+
+    def counting() -> asyncio.AbstractEventLoop:
+        looked_up.append(1)
+        return real()
+
+    monkeypatch.setattr(asyncio, "get_running_loop", counting)
+    ended = writer.finish(ctx, 200, REPLY, None, after_answer=True)
+    assert len(looked_up) == 1
+    monkeypatch.setattr(asyncio, "get_running_loop", real)
+    await ended
+    assert await _requests(log, "once") == [ctx.request_id]
