@@ -231,16 +231,13 @@ def test_each_transport_maps_its_own_library() -> None:
     assert isinstance(aiohttp_error(aiohttp.ServerTimeoutError("read")), UpstreamTimeout)
 
 
-async def test_aiohttp_sends_the_bytes_a_session_skipping_content_type_sent_asking_to_skip_only_without_one() -> None:
-    """``AiohttpTransport.send`` asks aiohttp to skip its automatic ``Content-Type`` only when the
-    headers carry none (the fast path: no ``skip_auto_headers``, which would cost aiohttp a copy of
-    the headers): the upstream gets, byte for byte, what a session skipping it on every request
-    (the transport's former configuration) sends, with or without the client's content type."""
-    from proxy.upstream.aiohttp_transport import AiohttpTransport
-
-    heads: list[bytes] = []
+async def _keep_alive_server(reply: bytes, heads: list[bytes],
+                             connections: list[int]) -> tuple[asyncio.Server, yarl.URL]:
+    """A server answering each request of a connection with 200 and ``reply``; the requests (head
+    and body) go in ``heads``, each connection it accepts in ``connections``."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(id(writer))
         while True:
             try:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -249,11 +246,22 @@ async def test_aiohttp_sends_the_bytes_a_session_skipping_content_type_sent_aski
             length = next((int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
                            if line.startswith(b"content-length:")), 0)
             heads.append(head + await reader.readexactly(length))
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(reply), reply))
             await writer.drain()
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    url = yarl.URL(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/chat/completions")
+    return server, yarl.URL(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/chat/completions")
+
+
+async def test_aiohttp_sends_the_bytes_a_session_skipping_content_type_sent_asking_to_skip_only_without_one() -> None:
+    """``AiohttpTransport.send`` asks aiohttp to skip its automatic ``Content-Type`` only when the
+    headers carry none (the fast path: no ``skip_auto_headers``, which would cost aiohttp a copy of
+    the headers): the upstream gets, byte for byte, what a session skipping it on every request
+    (the transport's former configuration) sends, with or without the client's content type."""
+    from proxy.upstream.aiohttp_transport import AiohttpTransport
+
+    heads: list[bytes] = []
+    server, url = await _keep_alive_server(b'{}', heads, [])
     transport = AiohttpTransport(pool_size=4, connect_timeout_s=5, read_timeout_s=5, keepalive_s=4)
     reference = aiohttp.ClientSession(auto_decompress=False, trust_env=False, skip_auto_headers=("Content-Type",),
                                       cookie_jar=aiohttp.DummyCookieJar())
@@ -296,20 +304,6 @@ async def test_a_response_read_to_its_end_is_not_released_again_and_its_connecti
     from proxy.upstream.aiohttp_transport import AiohttpTransport
 
     connections: list[int] = []
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connections.append(id(writer))
-        while True:
-            try:
-                head = await reader.readuntil(b"\r\n\r\n")
-            except asyncio.IncompleteReadError:
-                return
-            length = next((int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
-                           if line.startswith(b"content-length:")), 0)
-            await reader.readexactly(length)
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\n{\"a\":1}")
-            await writer.drain()
-
     released: list[object] = []
     release = aiohttp.ClientResponse.release
 
@@ -318,8 +312,7 @@ async def test_a_response_read_to_its_end_is_not_released_again_and_its_connecti
         return release(self)
 
     monkeypatch.setattr(aiohttp.ClientResponse, "release", counting)
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    url = yarl.URL(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/chat/completions")
+    server, url = await _keep_alive_server(b'{"a":1}', [], connections)
     transport = AiohttpTransport(pool_size=4, connect_timeout_s=5, read_timeout_s=5, keepalive_s=4)
     try:
         for _ in range(3):
