@@ -236,25 +236,29 @@ class LogWriter:
 
 def _record(ctx: ChatContext, latency_ms: float, status: int, usage: dict[str, Any] | None,
             logged: LoggedRequest | None, error: str | None, finish_reason: str | None) -> RequestRecord:
-    """The request's record (``logged``: its messages' earlier write, if any)."""
+    """The request's record (``logged``: its messages' earlier write, if any). Every field by
+    position, in ``RequestRecord``'s order (``created_at`` ``None``: the write's time): a class
+    called with keywords builds a dict of them for its ``__init__`` (sixteen: about 560 ns of
+    the record's 880, timeit; ``test_the_record_is_built_by_position_in_the_fields_order``)."""
     p = ctx.prepared
     return RequestRecord(
-        id=ctx.request_id,
-        session_pk=ctx.session.pk,
-        model=ctx.model,
-        status=status,
-        latency_ms=latency_ms,
-        stream=ctx.stream,
-        usage=usage,
-        added_messages=logged.added if logged else 0,
-        first_added_seq=logged.first_added_seq if logged else None,
-        tokens_client=p.tokens_client if p else None,
-        tokens_forwarded=p.tokens_forwarded if p else None,
-        defenses=list(p.applied) if p else [],
-        event_ids=list(p.event_ids) if p else [],
-        error=error.replace("\x00", "") if error else error,
-        finish_reason=finish_reason,
-        overflow_retries=ctx.retries,
+        ctx.request_id,  # id
+        ctx.session.pk,  # session_pk
+        ctx.model,  # model
+        status,
+        latency_ms,
+        ctx.stream,  # stream
+        usage,
+        logged.added if logged else 0,  # added_messages
+        logged.first_added_seq if logged else None,  # first_added_seq
+        p.tokens_client if p else None,  # tokens_client
+        p.tokens_forwarded if p else None,  # tokens_forwarded
+        list(p.applied) if p else [],  # defenses
+        list(p.event_ids) if p else [],  # event_ids
+        error.replace("\x00", "") if error else error,  # error
+        None,  # created_at
+        finish_reason,
+        ctx.retries,  # overflow_retries
     )
 
 
