@@ -89,8 +89,11 @@ class DeferredBatch:
         (``storage.sqlite.end_write``)."""
         deferred = self._deferred
         # the loop of the writes queued (this one: the batch is used on one loop's thread), else the
-        # running one, looked up once (on Python 3.11 each lookup is a ``getpid`` system call)
-        loop = deferred[0][2].get_loop() if deferred else asyncio.get_running_loop()
+        # running one, looked up once (on Python 3.11 each lookup is a ``getpid`` system call); a
+        # queue left by a loop that has ended since (a store never closed) is not this one's
+        loop = deferred[0][2].get_loop() if deferred else None
+        if loop is None or loop.is_closed():
+            loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         deferred.append((operation, fn, future, batch, item))
         if self._flush_timer is None:

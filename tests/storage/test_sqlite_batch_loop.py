@@ -1,6 +1,7 @@
 """``DeferredBatch.defer`` looks the running loop up once per batch (on Python 3.11 each lookup is
 a ``getpid`` system call): the writes queued after the first take the loop of the first's future.
-The futures, the flush timer and the results are those of a lookup per write."""
+The futures, the flush timer and the results are those of a lookup per write (a queue left by a
+loop that has ended since: the running loop)."""
 
 from __future__ import annotations
 
@@ -57,3 +58,25 @@ async def test_defer_looks_the_loop_up_once_per_batch(monkeypatch: pytest.Monkey
     later = batch.defer("w", lambda conn: None, batch=_doubled, item=5)  # a new batch: looked up again
     assert len(looked_up) == 2 and later.get_loop() is loop
     assert await asyncio.wait_for(later, 1.0) == 10
+
+
+def test_a_batch_left_queued_by_an_ended_loop_serves_the_next_loop() -> None:
+    """A write still queued when its loop ended (a store never closed), then the batch used from a
+    new loop: the new write's future is the new loop's, and the flush settles it there (review: the
+    first write's ended loop was taken, and the flush raised ``Event loop is closed``)."""
+    batch = DeferredBatch(_Runner())
+
+    async def first() -> None:
+        batch.defer("w", lambda conn: None, batch=_doubled, item=1)  # the loop ends before the timer
+
+    async def second() -> list[int]:
+        got: list[int] = []
+        future = batch.defer("w", lambda conn: None, batch=_doubled, item=2)
+        assert future.get_loop() is asyncio.get_running_loop()
+        future.add_done_callback(lambda f: got.append(f.result()))
+        batch.flush()  # what the store's next operation does first
+        await asyncio.sleep(0)
+        return got
+
+    asyncio.run(first())
+    assert asyncio.run(second()) == [4]
