@@ -61,6 +61,15 @@ def test_search_answers_as_the_pattern_and_skips_it_for_the_usual_names() -> Non
     assert len(counting.searched) == len(names) - sum(type(n) is bytes and n in SENT_NAMES for n in names)
 
 
+def test_every_other_attribute_is_the_patterns() -> None:
+    """A uvicorn that used another of the pattern's methods gets the pattern's own answers (review:
+    an ``AttributeError`` on every response)."""
+    check = HeaderNameCheck(UVICORN_PATTERN, SENT_NAMES)
+    assert check.pattern is UVICORN_PATTERN
+    assert _same(check.match(b"(x"), UVICORN_PATTERN.match(b"(x")) and check.match(b"date") is None
+    assert check.flags == UVICORN_PATTERN.flags and check.findall(b"a b") == [b" "]
+
+
 def test_installed_once_over_uvicorns_pattern_and_never_over_one_refusing_a_name(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(httptools_impl, "HEADER_RE", UVICORN_PATTERN)

@@ -47,6 +47,11 @@ class HeaderNameCheck:
             return None
         return self.pattern.search(name)
 
+    def __getattr__(self, attribute: str) -> object:
+        """Every other attribute is the pattern's (a uvicorn that used ``match`` or ``pattern``
+        would get the pattern's own answers, not an ``AttributeError`` on every response)."""
+        return getattr(self.pattern, attribute)
+
 
 def install_header_name_check(names: frozenset[bytes] = SENT_NAMES) -> bool:
     """Put a ``HeaderNameCheck`` of ``names`` over uvicorn's ``HEADER_RE`` (once: a second call, or a
