@@ -110,7 +110,9 @@ class Memo:
         For memos keyed by chain hash, where ``keys[i]`` names the prefix ``[0, i]``: the value of
         the longest prefix seen before (the caller extends it and ``put``s it under the new end)."""
         entries = self._entries
-        for i in range(len(keys) - 1, max(-1, len(keys) - 1 - lookback), -1):
+        stop = len(keys) - 1 - lookback
+        # (``max(-1, stop)`` without its call: a builtin's arguments are parsed as keywords too)
+        for i in range(len(keys) - 1, stop if stop > -1 else -1, -1):
             entry = entries.pop(keys[i], None)  # (``pop``, inlined: a request takes a prefix state twice)
             if entry is not None:
                 self.total -= entry[2]

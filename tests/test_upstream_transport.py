@@ -231,16 +231,13 @@ def test_each_transport_maps_its_own_library() -> None:
     assert isinstance(aiohttp_error(aiohttp.ServerTimeoutError("read")), UpstreamTimeout)
 
 
-async def test_aiohttp_sends_the_bytes_a_session_skipping_content_type_sent_asking_to_skip_only_without_one() -> None:
-    """``AiohttpTransport.send`` asks aiohttp to skip its automatic ``Content-Type`` only when the
-    headers carry none (the fast path: no ``skip_auto_headers``, which would cost aiohttp a copy of
-    the headers): the upstream gets, byte for byte, what a session skipping it on every request
-    (the transport's former configuration) sends, with or without the client's content type."""
-    from proxy.upstream.aiohttp_transport import AiohttpTransport
-
-    heads: list[bytes] = []
+async def _keep_alive_server(reply: bytes, heads: list[bytes],
+                             connections: list[int]) -> tuple[asyncio.Server, yarl.URL]:
+    """A server answering each request of a connection with 200 and ``reply``; the requests (head
+    and body) go in ``heads``, each connection it accepts in ``connections``."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(id(writer))
         while True:
             try:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -249,11 +246,22 @@ async def test_aiohttp_sends_the_bytes_a_session_skipping_content_type_sent_aski
             length = next((int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
                            if line.startswith(b"content-length:")), 0)
             heads.append(head + await reader.readexactly(length))
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(reply), reply))
             await writer.drain()
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    url = yarl.URL(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/chat/completions")
+    return server, yarl.URL(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/chat/completions")
+
+
+async def test_aiohttp_sends_the_bytes_a_session_skipping_content_type_sent_asking_to_skip_only_without_one() -> None:
+    """``AiohttpTransport.send`` asks aiohttp to skip its automatic ``Content-Type`` only when the
+    headers carry none (the fast path: no ``skip_auto_headers``, which would cost aiohttp a copy of
+    the headers): the upstream gets, byte for byte, what a session skipping it on every request
+    (the transport's former configuration) sends, with or without the client's content type."""
+    from proxy.upstream.aiohttp_transport import AiohttpTransport
+
+    heads: list[bytes] = []
+    server, url = await _keep_alive_server(b'{}', heads, [])
     transport = AiohttpTransport(pool_size=4, connect_timeout_s=5, read_timeout_s=5, keepalive_s=4)
     reference = aiohttp.ClientSession(auto_decompress=False, trust_env=False, skip_auto_headers=("Content-Type",),
                                       cookie_jar=aiohttp.DummyCookieJar())
@@ -286,3 +294,34 @@ async def test_aiohttp_sends_the_bytes_a_session_skipping_content_type_sent_aski
         await reference.close()
         server.close()
     assert asked == [None, None, ("Content-Type",), ("Content-Type",), ("Content-Type",)]
+
+
+async def test_a_response_read_to_its_end_is_not_released_again_and_its_connection_is_reused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``AiohttpResponse.aclose`` of a response read to its end leaves aiohttp's ``release`` alone
+    (the fast path: aiohttp gave the connection back at the body's end); the next request goes on
+    the same connection, as after ``release``, and none is left acquired."""
+    from proxy.upstream.aiohttp_transport import AiohttpTransport
+
+    connections: list[int] = []
+    released: list[object] = []
+    release = aiohttp.ClientResponse.release
+
+    def counting(self: aiohttp.ClientResponse) -> object:
+        released.append(self)
+        return release(self)
+
+    monkeypatch.setattr(aiohttp.ClientResponse, "release", counting)
+    server, url = await _keep_alive_server(b'{"a":1}', [], connections)
+    transport = AiohttpTransport(pool_size=4, connect_timeout_s=5, read_timeout_s=5, keepalive_s=4)
+    try:
+        for _ in range(3):
+            resp = await transport.send("POST", url, headers=[("content-type", "application/json")], content=b"{}")
+            assert await resp.aread() == b'{"a":1}'
+            await resp.aclose()
+        assert released == [] and len(connections) == 1  # never released again; one connection, reused
+        connector = transport._session.connector
+        assert connector is not None and not connector._acquired  # none left acquired
+    finally:
+        await transport.aclose()
+        server.close()

@@ -161,7 +161,8 @@ class Sent:
 
     @property
     def prompt_estimate_tokens(self) -> int:
-        return max(0, self.estimate_tokens - self.reserved_tokens)
+        prompt = self.estimate_tokens - self.reserved_tokens
+        return prompt if prompt > 0 else 0  # (``max(0, prompt)``, inline)
 
 
 @dataclass

@@ -24,10 +24,16 @@ from proxy.tools.schemas import compact_tool_schema, messages_tool, read_tool_sc
 
 @dataclass(frozen=True, slots=True)
 class Offer:
-    """The proxy's tools one request may carry: ``names[i]`` is the function name of ``schemas[i]``."""
+    """The proxy's tools one request may carry: ``names[i]`` is the function name of ``schemas[i]``
+    (``ValueError`` when their lengths differ: checked once here, so the requests' ``zip`` of them
+    needs no ``strict``, whose keyword argument cost a call more than ``zip`` itself)."""
 
     names: tuple[str, ...] = ()
     schemas: tuple[dict[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.names) != len(self.schemas):
+            raise ValueError(f"an offer of {len(self.names)} names and {len(self.schemas)} schemas")
 
     def has(self, name: str) -> bool:
         return name in self.names
@@ -88,7 +94,7 @@ class OwnToolOffer:
         """The schemas counted against the window before projecting: the read tool's when stored
         content may be named (the session has events, or the client's messages may name it)."""
         read = self.settings.read_tool_name
-        return [schema for name, schema in zip(offer.names, offer.schemas, strict=True)
+        return [schema for name, schema in zip(offer.names, offer.schemas)  # noqa: B905  (one length: ``Offer``)
                 if name != read or has_events or self.stored.may_be_named(raw, messages, chain, expanded)]
 
     def chosen(self, offer: Offer, raw: bytes, messages: list[dict[str, Any]], chain: Sequence[str], expanded: bool,
@@ -96,7 +102,7 @@ class OwnToolOffer:
         """The schemas to append to ``tools``: the read tool's only when the forwarded messages
         name stored content (``StoredContent.named``)."""
         out = []
-        for name, schema in zip(offer.names, offer.schemas, strict=True):
+        for name, schema in zip(offer.names, offer.schemas):  # noqa: B905  (one length: ``Offer``)
             if name == self.settings.read_tool_name and not self.stored.named(raw, messages, chain, expanded,
                                                                                forwarded, applied):
                 continue

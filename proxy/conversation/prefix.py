@@ -170,7 +170,8 @@ class PrefixStates:
         after stamp ``since``): the deepest such state among the newest ``lookback`` positions;
         ``None`` when none knows. Nothing is taken."""
         with self._lock:
-            for i in range(len(chain) - 1, max(-1, len(chain) - 1 - self.lookback), -1):
+            stop = len(chain) - 1 - self.lookback  # (``max(-1, stop)``, inline: as ``Memo.pop_longest``)
+            for i in range(len(chain) - 1, stop if stop > -1 else -1, -1):
                 state = self._states.get(chain[i])
                 if isinstance(state, PrefixState):
                     length = state.stored_in(session_pk, since, chain)
@@ -188,7 +189,8 @@ class PrefixStates:
             return
         with self._lock:
             states = self._states
-            for i in range(len(chain) - 1, max(-1, len(chain) - 1 - self.lookback), -1):
+            stop = len(chain) - 1 - self.lookback  # (``max(-1, stop)``, inline: as ``Memo.pop_longest``)
+            for i in range(len(chain) - 1, stop if stop > -1 else -1, -1):
                 state = states.get(chain[i])
                 if isinstance(state, PrefixState):
                     if state.notes_in_place(session_pk):  # (its weight stays: no pop and put again)

@@ -103,20 +103,21 @@ class LogWriter:
         ctx.finished = True
         latency_ms = (time.perf_counter() - ctx.started) * 1000
         self._count_finished(ctx, status)
-        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()  # (once: on Python 3.11 each lookup is a ``getpid`` system call)
+        ended: asyncio.Future[None] = loop.create_future()
         self._pending.add(ended)
         then = functools.partial(self._ended, ctx, usage, ended)
         if ctx.append_task is not None or ctx.refused:
             # a refused request's cleanup runs after the writes already started: a request that
             # found its rows stored and was answered first is recorded before the cleanup looks
             earlier = [f for f in self._pending if f is not ended] if ctx.refused else []
-            task = asyncio.get_running_loop().create_task(
+            task = loop.create_task(
                 self._after_append(ctx, latency_ms, status, reply, usage, error, partial, finish_reason, earlier))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
             task.add_done_callback(functools.partial(tell, then))
         elif after_answer:
-            asyncio.get_running_loop().call_soon(self._write, ctx, latency_ms, status, reply, usage, error, partial,
+            loop.call_soon(self._write, ctx, latency_ms, status, reply, usage, error, partial,
                                                  finish_reason, then)
         else:
             self._write(ctx, latency_ms, status, reply, usage, error, partial, finish_reason, then)
@@ -235,25 +236,29 @@ class LogWriter:
 
 def _record(ctx: ChatContext, latency_ms: float, status: int, usage: dict[str, Any] | None,
             logged: LoggedRequest | None, error: str | None, finish_reason: str | None) -> RequestRecord:
-    """The request's record (``logged``: its messages' earlier write, if any)."""
+    """The request's record (``logged``: its messages' earlier write, if any). Every field by
+    position, in ``RequestRecord``'s order (``created_at`` ``None``: the write's time): a class
+    called with keywords builds a dict of them for its ``__init__`` (sixteen: about 560 ns of
+    the record's 880, timeit; ``test_the_record_is_built_by_position_in_the_fields_order``)."""
     p = ctx.prepared
     return RequestRecord(
-        id=ctx.request_id,
-        session_pk=ctx.session.pk,
-        model=ctx.model,
-        status=status,
-        latency_ms=latency_ms,
-        stream=ctx.stream,
-        usage=usage,
-        added_messages=logged.added if logged else 0,
-        first_added_seq=logged.first_added_seq if logged else None,
-        tokens_client=p.tokens_client if p else None,
-        tokens_forwarded=p.tokens_forwarded if p else None,
-        defenses=list(p.applied) if p else [],
-        event_ids=list(p.event_ids) if p else [],
-        error=error.replace("\x00", "") if error else error,
-        finish_reason=finish_reason,
-        overflow_retries=ctx.retries,
+        ctx.request_id,  # id
+        ctx.session.pk,  # session_pk
+        ctx.model,  # model
+        status,
+        latency_ms,
+        ctx.stream,  # stream
+        usage,
+        logged.added if logged else 0,  # added_messages
+        logged.first_added_seq if logged else None,  # first_added_seq
+        p.tokens_client if p else None,  # tokens_client
+        p.tokens_forwarded if p else None,  # tokens_forwarded
+        list(p.applied) if p else [],  # defenses
+        list(p.event_ids) if p else [],  # event_ids
+        error.replace("\x00", "") if error else error,  # error
+        None,  # created_at
+        finish_reason,
+        ctx.retries,  # overflow_retries
     )
 
 

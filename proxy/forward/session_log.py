@@ -184,7 +184,8 @@ class SessionLog:
         return await self.open_session(session.tenant, session.session_id, session.api)
 
     def _next_stamp(self) -> int:
-        self._stamp = max(self._stamp + 1, time.monotonic_ns())
+        stamp, now_ns = self._stamp + 1, time.monotonic_ns()
+        self._stamp = now_ns if now_ns > stamp else stamp  # (``max``, inline)
         return self._stamp
 
     def follow(self, chain: list[str]) -> None:

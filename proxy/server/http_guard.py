@@ -25,7 +25,9 @@ so idle sockets would make it refuse everyone). ``GuardedHttpToolsProtocol`` add
   answered 503 and closed.
 
 Errors are OpenAI's envelope (``proxy.errors``) with ``connection: close``. ``server_options``
-returns the keyword arguments of ``uvicorn.run``/``uvicorn.Config`` for a ``Settings``.
+returns the keyword arguments of ``uvicorn.run``/``uvicorn.Config`` for a ``Settings``; it also
+has uvicorn's check of response header names skip the regex search for the names the proxy
+sends with every answer (``proxy.server.header_names``): the same checks, fewer instructions.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from proxy.server.header_names import install_header_name_check
 from proxy.settings import Settings
 
 log = logging.getLogger("context_proxy.http")
@@ -378,7 +381,9 @@ _on_response_complete = HttpToolsProtocol.on_response_complete
 
 
 def guarded_protocol(settings: Settings) -> type[GuardedHttpToolsProtocol]:
-    """A ``GuardedHttpToolsProtocol`` class with ``settings``' bounds (one per server)."""
+    """A ``GuardedHttpToolsProtocol`` class with ``settings``' bounds (one per server); uvicorn's
+    response header name check installed (``install_header_name_check``)."""
+    install_header_name_check()
     return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {
         "max_header_bytes": settings.http_max_header_bytes,
         "max_headers": settings.http_max_headers,

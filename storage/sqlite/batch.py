@@ -87,10 +87,17 @@ class DeferredBatch:
         is an exception instance means "committed, and this write failed with it" (its future
         gets the exception): a request row refused alone while its messages were stored
         (``storage.sqlite.end_write``)."""
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._deferred.append((operation, fn, future, batch, item))
+        deferred = self._deferred
+        # the loop of the writes queued (this one: the batch is used on one loop's thread), else the
+        # running one, looked up once (on Python 3.11 each lookup is a ``getpid`` system call); a
+        # queue left by a loop that has ended since (a store never closed) is not this one's
+        loop = deferred[0][2].get_loop() if deferred else None
+        if loop is None or loop.is_closed():
+            loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        deferred.append((operation, fn, future, batch, item))
         if self._flush_timer is None:
-            self._flush_timer = asyncio.get_running_loop().call_later(DEFER_WRITE_S, self.flush)
+            self._flush_timer = loop.call_later(DEFER_WRITE_S, self.flush)
         return future
 
     def flush(self) -> None:

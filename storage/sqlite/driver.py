@@ -52,7 +52,8 @@ class DriverStatement:
         self.sql: str = compiled.string
         names = list(compiled.positiontup)
         self._get = operator.itemgetter(*names, *names[:1])  # (a name more: a 1-column row is a tuple too)
-        procs = [processors.get(name) for name in names]
+        procs = [_fast_bool(processors.get(name), dialect) if isinstance(compiled.binds[name].type, sa.Boolean)
+                 else processors.get(name) for name in names]
         self._processed = [(i, proc) for i, proc in enumerate(procs) if proc is not None]
         self._from_keys: Callable[[Sequence[Any]], tuple[Any, ...]] | None = None
         """``row_of``'s reordering: from ``column_keys`` order to the statement's."""
@@ -107,6 +108,24 @@ class DriverStatement:
             return count
         finally:
             cursor.close()
+
+
+def _fast_bool(process: Callable[[Any], Any] | None, dialect: sa.Dialect) -> Callable[[Any], Any] | None:
+    """A ``Boolean`` column's bind: on a dialect without native booleans (SQLite) ``True`` and
+    ``False`` as ``1`` and ``0`` at once, every other value through SQLAlchemy's ``process``
+    (``None``; ``1`` and ``0``; what it refuses, with its ``TypeError``). Its ``process`` makes two
+    Python calls for them (``_strict_as_bool``, then ``int``): the same results."""
+    if process is None or dialect.supports_native_boolean:
+        return process
+
+    def bind(value: Any) -> Any:
+        if value is True:
+            return 1
+        if value is False:
+            return 0
+        return process(value)
+
+    return bind
 
 
 def _driver(conn: sa.Connection) -> sqlite3.Connection:

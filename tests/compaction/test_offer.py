@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
 
 from proxy.compaction.offer import OwnToolOffer
 from proxy.compaction.references import SUBSTRING_FIRST_BYTES, StoredContent
@@ -73,3 +74,13 @@ def test_each_schema_is_built_once_and_shared() -> None:
     offer = OwnToolOffer(S, StoredContent())
     first, second = offer.offerable({}, compact_tool=True), offer.offerable({}, compact_tool=True)
     assert all(a is b for a, b in zip(first.schemas, second.schemas, strict=True))
+
+
+def test_an_offer_has_a_schema_per_name() -> None:
+    """``expected`` and ``chosen`` pair names and schemas with a plain ``zip``: an ``Offer`` whose
+    lengths differ is refused when built."""
+    from proxy.compaction.offer import Offer
+
+    with pytest.raises(ValueError, match="1 names and 0 schemas"):
+        Offer(("read",), ())
+    assert Offer(("read",), ({"type": "function"},)).has("read")

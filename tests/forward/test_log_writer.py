@@ -203,3 +203,56 @@ async def test_a_reply_that_cannot_be_logged_is_reported_not_raised(log: Session
     with caplog.at_level(logging.ERROR, logger="context_proxy.pipeline"):
         await writer.finish(ctx, 200, deep, None)
     assert any(r.getMessage() == "logging the reply failed" for r in caplog.records)
+
+
+async def test_finish_looks_the_running_loop_up_once(log: SessionLog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``finish`` takes the running loop once (on Python 3.11 each lookup is a ``getpid`` system
+    call) for its future and the queued write: it took two; the write is stored as before."""
+    writer = _writer(log)
+    ctx = await _ctx(log, "once")
+    real = asyncio.get_running_loop
+    looked_up: list[int] = []
+
+    def counting() -> asyncio.AbstractEventLoop:
+        looked_up.append(1)
+        return real()
+
+    monkeypatch.setattr(asyncio, "get_running_loop", counting)
+    ended = writer.finish(ctx, 200, REPLY, None, after_answer=True)
+    assert len(looked_up) == 1
+    monkeypatch.setattr(asyncio, "get_running_loop", real)
+    await ended
+    assert await _requests(log, "once") == [ctx.request_id]
+
+
+def test_the_record_is_built_by_position_in_the_fields_order() -> None:
+    """``log_writer._record`` passes ``RequestRecord``'s fields by position: in this order (a
+    field added or moved fails here, not in a stored row)."""
+    import dataclasses
+
+    from storage.records import RequestRecord
+
+    assert [f.name for f in dataclasses.fields(RequestRecord)] == [
+        "id", "session_pk", "model", "status", "latency_ms", "stream", "usage", "added_messages", "first_added_seq",
+        "tokens_client", "tokens_forwarded", "defenses", "event_ids", "error", "created_at", "finish_reason",
+        "overflow_retries"]
+
+
+async def test_the_record_holds_the_requests_values(log: SessionLog) -> None:
+    """``_record`` of a request: each value in its field (the same record as by keyword)."""
+    from proxy.compaction.base import Prepared
+    from proxy.forward.log_writer import _record
+    from proxy.forward.session_log import LoggedRequest
+    from storage.records import RequestRecord
+
+    ctx = await _ctx(log, "record")
+    ctx.prepared = Prepared(b"{}", 11, 7, ("offload",), ("ev_1",), None, frozenset(), None, None)
+    ctx.retries = 2
+    ctx.stream = True
+    usage = {"prompt_tokens": 3}
+    record = _record(ctx, 12.5, 200, usage, LoggedRequest(4, 9), "bad\x00", "stop")
+    assert record == RequestRecord(
+        id=ctx.request_id, session_pk=ctx.session.pk, model="m", status=200, latency_ms=12.5, stream=True,
+        usage=usage, added_messages=4, first_added_seq=9, tokens_client=11, tokens_forwarded=7,
+        defenses=["offload"], event_ids=["ev_1"], error="bad", created_at=None, finish_reason="stop",
+        overflow_retries=2)

@@ -30,7 +30,12 @@ def test_every_column_binds_through_the_same_function_on_both_sqlite_paths() -> 
         names = list(compiled.positiontup or [])
         sqlalchemy_procs = {name: compiled._bind_processors.get(name) for name in names}
         driver_procs = {names[i]: proc for i, proc in driver._processed}
-        assert driver_procs == {n: p for n, p in sqlalchemy_procs.items() if p is not None}, table.name
+        booleans = {n for n in names if isinstance(compiled.binds[n].type, sa.Boolean)}
+        assert driver_procs.keys() == {n for n, p in sqlalchemy_procs.items() if p is not None}, table.name
+        assert {n: p for n, p in driver_procs.items() if n not in booleans} == {
+            n: p for n, p in sqlalchemy_procs.items() if p is not None and n not in booleans}, table.name
+        for name in booleans:  # SQLAlchemy's results, True and False without its two calls
+            _assert_binds_as(driver_procs[name], sqlalchemy_procs[name])
         for column in table.columns:
             if hasattr(column.type, "sqlite_bind"):  # ours: one step, not process_bind_param + impl's processor
                 proc = column.type.bind_processor(dialect)
@@ -241,3 +246,45 @@ def test_utc_times_of_one_second_bind_as_sqlalchemys_text_whatever_came_before()
     bind(base)
     head = cell.cell_contents[3]
     assert bind(base.replace(microsecond=5)) == "2026-12-04 23:59:59.000005" and cell.cell_contents[3] is head
+
+
+def _assert_binds_as(fast: Any, process: Any) -> None:
+    assert fast is not process and fast.__qualname__ == "_fast_bool.<locals>.bind"
+    for value in (True, False, None, 1, 0):
+        assert fast(value) == process(value) and type(fast(value)) is type(process(value)), value
+    for odd in ("yes", 2, 0.5):  # refused alike (``TypeError``, ``ValueError`` for an int)
+        with pytest.raises((TypeError, ValueError)) as slow:
+            process(odd)
+        with pytest.raises((TypeError, ValueError)) as quick:
+            fast(odd)
+        assert type(quick.value) is type(slow.value) and str(quick.value) == str(slow.value)
+
+
+def test_boolean_columns_bind_true_and_false_at_once_as_sqlalchemy_binds_them() -> None:
+    """On SQLite (no native booleans) ``DriverStatement`` binds a ``Boolean`` column's ``True`` and
+    ``False`` as ``1`` and ``0`` itself (the fast path: no call of SQLAlchemy's processor, whose
+    result for every value it is, errors included); with native booleans, SQLAlchemy's own."""
+    from storage.tables import messages, requests
+
+    dialect = sqlite.dialect(paramstyle="qmark")
+    for table, column in ((messages, "internal"), (requests, "stream")):
+        insert = sa.insert(table)
+        compiled = insert.compile(dialect=dialect)
+        names = list(compiled.positiontup or [])
+        fast = {names[i]: proc for i, proc in DriverStatement(insert, dialect)._processed}[column]
+        process = compiled._bind_processors[column]
+        calls: list[Any] = []
+
+        def counted(value: Any, process: Any = process, calls: list[Any] = calls) -> Any:
+            calls.append(value)
+            return process(value)
+
+        from storage.sqlite.driver import _fast_bool
+        watched = _fast_bool(counted, dialect)
+        assert watched is not None and (watched(True), watched(False)) == (1, 0) and calls == []  # taken
+        assert watched(None) is None and calls == [None]  # the rest: SQLAlchemy's
+        _assert_binds_as(fast, process)
+    native = sqlite.dialect(paramstyle="qmark")
+    native.supports_native_boolean = True
+    from storage.sqlite.driver import _fast_bool
+    assert _fast_bool(process, native) is process
