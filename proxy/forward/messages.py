@@ -56,6 +56,7 @@ from proxy.errors import ProxyError
 from proxy.forward.answers import Buffered, Streamed
 from proxy.forward.context import ChatContext
 from proxy.forward.db_health import DatabaseHealth
+from proxy.forward.entropy import EntropyPool
 from proxy.forward.log_writer import LogWriter
 from proxy.forward.messages_stream import MessagesStream, stream_error_event
 from proxy.forward.messages_whole import finish_whole, own_calls
@@ -113,7 +114,8 @@ class MessagesPipeline:
 
     def __init__(self, settings: Settings, session_log: SessionLog, upstream: Upstream, writer: LogWriter,
                  health: DatabaseHealth, metrics: Metrics, digest_memo: DigestMemo | None = None,
-                 compactor: Compactor | None = None, tools: ToolRounds | None = None) -> None:
+                 compactor: Compactor | None = None, tools: ToolRounds | None = None,
+                 entropy: EntropyPool | None = None) -> None:
         self.digest_memo = digest_memo
         """Digests of the histories seen (the chat pipeline's: one bound; the same values, computed once)."""
         self.settings = settings
@@ -123,6 +125,11 @@ class MessagesPipeline:
         self.health = health
         self.metrics = metrics
         self.compactor = compactor if compactor is not None else Compactor()
+        self.follows = not self.compactor.projects
+        """Whether ``handle`` moves the prefix state itself (``SessionLog.follow``): only when the
+        compactor runs no projection, which does it for every request it prepares."""
+        self.entropy = entropy if entropy is not None else EntropyPool()
+        """System entropy for the request ids (the chat pipeline's: one bound, ``ENTROPY_POOL_BYTES``)."""
         self.recovery = Recovery(settings, self.compactor, metrics, health)
         """Prepares each request and its retries after an overflow (with escalation: signed cycles)."""
         self.tools = tools
@@ -154,13 +161,19 @@ class MessagesPipeline:
                               or await digests_off_loop(views, len(raw), self.digest_memo))
         except (orjson.JSONEncodeError, RecursionError):  # nested deeper than it hashes: the provider judges it
             return await self._forward_unlogged(raw, target, forward_headers, tenant, warn=False)
-        self.log.follow(chain)  # a regenerate's write is then known stored, not read again
+        if self.follows:  # (a projection moves it itself: once a request)
+            self.log.follow(chain)  # a regenerate's write is then known stored, not read again
         session_id = session_id_of(headers) or self.log.derive_session_id(tenant, pieces, chain)
         try:
             if self.health.down and not await self.health.usable():  # (up: no coroutine to await)
                 raise StorageUnavailable("the database did not answer the last probe")
-            session = await self.log.open_session(tenant, session_id, "messages")
-            expanded = await self.log.expand_internal(session, pieces, digests, chain, after=after_rounds)
+            # (the session row and its internal rounds as cached, without a coroutine each: most
+            # requests read neither)
+            session = (self.log.session_now(tenant, session_id)
+                       or await self.log.open_session(tenant, session_id, "messages"))
+            internal = self.log.internal_now(session.pk)
+            expanded = (self.log.expand(internal, pieces, digests, chain, after_rounds) if internal is not None
+                        else await self.log.expand_internal(session, pieces, digests, chain, after=after_rounds))
         except StorageError as exc:
             self.health.saw(exc)
             if self.settings.database_failure_mode != "open":
@@ -169,10 +182,10 @@ class MessagesPipeline:
             return await self._forward_unlogged(raw, target, forward_headers, tenant, warn=True)
         if expanded is not None:  # the proxy's earlier tool rounds, put back where they ran
             pieces, digests, chain = expanded
-        ctx = ChatContext(request_id=new_id("req"), tenant=tenant, session=session, body=body, raw=raw,
-                          messages=pieces, digests=digests, chain=chain, upstream_headers=forward_headers,
-                          stream=body.get("stream") is True, started=time.perf_counter(), session_log=self.log,
-                          compactor=self.compactor, expanded=expanded is not None)
+        # (by position, in the fields' order, as the chat pipeline builds it)
+        ctx = ChatContext(new_id("req", self.entropy), tenant, session, body, raw, pieces, digests, chain,
+                          forward_headers, body.get("stream") is True, time.perf_counter(), self.log, self.compactor,
+                          False, expanded is not None)
         bind(request_id=ctx.request_id, session_id=session.session_id, model=ctx.model)
         tracking = track_writes(ctx.writes)
         try:
