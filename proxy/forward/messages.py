@@ -42,6 +42,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
+from itertools import repeat
 from typing import Any
 
 import orjson
@@ -91,7 +92,7 @@ def parse_messages_body(raw: bytes) -> dict[str, Any] | None:
     if not isinstance(body, dict):
         return None
     messages = body.get("messages")
-    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+    if not isinstance(messages, list) or not all(map(isinstance, messages, repeat(dict))):
         return None
     return body
 
@@ -100,11 +101,15 @@ def session_id_of(headers: Mapping[str, str]) -> str | None:
     """``X-Claude-Code-Session-Id`` when it is an id the read API can address (else passed over:
     the header is addressed to Anthropic, not a reason to refuse), then ``X-Session-Id`` (checked by
     ``client_session_id``: a 400 for one it refuses), else ``None``."""
-    try:
-        named = client_session_id(headers.get(CLAUDE_CODE_SESSION_HEADER))
-    except ProxyError:
-        named = None
-    return named or client_session_id(headers.get("x-session-id"))
+    named = headers.get(CLAUDE_CODE_SESSION_HEADER)
+    if named is not None:
+        try:
+            named = client_session_id(named)
+        except ProxyError:
+            named = None
+        if named:
+            return named
+    return client_session_id(headers.get("x-session-id"))
 
 
 class MessagesPipeline:

@@ -75,7 +75,19 @@ class MessagesAssembler:
             if self.seen_bytes > self.max_bytes:  # (an event without its name)
                 self.truncated = True
             elif isinstance(delta := data.get("delta"), dict):
-                self._delta(data.get("index"), delta)
+                index = data.get("index")
+                block = self.blocks.get(index) if isinstance(index, int) else None
+                if block is None:
+                    return
+                kind = delta.get("type")
+                if kind in _DELTA_FIELDS:  # (text and thinking: most deltas, read here without a call)
+                    source, target = _DELTA_FIELDS[kind]
+                    piece = delta.get(source)
+                    if isinstance(piece, str):
+                        before = block.get(target)
+                        block[target] = (before if isinstance(before, str) else "") + piece
+                else:
+                    self._other_delta(index, block, kind, delta)
         elif kind == "content_block_start" and self.seen_bytes > self.max_bytes:
             self.truncated = True
         elif kind == "error":
@@ -98,18 +110,9 @@ class MessagesAssembler:
         elif kind == "message_stop":
             self.done = True
 
-    def _delta(self, index: Any, delta: dict[str, Any]) -> None:
-        block = self.blocks.get(index) if isinstance(index, int) else None
-        if block is None:
-            return
-        kind = delta.get("type")
-        if kind in _DELTA_FIELDS:  # (text and thinking: most deltas, checked first)
-            source, target = _DELTA_FIELDS[kind]
-            piece = delta.get(source)
-            if isinstance(piece, str):
-                before = block.get(target)
-                block[target] = (before if isinstance(before, str) else "") + piece
-        elif kind == "input_json_delta" and isinstance(delta.get("partial_json"), str):
+    def _other_delta(self, index: Any, block: dict[str, Any], kind: Any, delta: dict[str, Any]) -> None:
+        """A delta that is not text or thinking, of ``block`` (the open block at ``index``)."""
+        if kind == "input_json_delta" and isinstance(delta.get("partial_json"), str):
             self._json.setdefault(index, []).append(delta["partial_json"])
         elif kind == "signature_delta" and isinstance(delta.get("signature"), str):
             block["signature"] = delta["signature"]  # (the SDK replaces it, as the block's one signature)
