@@ -249,6 +249,7 @@ class MessagesPipeline:
                 data = await resp.aread()
             finally:
                 await resp.aclose()  # read whole: its pool slot is free for a summary call
+            message = None  # (the answer's Message, once read: read once)
             if resp.status_code >= 400:
                 overflow = classify_error(resp.status_code, data, resp.headers, sent=sent)
                 if overflow is not None and await self.recovery.retry(ctx, overflow, keep_rounds=False, escalate=True):
@@ -257,9 +258,9 @@ class MessagesPipeline:
                 answer = await own_calls(ctx, data, self.tools)
                 if answer is None:  # served: ask again
                     continue
-                data = answer
+                data, message = answer
             finish_whole(ctx, resp.status_code, data, self.writer,
-                         shared_key=self.settings.anthropic_upstream_api_key is not None)
+                         shared_key=self.settings.anthropic_upstream_api_key is not None, message=message)
             return Buffered(resp.status_code, self._client_headers(ctx, resp.headers), data)
 
     def _headers(self, upstream: Mapping[str, str]) -> dict[str, str]:
