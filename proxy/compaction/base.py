@@ -119,10 +119,6 @@ class Compactor:
     retries_overflows = False
     """Whether an overflow can be compacted and retried at all (a stream's first events are then
     held until they carry something, so that an error event among them can be retried)."""
-    projects = False
-    """Whether ``prepare`` projects every request (``proxy.projection.project``), which moves the
-    conversation's prefix state to the request's end (a caller with no projection moves it itself:
-    ``SessionLog.follow``)."""
 
     async def prepare(self, ctx: CompactionInput, *, overflow: Overflow | None) -> Prepared:
         """What to forward (after an ``overflow``: compacted even below the trigger). Raises

@@ -64,7 +64,6 @@ class ProjectingCompactor(Compactor):
     """Runs the four defenses for the pipeline. One per app; safe for concurrent requests."""
 
     retries_overflows = True
-    projects = True
 
     def __init__(self, settings: Settings, store: Store, upstream: Upstream, counter: TokenCounter, *,
                  metrics: Metrics, prefixes: PrefixStates | None = None, api: ProviderApi = CHAT_API) -> None:

@@ -130,9 +130,6 @@ class MessagesPipeline:
         self.health = health
         self.metrics = metrics
         self.compactor = compactor if compactor is not None else Compactor()
-        self.follows = not self.compactor.projects
-        """Whether ``handle`` moves the prefix state itself (``SessionLog.follow``): only when the
-        compactor runs no projection, which does it for every request it prepares."""
         self.entropy = entropy if entropy is not None else EntropyPool()
         """System entropy for the request ids (the chat pipeline's: one bound, ``ENTROPY_POOL_BYTES``)."""
         self.recovery = Recovery(settings, self.compactor, metrics, health)
@@ -166,8 +163,7 @@ class MessagesPipeline:
                               or await digests_off_loop(views, len(raw), self.digest_memo))
         except (orjson.JSONEncodeError, RecursionError):  # nested deeper than it hashes: the provider judges it
             return await self._forward_unlogged(raw, target, forward_headers, tenant, warn=False)
-        if self.follows:  # (a projection moves it itself: once a request)
-            self.log.follow(chain)  # a regenerate's write is then known stored, not read again
+        self.log.follow(chain)  # a regenerate's write is then known stored, not read again
         session_id = session_id_of(headers) or self.log.derive_session_id(tenant, pieces, chain)
         try:
             if self.health.down and not await self.health.usable():  # (up: no coroutine to await)

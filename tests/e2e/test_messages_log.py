@@ -229,8 +229,9 @@ def test_a_regenerated_or_continued_turn_is_known_stored_without_a_read(
         compaction: bool) -> None:
     """The same history sent again (a retry, a regenerate) and the next turn find what this process
     wrote: the end of the request is queued, the stored prefix never read from the database again.
-    With the defenses on, their projection moves the prefix state (``SessionLog.follow`` is not
-    called: once a request); off, the pipeline moves it itself."""
+    The pipeline moves the prefix state to the request's end itself (``SessionLog.follow``), the
+    defenses on or off (their projection moves it too, but not on every path: a request served
+    degraded or refused before it)."""
     from proxy.forward.session_log import SessionLog
     from storage.store import Store
 
@@ -260,7 +261,7 @@ def test_a_regenerated_or_continued_turn_is_known_stored_without_a_read(
     found = logged(url, "regen", 4)
     assert len(reads) == 1, reads  # the first request of the session only
     assert found["branch_count"] == 1 and len(found["messages"]) == 4
-    assert follows == ([] if compaction else [1, 1, 1, 3])
+    assert follows == [1, 1, 1, 3]
 
 
 def test_odd_bodies_are_forwarded_and_never_a_proxy_error(
