@@ -134,3 +134,19 @@ def test_a_nameless_content_event_past_the_bound_is_not_read() -> None:
     raw = b"data: " + json.dumps(delta).encode() + b"\n\n" + b"data: " + json.dumps(start).encode() + b"\n\n"
     late_start = assembled(raw, 1 << 10, max_bytes=len(json.dumps(delta)) + 5)
     assert late_start.truncated and late_start.empty
+
+
+def test_events_whose_type_is_not_a_string_are_skipped_not_raised() -> None:
+    """A delta whose ``type`` (or a nameless event whose ``type``) is a list or an object is skipped
+    (review: the list raised ``TypeError`` from the delta lookup, the client's stream was cut and the
+    reply lost); the rest of the message is read as it came."""
+    message = a_message()
+    odd = (b"event: content_block_delta\ndata: {\"index\": 1, \"delta\": {\"type\": [\"text_delta\"], \"text\": \"x\"}}\n\n"
+           b"event: content_block_delta\ndata: {\"index\": 1, \"delta\": {\"type\": {\"a\": 1}, \"text\": \"x\"}}\n\n"
+           b"data: {\"type\": []}\n\n"
+           b"data: {\"type\": {\"k\": \"content_block_delta\"}, \"index\": 1, \"delta\": {\"type\": \"text_delta\"}}\n\n")
+    events = list(stream_events(message))
+    at = 1 + next(i for i, (name, data) in enumerate(events) if name == "content_block_start" and data["index"] == 1)
+    raw = b"".join(sse_event(name, data) for name, data in events[:at]) + odd \
+        + b"".join(sse_event(name, data) for name, data in events[at:])
+    assert assembled(raw, 7).message() == assembled(stream_of(message), 7).message()
