@@ -158,7 +158,7 @@ def create_app(settings: Settings, *, upstream_transport: object = None) -> Fast
         messages_tools = ToolRounds(settings, store, messages_compactor, counter, api=MESSAGES_API)
         messages_pipeline = MessagesPipeline(settings, pipeline.log, anthropic_upstream, pipeline.writer,
                                              pipeline.health, metrics, pipeline.digest_memo, messages_compactor,
-                                             messages_tools)
+                                             messages_tools, pipeline.entropy)
         searches = settings.read_api_max_concurrent_searches
         state = ProxyState(settings, Authenticator(settings), store, upstream, pipeline, anthropic_upstream,
                            messages_pipeline,

@@ -143,7 +143,7 @@ def _texts(content: Any) -> str:
 
 def _found(text: str, phrases: tuple[str, ...]) -> bool:
     lowered = text.lower()
-    return any(p in lowered for p in phrases)
+    return any(map(lowered.__contains__, phrases))  # (no generator: ``p in lowered`` for each)
 
 
 TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text", "refusal"})

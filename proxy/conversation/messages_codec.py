@@ -21,6 +21,7 @@ its other fields). ``apply`` puts the leading system piece back as the top-level
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from operator import is_not
 from typing import Any
 
 import orjson
@@ -105,22 +106,31 @@ HASH_DROPPED = frozenset({"cache_control"})
 turn (Claude Code marks the newest turn), and the turn is the same turn with or without one."""
 
 
+_KEPT_LEAVES = frozenset({str, int, bool})
+"""Leaf types ``_hash_value`` keeps as they are (a ``None`` value is left out, a float may change)."""
+
+
 def _hash_value(value: Any) -> Any:
     """``value`` without ``None`` values at any depth, whole floats as ints (``1.0`` from Python is
     ``1`` from a JavaScript client); ``value`` itself when nothing changes (no copy)."""
     if isinstance(value, dict):
+        for v in value.values():  # (the usual block: only strings and ints, nothing to look into)
+            if v.__class__ not in _KEPT_LEAVES:
+                break
+        else:
+            return value
         out = {k: _hash_value(v) for k, v in value.items() if v is not None}
         return value if len(out) == len(value) and all(out[k] is value[k] for k in out) else out
     if isinstance(value, list):
         items = [_hash_value(v) for v in value]
-        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
+        return items if any(map(is_not, items, value)) else value
     if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
         return int(value)
     return value
 
 
 def _hash_block(block: Any) -> Any:
-    if isinstance(block, dict) and any(k in HASH_DROPPED for k in block):
+    if isinstance(block, dict) and not HASH_DROPPED.isdisjoint(block):
         block = {k: v for k, v in block.items() if k not in HASH_DROPPED}
     return _hash_value(block)
 
@@ -139,9 +149,7 @@ def hash_view(piece: Piece) -> Piece:
     if not isinstance(content, list):
         return piece
     blocks = [_hash_block(b) for b in content]
-    if all(b is c for b, c in zip(blocks, content, strict=True)):
-        return piece
-    return {**piece, "content": blocks}
+    return {**piece, "content": blocks} if any(map(is_not, blocks, content)) else piece
 
 
 class MessagesCodec:

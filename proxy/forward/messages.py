@@ -42,6 +42,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
+from itertools import repeat
 from typing import Any
 
 import orjson
@@ -56,6 +57,7 @@ from proxy.errors import ProxyError
 from proxy.forward.answers import Buffered, Streamed
 from proxy.forward.context import ChatContext
 from proxy.forward.db_health import DatabaseHealth
+from proxy.forward.entropy import EntropyPool
 from proxy.forward.log_writer import LogWriter
 from proxy.forward.messages_stream import MessagesStream, stream_error_event
 from proxy.forward.messages_whole import finish_whole, own_calls
@@ -90,7 +92,7 @@ def parse_messages_body(raw: bytes) -> dict[str, Any] | None:
     if not isinstance(body, dict):
         return None
     messages = body.get("messages")
-    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+    if not isinstance(messages, list) or not all(map(isinstance, messages, repeat(dict))):
         return None
     return body
 
@@ -99,11 +101,15 @@ def session_id_of(headers: Mapping[str, str]) -> str | None:
     """``X-Claude-Code-Session-Id`` when it is an id the read API can address (else passed over:
     the header is addressed to Anthropic, not a reason to refuse), then ``X-Session-Id`` (checked by
     ``client_session_id``: a 400 for one it refuses), else ``None``."""
-    try:
-        named = client_session_id(headers.get(CLAUDE_CODE_SESSION_HEADER))
-    except ProxyError:
-        named = None
-    return named or client_session_id(headers.get("x-session-id"))
+    named = headers.get(CLAUDE_CODE_SESSION_HEADER)
+    if named is not None:
+        try:
+            named = client_session_id(named)
+        except ProxyError:
+            named = None
+        if named:
+            return named
+    return client_session_id(headers.get("x-session-id"))
 
 
 class MessagesPipeline:
@@ -113,7 +119,8 @@ class MessagesPipeline:
 
     def __init__(self, settings: Settings, session_log: SessionLog, upstream: Upstream, writer: LogWriter,
                  health: DatabaseHealth, metrics: Metrics, digest_memo: DigestMemo | None = None,
-                 compactor: Compactor | None = None, tools: ToolRounds | None = None) -> None:
+                 compactor: Compactor | None = None, tools: ToolRounds | None = None,
+                 entropy: EntropyPool | None = None) -> None:
         self.digest_memo = digest_memo
         """Digests of the histories seen (the chat pipeline's: one bound; the same values, computed once)."""
         self.settings = settings
@@ -123,6 +130,8 @@ class MessagesPipeline:
         self.health = health
         self.metrics = metrics
         self.compactor = compactor if compactor is not None else Compactor()
+        self.entropy = entropy if entropy is not None else EntropyPool()
+        """System entropy for the request ids (the chat pipeline's: one bound, ``ENTROPY_POOL_BYTES``)."""
         self.recovery = Recovery(settings, self.compactor, metrics, health)
         """Prepares each request and its retries after an overflow (with escalation: signed cycles)."""
         self.tools = tools
@@ -159,8 +168,13 @@ class MessagesPipeline:
         try:
             if self.health.down and not await self.health.usable():  # (up: no coroutine to await)
                 raise StorageUnavailable("the database did not answer the last probe")
-            session = await self.log.open_session(tenant, session_id, "messages")
-            expanded = await self.log.expand_internal(session, pieces, digests, chain, after=after_rounds)
+            # (the session row and its internal rounds as cached, without a coroutine each: most
+            # requests read neither)
+            session = (self.log.session_now(tenant, session_id)
+                       or await self.log.open_session(tenant, session_id, "messages"))
+            internal = self.log.internal_now(session.pk)
+            expanded = (self.log.expand(internal, pieces, digests, chain, after_rounds) if internal is not None
+                        else await self.log.expand_internal(session, pieces, digests, chain, after=after_rounds))
         except StorageError as exc:
             self.health.saw(exc)
             if self.settings.database_failure_mode != "open":
@@ -169,10 +183,10 @@ class MessagesPipeline:
             return await self._forward_unlogged(raw, target, forward_headers, tenant, warn=True)
         if expanded is not None:  # the proxy's earlier tool rounds, put back where they ran
             pieces, digests, chain = expanded
-        ctx = ChatContext(request_id=new_id("req"), tenant=tenant, session=session, body=body, raw=raw,
-                          messages=pieces, digests=digests, chain=chain, upstream_headers=forward_headers,
-                          stream=body.get("stream") is True, started=time.perf_counter(), session_log=self.log,
-                          compactor=self.compactor, expanded=expanded is not None)
+        # (by position, in the fields' order, as the chat pipeline builds it)
+        ctx = ChatContext(new_id("req", self.entropy), tenant, session, body, raw, pieces, digests, chain,
+                          forward_headers, body.get("stream") is True, time.perf_counter(), self.log, self.compactor,
+                          False, expanded is not None)
         bind(request_id=ctx.request_id, session_id=session.session_id, model=ctx.model)
         tracking = track_writes(ctx.writes)
         try:
@@ -231,6 +245,7 @@ class MessagesPipeline:
                 data = await resp.aread()
             finally:
                 await resp.aclose()  # read whole: its pool slot is free for a summary call
+            message = None  # (the answer's Message, once read: read once)
             if resp.status_code >= 400:
                 overflow = classify_error(resp.status_code, data, resp.headers, sent=sent)
                 if overflow is not None and await self.recovery.retry(ctx, overflow, keep_rounds=False, escalate=True):
@@ -239,9 +254,9 @@ class MessagesPipeline:
                 answer = await own_calls(ctx, data, self.tools)
                 if answer is None:  # served: ask again
                     continue
-                data = answer
+                data, message = answer
             finish_whole(ctx, resp.status_code, data, self.writer,
-                         shared_key=self.settings.anthropic_upstream_api_key is not None)
+                         shared_key=self.settings.anthropic_upstream_api_key is not None, message=message)
             return Buffered(resp.status_code, self._client_headers(ctx, resp.headers), data)
 
     def _headers(self, upstream: Mapping[str, str]) -> dict[str, str]:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from proxy.forward.sse import SSEEvent
 from proxy.json_text import parse_json
 
@@ -55,18 +57,40 @@ class MessagesAssembler:
         """Take one event in (never raises: what it cannot read is skipped). Past ``max_bytes`` of
         event data the content stops growing (``truncated``); the message's own events
         (``message_delta``, ``message_stop``, ``error``) are still read."""
-        self.seen_bytes += len(event.data)
+        raw = event.data
+        self.seen_bytes += len(raw)
         if self.seen_bytes > self.max_bytes and event.event in _CONTENT_EVENTS:
             self.truncated = True
             return
-        data = _loads(event.data) if len(event.data) <= self.max_bytes else None
+        if len(raw) > self.max_bytes:
+            return
+        try:  # (orjson directly, ``parse_json`` only for what it refuses: ``_loads``)
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            data = _loads(raw)
         if not isinstance(data, dict):
             return
         kind = event.event or data.get("type")
-        if kind in _CONTENT_EVENTS and self.seen_bytes > self.max_bytes:  # (an event without its name)
+        if kind == "content_block_delta":  # (most events: checked first)
+            if self.seen_bytes > self.max_bytes:  # (an event without its name)
+                self.truncated = True
+            elif isinstance(delta := data.get("delta"), dict):
+                index = data.get("index")
+                block = self.blocks.get(index) if isinstance(index, int) else None
+                if block is None:
+                    return
+                kind = delta.get("type")
+                if isinstance(kind, str) and kind in _DELTA_FIELDS:  # (text and thinking: most deltas, here without a call)
+                    source, target = _DELTA_FIELDS[kind]
+                    piece = delta.get(source)
+                    if isinstance(piece, str):
+                        before = block.get(target)
+                        block[target] = (before if isinstance(before, str) else "") + piece
+                else:
+                    self._other_delta(index, block, kind, delta)
+        elif kind == "content_block_start" and self.seen_bytes > self.max_bytes:
             self.truncated = True
-            return
-        if kind == "error":
+        elif kind == "error":
             self.upstream_error = True
         elif kind == "message_start" and isinstance(data.get("message"), dict):
             usage = data["message"].get("usage")
@@ -75,8 +99,6 @@ class MessagesAssembler:
         elif kind == "content_block_start" and isinstance(data.get("index"), int) \
                 and isinstance(data.get("content_block"), dict):
             self.blocks[data["index"]] = dict(data["content_block"])
-        elif kind == "content_block_delta" and isinstance(data.get("delta"), dict):
-            self._delta(data.get("index"), data["delta"])
         elif kind == "content_block_stop" and isinstance(data.get("index"), int):
             self._stop(data["index"])
         elif kind == "message_delta":
@@ -88,11 +110,8 @@ class MessagesAssembler:
         elif kind == "message_stop":
             self.done = True
 
-    def _delta(self, index: Any, delta: dict[str, Any]) -> None:
-        block = self.blocks.get(index) if isinstance(index, int) else None
-        if block is None:
-            return
-        kind = delta.get("type")
+    def _other_delta(self, index: Any, block: dict[str, Any], kind: Any, delta: dict[str, Any]) -> None:
+        """A delta that is not text or thinking, of ``block`` (the open block at ``index``)."""
         if kind == "input_json_delta" and isinstance(delta.get("partial_json"), str):
             self._json.setdefault(index, []).append(delta["partial_json"])
         elif kind == "signature_delta" and isinstance(delta.get("signature"), str):
@@ -100,12 +119,6 @@ class MessagesAssembler:
         elif kind == "citations_delta" and isinstance(delta.get("citation"), dict):
             citations = block.get("citations")
             block["citations"] = [*(citations if isinstance(citations, list) else []), delta["citation"]]
-        elif kind in _DELTA_FIELDS:
-            source, target = _DELTA_FIELDS[kind]
-            piece = delta.get(source)
-            if isinstance(piece, str):
-                before = block.get(target)
-                block[target] = (before if isinstance(before, str) else "") + piece
 
     def _stop(self, index: int) -> None:
         pieces = self._json.pop(index, None)

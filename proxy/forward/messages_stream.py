@@ -168,27 +168,29 @@ class MessagesStream:
             # each chunk's events read once the chunk is out (a relay closed at a chunk reads them too)
             nonlocal began
             began = True
+            add = client.add
             out = start.events
             try:
                 for chunk in start.held:
                     yield chunk
                 out, events = [], out
                 for event in events:
-                    client.add(event)
+                    add(event)
                 if start.failed is not None:
                     raise start.failed
                 if not start.ended:
+                    feed = splitter.feed
                     async for chunk in start.rest:
-                        out = splitter.feed(chunk)
+                        out = feed(chunk)
                         yield chunk
                         out, events = [], out
                         for event in events:
-                            client.add(event)
+                            add(event)
             finally:
                 for event in out:
-                    client.add(event)
+                    add(event)
             for event in splitter.flush():
-                client.add(event)
+                add(event)
 
         async def chunks() -> AsyncGenerator[bytes, None]:
             nonlocal ended

@@ -8,6 +8,8 @@ the reply, its ``usage`` and ``stop_reason``).
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 
 from proxy.conversation.messages_codec import hash_view
@@ -19,48 +21,54 @@ from proxy.forward.tool_rounds import ToolRounds
 from proxy.json_text import parse_json
 
 
-async def own_calls(ctx: ChatContext, data: bytes, tools: ToolRounds) -> bytes | None:
+async def own_calls(ctx: ChatContext, data: bytes, tools: ToolRounds) -> tuple[bytes, dict[str, Any] | None] | None:
     """A whole answer of a request that offered the proxy's tool: ``None`` when it called only
-    that tool and a round served it (``tools``; ask again); else the answer to return, the proxy's
-    calls removed and earlier rounds' blocks first (``data`` itself when nothing changes). Raises
-    ``UpstreamError`` (502 ``unserved_tool_call``) for an answer of nothing but unservable calls."""
+    that tool and a round served it (``tools``; ask again); else ``(answer, message)``: the answer
+    to return, the proxy's calls removed and earlier rounds' blocks first (``data`` itself when
+    nothing changes), and the Message it holds as read (``None`` when ``data`` is not one), for
+    ``finish_whole`` to log without reading it again. Raises ``UpstreamError`` (502
+    ``unserved_tool_call``) for an answer of nothing but unservable calls."""
     assert ctx.prepared is not None
     try:
         message = parse_json(data)
     except ValueError:
-        return data
+        return data, None
     if not isinstance(message, dict) or not isinstance(message.get("content"), list):
-        return data
+        return data, None
     mine, theirs = split_uses(message["content"], ctx.prepared.own_tools)
     if tools.serves(ctx, mine, theirs):
         await tools.serve(ctx, hash_view({"role": "assistant", "content": message["content"]}), as_calls(mine))
         return None
     if not mine and not ctx.internal:
-        return data
+        return data, message
     content = without(message["content"], mine)
     if mine and not theirs:
         tools.unserved(ctx, as_calls(mine), has_text=has_text(content))
         if message.get("stop_reason") == "tool_use":
             message["stop_reason"] = "end_turn"
     message["content"] = merged(ctx.internal, content)
-    return orjson.dumps(message)
+    return orjson.dumps(message), message
 
 
-def finish_whole(ctx: ChatContext, status: int, data: bytes, writer: LogWriter, *, shared_key: bool) -> None:
+def finish_whole(ctx: ChatContext, status: int, data: bytes, writer: LogWriter, *, shared_key: bool,
+                 message: dict[str, Any] | None = None) -> None:
     """Log a complete answer: the Message's ``content`` as the reply, its ``usage`` and
     ``stop_reason`` (``writer``; queued once the answer, returned next, is out:
     ``LogWriter.finish``'s ``after_answer``); an error status with the provider's text; a 401/403
-    to the client's own key (not ``shared_key``, the operator's) logs the record only (``ctx.refused``)."""
+    to the client's own key (not ``shared_key``, the operator's) logs the record only (``ctx.refused``).
+    ``message``: the Message ``data`` holds, when the caller has read it (``own_calls``: equal to
+    reading ``data`` again), else ``data`` is read here."""
     if status >= 400:
         ctx.refused = status in (401, 403) and not shared_key
         error = (f"the upstream refused the client's key ({status})" if ctx.refused
                  else data[:500].decode("utf-8", "replace"))
         writer.finish(ctx, status, None, None, error=error, after_answer=True)
         return
-    try:
-        message = parse_json(data)
-    except ValueError:
-        message = None
+    if message is None:
+        try:
+            message = parse_json(data)
+        except ValueError:
+            message = None
     if not isinstance(message, dict) or not isinstance(message.get("content"), list):
         writer.finish(ctx, status, None, None, error="the upstream's answer is not a Message", after_answer=True)
         return

@@ -123,7 +123,10 @@ class MessagesEndpoint(CountedEndpoint):
         app_state = scope["app"].state
         state = app_state["proxy"]  # (not ``.proxy``: see ``proxy.app.ProxyApp.__call__``)
         items = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
-        headers = {k: header_text(v) if k in SESSION_HEADERS else v for k, v in reversed(items)}
+        headers = dict(reversed(items))  # the first of repeated names, as Starlette's ``Headers.get``
+        for name in SESSION_HEADERS:  # UTF-8 when their bytes are (ASGI gives Latin-1)
+            if name in headers:
+                headers[name] = header_text(headers[name])
         try:
             tenant = state.auth.messages_tenant(headers)
             target = anthropic_target(scope, "POST")

@@ -131,3 +131,20 @@ def test_a_messages_usage_states_the_whole_prompt_with_its_cached_parts() -> Non
     assert messages_prompt_usage({"input_tokens": 7}) == {"prompt_tokens": 7}
     assert messages_prompt_usage({"output_tokens": 7}) is None
     assert messages_prompt_usage(None) is None
+
+
+def test_claude_codes_own_compaction_request_is_recognized_by_its_ask_or_its_system() -> None:
+    from proxy.compaction.apis import MAX_MATCHED_CHARS, messages_client_compaction
+
+    ask = "Your task is to create a DETAILED Summary of the Conversation so far, paying close attention to..."
+    system = "You are a helpful AI assistant tasked with summarizing conversations."
+    user: Any = {"role": "user", "content": ask}
+    blocks: Any = {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Please: " + ask}]}
+    assert messages_client_compaction({"messages": [user]})
+    assert messages_client_compaction({"messages": [blocks]})
+    assert messages_client_compaction({"system": system, "messages": [{"role": "user", "content": "hi"}]})
+    assert messages_client_compaction({"system": [{"type": "text", "text": system.upper()}], "messages": []})
+    assert not messages_client_compaction({"messages": [{"role": "assistant", "content": ask}]})  # not a user turn
+    assert not messages_client_compaction({"messages": [{"role": "user", "content": "a summary of the code"}]})
+    assert not messages_client_compaction({"messages": [{"role": "user", "content": "x" * MAX_MATCHED_CHARS + ask}]})
+    assert not messages_client_compaction({"messages": "odd", "system": 3})

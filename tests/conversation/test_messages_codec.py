@@ -7,6 +7,7 @@ import dataclasses
 from typing import Any
 
 import orjson
+import pytest
 
 from proxy.conversation.canonical import digests_and_chain
 from proxy.conversation.messages_codec import MESSAGES
@@ -282,3 +283,60 @@ def test_the_digest_memo_gives_the_hash_views_the_same_values_and_reuses_them() 
         views = [hash_view(p) for p in MESSAGES.pieces(orjson.loads(orjson.dumps(body(turns))))]
         assert memo.digests_and_chain(views) == digests_and_chain(views)
     assert memo.reused > 0
+
+
+def _reference_hash_value(value: Any) -> Any:
+    """``messages_codec._hash_value`` as it was written first (no shortcut), the reference."""
+    if isinstance(value, dict):
+        out = {k: _reference_hash_value(v) for k, v in value.items() if v is not None}
+        return value if len(out) == len(value) and all(out[k] is value[k] for k in out) else out
+    if isinstance(value, list):
+        items = [_reference_hash_value(v) for v in value]
+        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    return value
+
+
+def test_the_hash_views_shortcut_for_blocks_of_plain_leaves_is_taken_and_agrees(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block of only string, int and bool values is kept without looking into them (one call);
+    the shortcut and the full walk give equal values, the same object when nothing changes."""
+    import random
+
+    from proxy.conversation import messages_codec
+
+    leaves: list[Any] = ["a", "", 0, 7, -3, True, False, None, 1.0, 2.5, -0.0, 2.0**60, [], {}]
+    rng = random.Random(21)
+
+    def value(depth: int) -> Any:
+        if depth == 0 or rng.random() < 0.4:
+            return rng.choice(leaves)
+        if rng.random() < 0.5:
+            return [value(depth - 1) for _ in range(rng.randrange(4))]
+        return {f"k{i}": value(depth - 1) for i in range(rng.randrange(4))}
+
+    for _ in range(3000):
+        v = value(4)
+        got, want = messages_codec._hash_value(v), _reference_hash_value(v)
+        assert got == want and type(got) is type(want)
+        assert (got is v) == (want is v)
+        piece = {"role": "assistant", "content": [v, {"type": "text", "text": "t", "cache_control": {"x": 1}}]}
+        assert messages_codec.hash_view(piece) == {**piece, "content": [want, {"type": "text", "text": "t"}]}
+
+    calls: list[Any] = []
+    walk = messages_codec._hash_value
+
+    def counted(v: Any) -> Any:
+        calls.append(v)
+        return walk(v)
+
+    monkeypatch.setattr(messages_codec, "_hash_value", counted)
+    block = {"type": "text", "text": "Hello", "index": 0, "cited": False}
+    reply = {"role": "assistant", "content": [block]}
+    assert messages_codec.hash_view(reply) is reply and calls == [block]  # the shortcut: no value looked into
+    calls.clear()
+    nulled = {"type": "text", "text": "Hello", "citations": None}
+    assert messages_codec.hash_view({"role": "assistant", "content": [nulled]})["content"] == [
+        {"type": "text", "text": "Hello"}]
+    assert len(calls) == 3  # the full walk: the block and its two kept values

@@ -223,21 +223,34 @@ def test_a_stream_the_upstream_cuts_short_ends_with_an_error_event(
         upstream.close()
 
 
+@pytest.mark.parametrize("compaction", [True, False])
 def test_a_regenerated_or_continued_turn_is_known_stored_without_a_read(
-        anthropic_proxy: Callable[..., str], anthropic_state: FakeAnthropicState, monkeypatch: pytest.MonkeyPatch) -> None:
+        anthropic_proxy: Callable[..., str], anthropic_state: FakeAnthropicState, monkeypatch: pytest.MonkeyPatch,
+        compaction: bool) -> None:
     """The same history sent again (a retry, a regenerate) and the next turn find what this process
-    wrote: the end of the request is queued, the stored prefix never read from the database again."""
+    wrote: the end of the request is queued, the stored prefix never read from the database again.
+    The pipeline moves the prefix state to the request's end itself (``SessionLog.follow``), the
+    defenses on or off (their projection moves it too, but not on every path: a request served
+    degraded or refused before it)."""
+    from proxy.forward.session_log import SessionLog
     from storage.store import Store
 
     reads: list[int] = []
+    follows: list[int] = []
     original = Store.stored_prefix_len
+    follow = SessionLog.follow
 
     async def counted(self: Store, session_pk: int, chain: list[str]) -> int:
         reads.append(len(chain))
         return await original(self, session_pk, chain)
 
+    def followed(self: SessionLog, chain: list[str]) -> None:
+        follows.append(len(chain))
+        follow(self, chain)
+
     monkeypatch.setattr(Store, "stored_prefix_len", counted)
-    url = anthropic_proxy()
+    monkeypatch.setattr(SessionLog, "follow", followed)
+    url = anthropic_proxy(compaction_enabled=compaction)
     turn: Any = [{"role": "user", "content": "Again and again"}]
     with anthropic_client(url, default_headers={"x-session-id": "regen"}) as c:
         for n in range(3):
@@ -248,6 +261,7 @@ def test_a_regenerated_or_continued_turn_is_known_stored_without_a_read(
     found = logged(url, "regen", 4)
     assert len(reads) == 1, reads  # the first request of the session only
     assert found["branch_count"] == 1 and len(found["messages"]) == 4
+    assert follows == [1, 1, 1, 3]
 
 
 def test_odd_bodies_are_forwarded_and_never_a_proxy_error(
@@ -344,3 +358,42 @@ def test_the_session_says_which_api_it_speaks(anthropic_proxy: Callable[..., str
     with anthropic_client(url, default_headers={"x-session-id": "speaks"}) as c:
         c.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
     assert logged(url, "speaks", 1)["api"] == "messages"
+
+
+def test_messages_request_ids_come_from_the_apps_one_entropy_pool(
+        anthropic_proxy: Callable[..., str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Messages pipeline draws its request ids from the chat pipeline's pool (one bound, one
+    read of system entropy per 682 ids), not from ``secrets`` per id."""
+    from types import SimpleNamespace
+
+    from proxy.forward import session_log
+    from proxy.forward.entropy import EntropyPool
+
+    made: list[EntropyPool] = []
+    drawn: list[tuple[EntropyPool, str]] = []
+    init, draw = EntropyPool.__init__, EntropyPool.hex
+
+    def counted_init(self: EntropyPool, *args: Any, **kwargs: Any) -> None:
+        made.append(self)
+        init(self, *args, **kwargs)
+
+    def counted_draw(self: EntropyPool, chars: int) -> str:
+        drawn.append((self, draw(self, chars)))
+        return drawn[-1][1]
+
+    def no_token_hex(n: int) -> str:
+        raise AssertionError("a request id read system entropy alone")
+
+    monkeypatch.setattr(EntropyPool, "__init__", counted_init)
+    monkeypatch.setattr(EntropyPool, "hex", counted_draw)
+    monkeypatch.setattr(session_log, "secrets", SimpleNamespace(token_hex=no_token_hex))
+    url = anthropic_proxy()
+    ids = []
+    with anthropic_client(url, default_headers={"x-session-id": "ids"}) as c:
+        for stream in (False, True):
+            raw = c.messages.with_raw_response.create(model="m", max_tokens=8, stream=stream,
+                                                      messages=[{"role": "user", "content": "Hi"}])
+            ids.append(raw.headers["x-context-proxy-request-id"])
+            raw.parse()
+    assert len(made) == 1 and len(drawn) == 2 and all(pool is made[0] for pool, _ in drawn)
+    assert [i[-12:] for i in ids] == [hex_ for _, hex_ in drawn]

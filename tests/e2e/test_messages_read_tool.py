@@ -152,3 +152,43 @@ def test_mixed_with_the_clients_call_the_clients_is_returned_and_the_proxys_drop
         assert after.content[-1].type == "text"
     rejected = [(r.status, r.error) for r in anthropic_state.message_requests if r.status != 200]
     assert rejected == [], rejected  # pairing: the proxy's dropped call needs no result
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["read", "mixed"])
+def test_a_whole_answer_to_a_request_offering_the_read_tool_is_read_once_and_logged_as_returned(
+        anthropic_proxy: Callable[..., str], anthropic_state: FakeAnthropicState, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, mixed: bool) -> None:
+    """``own_calls`` hands the Message it read to ``finish_whole``: no answer's bytes are parsed
+    twice (they were, before), and the reply logged is the one the client got (the proxy's call
+    removed, the round's blocks first)."""
+    from proxy.forward import messages, messages_whole
+
+    read: list[bytes] = []
+    answers: list[bytes] = []
+    parse, own_calls = messages_whole.parse_json, messages.own_calls
+
+    def counted(data: Any) -> Any:
+        read.append(bytes(data))
+        return parse(data)
+
+    async def answered(ctx: Any, data: bytes, tools: Any) -> Any:
+        answers.append(data)
+        return await own_calls(ctx, data, tools)
+
+    monkeypatch.setattr(messages_whole, "parse_json", counted)
+    monkeypatch.setattr(messages, "own_calls", answered)
+    anthropic_state.windows[MODEL] = 12_000
+    anthropic_state.responder = Model(mixed=mixed)
+    url = anthropic_proxy(models_file=models_file(tmp_path, {MODEL: 12_000}))
+    session = f"once-{mixed}"
+    with anthropic_client(url, default_headers={"x-session-id": session}) as c:
+        messages = start(c, False)
+        messages.append({"role": "user", "content": "QUESTION: f1 - what was the secret?"})
+        answer = ask(c, messages, False)
+    assert [b.type for b in answer.content] == ["thinking", "text", "tool_use" if mixed else "text"]
+    assert answers and all(read.count(a) == 1 for a in answers)  # read by own_calls, not again to be logged
+    asked = [r for r in anthropic_state.message_requests if not is_summary_call(r.json)]
+    assert len(read) == len(asked)  # one read an answer (the mixed one's rewritten bytes not read again)
+    found = logged(url, session, 3)
+    assert found["messages"][-1]["role"] == "assistant"
+    assert found["messages"][-1]["content"] == echo(answer)["content"]

@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from proxy.forward.messages_sse import MessagesAssembler
 from proxy.forward.sse import SSESplitter
+from proxy.json_text import parse_json
 from tests.fakes.anthropic import reply, text, thinking, tool_use
 from tests.fakes.anthropic.cache import CacheUsage
 from tests.fakes.anthropic.compose import compose
@@ -90,3 +93,60 @@ def test_odd_events_are_skipped() -> None:
     a = assembled(raw, 11)
     assert a.message() == {"role": "assistant", "content": [
         {"type": "tool_use", "id": "t", "name": "n", "input": {}, "input_json": "{\"a\": "}]}
+
+
+def test_events_are_read_by_orjson_and_only_what_it_refuses_by_parse_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shortcut (``orjson.loads`` on each event) is taken for every event it reads; a text delta
+    with a lone surrogate escape (a model cut mid-character) goes through ``parse_json``, as it did
+    before the shortcut: U+FFFD in the reply; what neither reads is skipped."""
+    from proxy.forward import messages_sse
+
+    fallbacks: list[Any] = []
+
+    def counted(data: Any) -> Any:
+        fallbacks.append(data)
+        return parse_json(data)
+
+    monkeypatch.setattr(messages_sse, "parse_json", counted)
+    message = a_message()
+    assert assembled(stream_of(message), 64).message() == {"role": "assistant", "content": message["content"]}
+    assert [f for f in fallbacks if isinstance(f, bytes)] == []  # every event read by orjson itself
+    fallbacks.clear()  # (a tool_use block's joined input is parsed by parse_json at its end)
+    raw = b"".join(sse_event(n, d) for n, d in [
+        ("content_block_start", {"type": "content_block_start", "index": 0,
+                                 "content_block": {"type": "text", "text": ""}})])
+    raw += (b"event: content_block_delta\ndata: {\"type\": \"content_block_delta\", \"index\": 0,"
+            b" \"delta\": {\"type\": \"text_delta\", \"text\": \"half \\ud83d\"}}\n\n"
+            b"event: content_block_delta\ndata: {\"index\": 0, \"delta\": {\"type\": \"text_delta\", \"text\": \"x\"\n\n"
+            b"data: {\"type\": \"content_block_delta\", \"index\": 0, \"delta\": {\"type\": \"text_delta\","
+            b" \"text\": \"!\"}}\n\n")
+    a = assembled(raw, 1 << 10)
+    assert a.message()["content"] == [{"type": "text", "text": "half \ufffd!"}]  # the nameless event too
+    assert len(fallbacks) == 2  # the escape, and the event that is no JSON
+
+
+def test_a_nameless_content_event_past_the_bound_is_not_read() -> None:
+    start = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+    delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "y" * 40}}
+    raw = b"data: " + json.dumps(start).encode() + b"\n\n" + (b"data: " + json.dumps(delta).encode() + b"\n\n") * 3
+    a = assembled(raw, 1 << 10, max_bytes=len(json.dumps(start)) + len(json.dumps(delta)) + 5)
+    assert a.truncated and a.message()["content"] == [{"type": "text", "text": "y" * 40}]
+    raw = b"data: " + json.dumps(delta).encode() + b"\n\n" + b"data: " + json.dumps(start).encode() + b"\n\n"
+    late_start = assembled(raw, 1 << 10, max_bytes=len(json.dumps(delta)) + 5)
+    assert late_start.truncated and late_start.empty
+
+
+def test_events_whose_type_is_not_a_string_are_skipped_not_raised() -> None:
+    """A delta whose ``type`` (or a nameless event whose ``type``) is a list or an object is skipped
+    (review: the list raised ``TypeError`` from the delta lookup, the client's stream was cut and the
+    reply lost); the rest of the message is read as it came."""
+    message = a_message()
+    odd = (b"event: content_block_delta\ndata: {\"index\": 1, \"delta\": {\"type\": [\"text_delta\"], \"text\": \"x\"}}\n\n"
+           b"event: content_block_delta\ndata: {\"index\": 1, \"delta\": {\"type\": {\"a\": 1}, \"text\": \"x\"}}\n\n"
+           b"data: {\"type\": []}\n\n"
+           b"data: {\"type\": {\"k\": \"content_block_delta\"}, \"index\": 1, \"delta\": {\"type\": \"text_delta\"}}\n\n")
+    events = list(stream_events(message))
+    at = 1 + next(i for i, (name, data) in enumerate(events) if name == "content_block_start" and data["index"] == 1)
+    raw = b"".join(sse_event(name, data) for name, data in events[:at]) + odd \
+        + b"".join(sse_event(name, data) for name, data in events[at:])
+    assert assembled(raw, 7).message() == assembled(stream_of(message), 7).message()
