@@ -17,6 +17,7 @@ from proxy.telemetry.logs import (
     LoopBatchingHandler,
     TextFormatter,
     bind,
+    bind_request,
     configure_logging,
     request_context,
     write_direct,
@@ -64,6 +65,25 @@ def test_a_line_is_one_json_object_with_the_request_context() -> None:
     assert (out["request_id"], out["session_id"]) == ("req_1", "sess_1")
     outside = json.loads(_format(JsonFormatter(), "no request"))
     assert "request_id" not in outside and "session_id" not in outside
+
+
+@pytest.mark.parametrize("values", [("req_1", "sess_1", "gpt-4o"), ("req_2", "sess_2", None), (None, 7, 1.5),
+                                    (None, None, None)])
+def test_bind_request_binds_what_bind_binds_by_keyword(values: tuple[object, object, object]) -> None:
+    """``bind_request`` (the pipeline's call, by position) leaves the request context as
+    ``bind`` with the three keywords does: the same fields, values and order, ``None`` skipped,
+    other values as text; nothing outside a request."""
+    request_id, session_id, model = values
+    with request_context() as by_keyword:
+        by_keyword["route"] = "/v1/chat/completions"
+        bind(request_id=request_id, session_id=session_id, model=model)
+    with request_context() as by_position:
+        by_position["route"] = "/v1/chat/completions"
+        bind_request(request_id, session_id, model)
+    assert list(by_position.items()) == list(by_keyword.items())
+    bind_request("req_out", "sess_out", "m")  # outside a request: nothing to bind, no error
+    with request_context() as after:
+        assert after == {}
 
 
 def test_the_timestamp_is_utc_to_the_millisecond_and_extras_keep_their_order() -> None:

@@ -266,13 +266,13 @@ async def test_aiohttp_sends_the_bytes_a_session_skipping_content_type_sent_aski
     reference = aiohttp.ClientSession(auto_decompress=False, trust_env=False, skip_auto_headers=("Content-Type",),
                                       cookie_jar=aiohttp.DummyCookieJar())
     asked: list[object] = []
-    request = transport._session.request
+    request = transport._request
 
     def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
         asked.append(kwargs.get("skip_auto_headers"))
         return request(*args, **kwargs)
 
-    transport._session.request = spy  # type: ignore[method-assign]
+    transport._request = spy
     cases = [("POST", [("content-type", "application/json"), ("authorization", "Bearer k"),
                        ("accept-encoding", "identity")], b'{"a": 1}'),
              ("POST", [("Content-Type", "text/plain"), ("x-a", "1"), ("x-a", "2")], b"hi"),
@@ -325,3 +325,51 @@ async def test_a_response_read_to_its_end_is_not_released_again_and_its_connecti
     finally:
         await transport.aclose()
         server.close()
+
+
+async def test_the_transport_awaits_the_sessions_request_coroutine_and_gets_what_request_gives() -> None:
+    """``AiohttpTransport.send`` awaits ``ClientSession._request`` itself (the fast path: without
+    ``request``'s context-manager wrapper); the upstream gets the same bytes and the answer is the
+    same (status, headers, body) as through the public ``request``. A session class without a
+    ``_request`` coroutine function gets the public ``request``."""
+    from proxy.upstream.aiohttp_transport import AiohttpTransport, session_request
+
+    heads: list[bytes] = []
+    server, url = await _keep_alive_server(b'{"ok":true}', heads, [])
+    fast = AiohttpTransport(pool_size=4, connect_timeout_s=5, read_timeout_s=5, keepalive_s=4)
+    public = AiohttpTransport(pool_size=4, connect_timeout_s=5, read_timeout_s=5, keepalive_s=4)
+    public._request = public._session.request
+    assert fast._request.__func__ is aiohttp.ClientSession._request  # type: ignore[attr-defined]
+    called: list[str] = []
+    request = fast._request
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        called.append(args[0])
+        return request(*args, **kwargs)
+
+    fast._request = spy
+    answers = []
+    try:
+        for transport in (fast, public):
+            resp = await transport.send("POST", url, headers=[("content-type", "application/json"), ("x-a", "1")],
+                                        content=b'{"a": 1}')
+            answers.append((resp.status_code, sorted(resp.headers.items()), await resp.aread()))
+            await resp.aclose()
+    finally:
+        await fast.aclose()
+        await public.aclose()
+        server.close()
+    assert called == ["POST"]  # the fast path taken once, by the fast transport alone
+    assert heads[0] == heads[1]
+    assert answers[0] == answers[1] and answers[0][2] == b'{"ok":true}'
+
+    class Plain:  # a session class whose ``_request`` is no coroutine function (or none at all)
+        _request = None
+
+        async def request(self, *args: object, **kwargs: object) -> None: ...
+
+    class Without:
+        async def request(self, *args: object, **kwargs: object) -> None: ...
+
+    for session in (Plain(), Without()):
+        assert session_request(session) == session.request  # type: ignore[arg-type]

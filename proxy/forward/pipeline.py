@@ -39,7 +39,7 @@ from proxy.forward.session_log import SessionLog, new_id
 from proxy.forward.streaming import Segment, relay_turn, relay_unlogged
 from proxy.forward.tool_rounds import ToolRounds
 from proxy.settings import Settings
-from proxy.telemetry.logs import bind
+from proxy.telemetry.logs import bind_request
 from proxy.telemetry.metrics import Metrics
 from proxy.tokens.protocol import Tokenizer
 from proxy.upstream.client import Upstream
@@ -149,7 +149,7 @@ class ChatPipeline:
             forward_request_headers(header_items, upstream_api_key=self.settings.upstream_api_key, identity=True),
             bool(body.get("stream")), time.perf_counter(), self.log, self.compactor, compact_tool, expanded is not None,
         )
-        bind(request_id=ctx.request_id, session_id=session.session_id, model=ctx.model)
+        bind_request(ctx.request_id, session.session_id, ctx.model)
         tracking = track_writes(ctx.writes)
         try:
             return await self._run(ctx)
