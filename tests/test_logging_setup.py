@@ -16,7 +16,6 @@ from proxy.telemetry.logs import (
     JsonFormatter,
     LoopBatchingHandler,
     TextFormatter,
-    bind,
     bind_request,
     configure_logging,
     request_context,
@@ -55,7 +54,7 @@ def _format(formatter: logging.Formatter, msg: str, *args: object, exc: bool = F
 
 def test_a_line_is_one_json_object_with_the_request_context() -> None:
     with request_context():
-        bind(request_id="req_1", session_id="sess_1", model="m")
+        bind_request("req_1", "sess_1", "m")
         line = _format(JsonFormatter(), "forwarded %d tokens", 42, status=200)
     assert "\n" not in line
     out = json.loads(line)
@@ -69,18 +68,17 @@ def test_a_line_is_one_json_object_with_the_request_context() -> None:
 
 @pytest.mark.parametrize("values", [("req_1", "sess_1", "gpt-4o"), ("req_2", "sess_2", None), (None, 7, 1.5),
                                     (None, None, None)])
-def test_bind_request_binds_what_bind_binds_by_keyword(values: tuple[object, object, object]) -> None:
-    """``bind_request`` (the pipeline's call, by position) leaves the request context as
-    ``bind`` with the three keywords does: the same fields, values and order, ``None`` skipped,
-    other values as text; nothing outside a request."""
+def test_bind_request_binds_the_three_fields_as_text_in_order(values: tuple[object, object, object]) -> None:
+    """``bind_request`` (the pipelines' call, by position) adds the request id, session id and
+    model after what the context holds, in that order, as text, ``None`` skipped; nothing outside
+    a request."""
     request_id, session_id, model = values
-    with request_context() as by_keyword:
-        by_keyword["route"] = "/v1/chat/completions"
-        bind(request_id=request_id, session_id=session_id, model=model)
-    with request_context() as by_position:
-        by_position["route"] = "/v1/chat/completions"
+    with request_context() as context:
+        context["route"] = "/v1/chat/completions"
         bind_request(request_id, session_id, model)
-    assert list(by_position.items()) == list(by_keyword.items())
+    named = (("request_id", request_id), ("session_id", session_id), ("model", model))
+    assert list(context.items()) == [("route", "/v1/chat/completions"),
+                                     *((k, str(v)) for k, v in named if v is not None)]
     bind_request("req_out", "sess_out", "m")  # outside a request: nothing to bind, no error
     with request_context() as after:
         assert after == {}
@@ -152,7 +150,7 @@ def root_json() -> Iterator[Callable[[str], io.StringIO]]:
 
 def test_text_format_and_configuration(root_json) -> None:  # type: ignore[no-untyped-def]
     with request_context():
-        bind(request_id="req_2")
+        bind_request("req_2", None, None)
         line = _format(TextFormatter(), "hello key sk-0123456789abcdef")
     assert line.endswith("hello key *** [request_id=req_2]")
     with pytest.raises(ValueError):
@@ -286,7 +284,7 @@ async def test_the_direct_access_line_is_the_line_logging_writes(root_json) -> N
     access_log.makeRecord = recording  # type: ignore[method-assign]
     try:
         with request_context():
-            bind(request_id="req_d", session_id="sess_d", model="m")
+            bind_request("req_d", "sess_d", "m")
             served(metrics, "POST", "/v1/chat/completions", "m", 200, time.perf_counter())  # direct
             assert records == []  # no LogRecord made
             access_log.addFilter(tagging := Tagging())

@@ -68,7 +68,7 @@ from proxy.forward.session_log import SessionLog, new_id
 from proxy.forward.tool_rounds import ToolRounds
 from proxy.json_text import parse_json
 from proxy.settings import Settings
-from proxy.telemetry.logs import bind
+from proxy.telemetry.logs import bind_request
 from proxy.telemetry.metrics import Metrics
 from proxy.upstream.client import Upstream
 from proxy.upstream.headers import forward_request_headers, response_headers
@@ -187,7 +187,7 @@ class MessagesPipeline:
         ctx = ChatContext(new_id("req", self.entropy), tenant, session, body, raw, pieces, digests, chain,
                           forward_headers, body.get("stream") is True, time.perf_counter(), self.log, self.compactor,
                           False, expanded is not None)
-        bind(request_id=ctx.request_id, session_id=session.session_id, model=ctx.model)
+        bind_request(ctx.request_id, session.session_id, ctx.model)
         tracking = track_writes(ctx.writes)
         try:
             return await self._run(ctx, target)

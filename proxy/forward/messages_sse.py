@@ -80,7 +80,7 @@ class MessagesAssembler:
                 if block is None:
                     return
                 kind = delta.get("type")
-                if isinstance(kind, str) and kind in _DELTA_FIELDS:  # (text and thinking: most deltas, here without a call)
+                if isinstance(kind, str) and kind in _DELTA_FIELDS:  # (text and thinking: most deltas; no call)
                     source, target = _DELTA_FIELDS[kind]
                     piece = delta.get(source)
                     if isinstance(piece, str):

@@ -20,7 +20,7 @@ from proxy.forward.db_health import DatabaseHealth
 from proxy.forward.log_writer import LogWriter
 from proxy.forward.session_log import SessionLog, new_id
 from proxy.settings import Settings
-from proxy.telemetry.logs import bind, current_context, request_context
+from proxy.telemetry.logs import bind_request, current_context, request_context
 from proxy.telemetry.metrics import Metrics
 from storage.store import Store
 
@@ -121,7 +121,7 @@ async def test_a_failed_write_is_logged_in_the_requests_context_and_never_raised
     logger.addFilter(context_filter)
     try:
         with caplog.at_level(logging.ERROR, logger="context_proxy.pipeline"), request_context():
-            bind(request_id=again.request_id, session_id="dup-session")
+            bind_request(again.request_id, "dup-session", None)
             ended = writer.finish(again, 200, REPLY, None)
         await ended  # resolved, not raised, outside the request's context
     finally:
