@@ -9,6 +9,7 @@ the long way), malformed shapes included.
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 
 from proxy.forward import sse
 from proxy.forward.sse import ReplyAssembler, SSEEvent, SSESplitter
+from proxy.json_text import without_lone_surrogates
 
 
 def _reference_events(stream: bytes) -> list[tuple[str | None, bytes, bytes]]:
@@ -105,6 +107,10 @@ def test_a_chunk_of_whole_plain_events_is_split_without_the_line_parser(monkeypa
     assert calls == [b"event: ping\ndata: x"]  # only the named event went through the line parser
 
 
+def _refused(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # (as orjson refuses it)
+
+
 class _ReferenceAssembler:
     """The reply rebuilt from parsed chunks the long way (choice 0's deltas, in order)."""
 
@@ -117,12 +123,29 @@ class _ReferenceAssembler:
         self.finish: Any = None
         self.usage: Any = None
         self.malformed = self.chunks = 0
-        self.truncated = False
+        self.truncated = self.done = self.flagged = False
+        self.errors: list[Any] = []
 
-    def add(self, data: bytes) -> None:
+    def _error(self, name: str | None, error: Any) -> None:
+        self.flagged = self.flagged or name == "error"
+        if len(self.errors) < ReplyAssembler.MAX_ERRORS:
+            self.errors.append(error)
+
+    def add(self, data: bytes, name: str | None = None) -> None:
         self.seen += len(data)
-        chunk = orjson.loads(data)
-        if not isinstance(chunk, dict) or "error" in chunk:
+        if data == b"[DONE]":
+            self.done = True
+            return
+        try:
+            chunk = json.loads(data, parse_constant=_refused)  # (lone surrogates kept, then replaced)
+        except ValueError:
+            self._error(name, data.decode("utf-8", "replace"))
+            return
+        chunk = without_lone_surrogates(chunk)
+        if not isinstance(chunk, dict):
+            return
+        if name == "error" or "error" in chunk:
+            self._error("error", chunk.get("error", chunk))
             return
         self.chunks += 1
         try:
@@ -165,7 +188,7 @@ class _ReferenceAssembler:
     def state(self) -> tuple[Any, ...]:
         tools = [(i, t["id"], t["type"], t["name"], "".join(t["args"])) for i, t in sorted(self.tools.items())]
         return (self.role, "".join(self.content), self.saw, self.extra, tools, self.finish, self.usage,
-                self.malformed, self.chunks, self.truncated)
+                self.malformed, self.chunks, self.truncated, self.done, self.errors, self.flagged, self.seen)
 
 
 def _random_chunk(rng: random.Random) -> Any:
@@ -193,15 +216,64 @@ def _random_chunk(rng: random.Random) -> Any:
     return chunk
 
 
+def _random_event(rng: random.Random) -> SSEEvent:
+    """A plain chunk mostly; else ``[DONE]``, an error (named, in a chunk, llama.cpp's field), text
+    that is not JSON, a lone surrogate escape, another JSON value, a named event."""
+    kind = rng.random()
+    if kind < 0.75:
+        return SSEEvent(None, orjson.dumps(_random_chunk(rng)))
+    data = rng.choice([b"[DONE]", b"not json", b"[1, 2]", b"3", b'{"error": {"message": "x"}}', b"",
+                       b'{"choices":[{"index":0,"delta":{"content":"half \\ud83d"}}]}', b'{"choices": [], "x": NaN}'])
+    name = rng.choice([None, None, "error", "ping"])
+    raw = (b"event: " + name.encode() + b"\n" if name else b"") + b"data: " + data
+    if name == "error" and rng.random() < 0.3:
+        raw = b"error: " + data  # llama.cpp's older field: not seen by clients
+    return SSEEvent(name, data, raw)
+
+
 @pytest.mark.parametrize("max_bytes", [None, 400])
 def test_the_assembler_rebuilds_what_a_plain_reading_of_the_chunks_gives(max_bytes: int | None) -> None:
+    """Events added one by one and in batches of any size (``add_events``: one pass for plain chunks)
+    give what the reference reads, event by event."""
     rng = random.Random(32)
     for _ in range(1500):
-        datas = [orjson.dumps(_random_chunk(rng)) for _ in range(rng.randint(1, 8))]
+        events = [_random_event(rng) for _ in range(rng.randint(1, 8))]
         fast, reference = ReplyAssembler(max_bytes), _ReferenceAssembler(max_bytes)
-        for data in datas:
-            fast.add(SSEEvent(None, data))
-            reference.add(data)
+        if rng.random() < 0.3:
+            for event in events:
+                fast.add(event)
+        else:
+            cut = rng.randint(0, len(events))
+            fast.add_events(events[:cut])
+            fast.add_events(iter(events[cut:]))
+        for event in events:
+            reference.add(event.data, event.event)
         tools = [(i, t.id, t.type, t.name, "".join(t.arguments)) for i, t in sorted(fast._tools.items())]
         assert (fast.role, "".join(fast._content), fast._saw_content, fast._extra, tools, fast.finish_reason,
-                fast.usage, fast.malformed, fast.chunks, fast.truncated) == reference.state(), datas
+                fast.usage, fast.malformed, fast.chunks, fast.truncated, fast.done, fast.errors,
+                fast.upstream_error or fast.hidden_error, fast.seen_bytes) == reference.state(), events
+
+
+def test_plain_chunks_are_assembled_without_the_unusual_events_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``add_events`` reads a plain ``data:`` chunk in its one pass; only ``[DONE]``, errors and the
+    like go through ``_unusual``, and the reply is the same either way."""
+    calls: list[bytes] = []
+    unusual = ReplyAssembler._unusual
+
+    def counted(self: ReplyAssembler, event: SSEEvent) -> Any:
+        calls.append(event.data)
+        return unusual(self, event)
+
+    monkeypatch.setattr(ReplyAssembler, "_unusual", counted)
+    chunks = [b'{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}',
+              b'{"choices":[{"index":0,"delta":{"content":"Hi"}}]}',
+              b'{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"total_tokens":3}}']
+    batched = ReplyAssembler()
+    batched.add_events([SSEEvent(None, c) for c in chunks] + [SSEEvent(None, b"[DONE]")])
+    assert calls == [b"[DONE]"]
+    unusual_ones = ReplyAssembler()  # the same chunks as named events: all through ``_unusual``
+    unusual_ones.add_events([SSEEvent("message", c) for c in chunks] + [SSEEvent(None, b"[DONE]")])
+    assert calls == [b"[DONE]", *chunks, b"[DONE]"]
+    for a in (batched, unusual_ones):
+        assert (a.message(), a.finish_reason, a.usage, a.done, a.chunks) == (
+            {"role": "assistant", "content": "Hi"}, "stop", {"total_tokens": 3}, True, 3)

@@ -11,6 +11,7 @@ the rules would drop) is read as an ``error`` event with that data.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,7 +54,7 @@ class SSESplitter:
             self._cr = False
             if chunk.startswith(b"\n"):
                 chunk = chunk[1:]
-        if b"\r" in chunk:
+        if chunk.find(b"\r") >= 0:
             self._cr = chunk.endswith(b"\r")
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         buf = self._buf
@@ -61,7 +62,7 @@ class SSESplitter:
         if not buf:  # (the usual chunk: whole events, split; an event being skipped keeps a byte in ``buf``)
             *blocks, rest = chunk.split(b"\n\n")
             for block in blocks:
-                if block.startswith(b"data: ") and b"\n" not in block:  # (``_parse_block``'s usual event)
+                if block.startswith(b"data: ") and block.find(b"\n") < 0:  # (``_parse_block``'s usual event)
                     events.append(SSEEvent(None, block[6:], block))
                 elif (event := _parse_block(block)) is not None:
                     events.append(event)
@@ -98,7 +99,7 @@ class SSESplitter:
 
 
 def _parse_block(block: bytes) -> SSEEvent | None:
-    if block.startswith(b"data: ") and b"\n" not in block:  # the usual event: one data line, no name
+    if block.startswith(b"data: ") and block.find(b"\n") < 0:  # the usual event: one data line, no name
         return SSEEvent(None, block[6:], block)
     name: str | None = None
     data: list[bytes] = []
@@ -172,28 +173,56 @@ class ReplyAssembler:
         """An error only in llama.cpp's ``error:`` field, which clients do not see (``_seen_by_clients``)."""
 
     def add(self, event: SSEEvent) -> None:
-        self.seen_bytes += len(event.data)
-        if event.data == b"[DONE]":
-            self.done = True
-            return
+        """Add one event (``add_events`` of it alone)."""
+        self.add_events((event,))
+
+    def add_events(self, events: Iterable[SSEEvent]) -> None:
+        """Add events in their order: ``[DONE]`` sets ``done``; a JSON object without an ``error``
+        member is a chunk (``add_chunk``); an error event, or text that is not JSON, is recorded in
+        ``errors``; any other JSON value is ignored. Every event's data counts in ``seen_bytes``
+        (the ``max_bytes`` bound). One pass for the usual events (plain ``data:`` chunks); the
+        others go through ``_unusual``."""
+        loads = orjson.loads
+        chunks: list[tuple[int, dict[str, Any]]] = []  # (``seen_bytes`` once the chunk was read, chunk)
+        seen = self.seen_bytes
+        for event in events:
+            data = event.data
+            seen += len(data)
+            if event.event is None and data != b"[DONE]":
+                try:
+                    chunk = loads(data)
+                except orjson.JSONDecodeError:
+                    chunk = None
+                if type(chunk) is dict and "error" not in chunk:
+                    chunks.append((seen, chunk))
+                    continue
+            if (chunk := self._unusual(event)) is not None:
+                chunks.append((seen, chunk))
+        self.seen_bytes = seen
+        if chunks:
+            self._add_chunks(chunks)
+
+    def _unusual(self, event: SSEEvent) -> dict[str, Any] | None:
+        """An event that is not a plain chunk that orjson reads: ``[DONE]``, an error, text with a
+        lone surrogate escape (the chunk it is, returned), not JSON, another JSON value."""
         data = event.data
+        if data == b"[DONE]":
+            self.done = True
+            return None
         try:
-            chunk = orjson.loads(data)
+            chunk = parse_json(data)  # orjson's reading, and a lone surrogate escape read (``proxy.json_text``)
         except orjson.JSONDecodeError:
-            try:  # orjson refused it: a lone surrogate escape is read all the same (``proxy.json_text``)
-                chunk = parse_json(data)
-            except orjson.JSONDecodeError:
-                if event.event == "error":
-                    self._flag(event)
-                self._error(data.decode("utf-8", "replace"))
-                return
+            if event.event == "error":
+                self._flag(event)
+            self._error(data.decode("utf-8", "replace"))
+            return None
         if not isinstance(chunk, dict):
-            return
+            return None
         if event.event == "error" or "error" in chunk:
             self._flag(event)
             self._error(chunk.get("error", chunk))
-            return
-        self.add_chunk(chunk)
+            return None
+        return chunk
 
     def _flag(self, event: SSEEvent) -> None:
         if _seen_by_clients(event):
@@ -209,50 +238,62 @@ class ReplyAssembler:
         """Add one parsed ``chat.completion.chunk``. A chunk of an unexpected shape (a delta that is
         a string, a tool call that is null, ...) is counted in ``malformed`` and never raises:
         observing a stream must not change it."""
-        self.chunks += 1
-        try:
-            usage = chunk.get("usage")
-            if usage:
-                self.usage = usage
-            for choice in chunk.get("choices") or ():
-                if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                    continue
-                finish_reason = choice.get("finish_reason")
-                if finish_reason:
-                    self.finish_reason = finish_reason
-                self._add_delta(choice.get("delta") or {})
-        except (AttributeError, TypeError, ValueError):
-            self.malformed += 1
+        self._add_chunks(((self.seen_bytes, chunk),))
 
-    def _add_delta(self, delta: dict[str, Any]) -> None:
-        role = delta.get("role")
-        if role:
-            self.role = role
-        if self.max_bytes is not None and self.seen_bytes > self.max_bytes:
-            self.truncated = True
-            return
-        text = delta.get("content")
-        if isinstance(text, str):
-            if text:
-                self._saw_content = True
-            self._content.append(text)
-        if "refusal" in delta or "reasoning_content" in delta:
-            for key in ("refusal", "reasoning_content"):
-                if isinstance(delta.get(key), str) and delta[key]:
-                    self._extra[key] = self._extra.get(key, "") + delta[key]
-        tool_calls = delta.get("tool_calls")
-        if tool_calls:
-            for call in tool_calls:
-                acc = self._tools.setdefault(call.get("index", len(self._tools)), _ToolCallAcc())
-                if call.get("id"):
-                    acc.id = call["id"]
-                if call.get("type"):
-                    acc.type = call["type"]
-                fn = call.get("function") or {}
-                if fn.get("name"):
-                    acc.name += fn["name"]
-                if fn.get("arguments"):
-                    acc.arguments.append(fn["arguments"])
+    def _add_chunks(self, chunks: Iterable[tuple[int, dict[str, Any]]]) -> None:
+        """``add_chunk`` of each chunk, in one loop: ``(seen, chunk)``, ``seen`` the ``seen_bytes``
+        its deltas are bounded by (``max_bytes``)."""
+        max_bytes = self.max_bytes
+        content = self._content
+        for seen, chunk in chunks:
+            self.chunks += 1
+            try:
+                usage = chunk.get("usage")
+                if usage:
+                    self.usage = usage
+                for choice in chunk.get("choices") or ():
+                    if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                        continue
+                    finish_reason = choice.get("finish_reason")
+                    if finish_reason:
+                        self.finish_reason = finish_reason
+                    delta = choice.get("delta") or {}
+                    role = delta.get("role")
+                    if role:
+                        self.role = role
+                    if max_bytes is not None and seen > max_bytes:
+                        self.truncated = True
+                        continue
+                    text = delta.get("content")
+                    if isinstance(text, str):
+                        if text:
+                            self._saw_content = True
+                        content.append(text)
+                    if "refusal" in delta or "reasoning_content" in delta:
+                        self._add_extra(delta)
+                    tool_calls = delta.get("tool_calls")
+                    if tool_calls:
+                        self._add_tool_calls(tool_calls)
+            except (AttributeError, TypeError, ValueError):
+                self.malformed += 1
+
+    def _add_extra(self, delta: dict[str, Any]) -> None:
+        for key in ("refusal", "reasoning_content"):
+            if isinstance(delta.get(key), str) and delta[key]:
+                self._extra[key] = self._extra.get(key, "") + delta[key]
+
+    def _add_tool_calls(self, tool_calls: Any) -> None:
+        for call in tool_calls:
+            acc = self._tools.setdefault(call.get("index", len(self._tools)), _ToolCallAcc())
+            if call.get("id"):
+                acc.id = call["id"]
+            if call.get("type"):
+                acc.type = call["type"]
+            fn = call.get("function") or {}
+            if fn.get("name"):
+                acc.name += fn["name"]
+            if fn.get("arguments"):
+                acc.arguments.append(fn["arguments"])
 
     def reset_round(self) -> None:
         """Forget the tool calls and finish of a round the client did not see (keep the content)."""

@@ -212,25 +212,21 @@ async def relay_plain(state: StreamState) -> AsyncGenerator[bytes, None]:
     goes before the events read with it are assembled). A relay closed at a chunk (the client
     left) still assembles that chunk's events: it was handed to the client. Raises our 502/504
     error if the upstream fails."""
-    add = state.assembler.add
+    add = state.assembler.add_events
     out = state.first  # events of the chunks out, not assembled yet
     try:
         for chunk in state.prebuffer:
             yield chunk
         out, events = [], out
-        for event in events:
-            add(event)
+        add(events)
         async for chunk in state.chunks:
             out = state.splitter.feed(chunk)
             yield chunk
             out, events = [], out
-            for event in events:
-                add(event)
+            add(events)
     finally:
-        for event in out:
-            add(event)
-    for event in state.splitter.flush():
-        add(event)
+        add(out)
+    add(state.splitter.flush())
 
 
 Segment = bytes | AsyncGenerator[bytes, None]
