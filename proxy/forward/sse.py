@@ -11,7 +11,7 @@ the rules would drop) is read as an ``error`` event with that data.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -201,6 +201,23 @@ class ReplyAssembler:
         self.seen_bytes = seen
         if chunks:
             self._add_chunks(chunks)
+
+    def add_read(self, events: Sequence[SSEEvent], parsed: Sequence[Any]) -> None:
+        """``add_events(events)`` when ``parse_json`` read the data of the first ``len(parsed)``
+        events already (``parsed[i]``: what it read of ``events[i]``, ``None`` if not JSON): their
+        plain chunks are not parsed again."""
+        chunks: list[tuple[int, dict[str, Any]]] = []
+        seen = self.seen_bytes
+        for event, chunk in zip(events, parsed, strict=False):  # (``parsed`` is not longer than ``events``)
+            seen += len(event.data)
+            plain = event.event is None and type(chunk) is dict and "error" not in chunk
+            if plain or (chunk := self._unusual(event)) is not None:
+                chunks.append((seen, chunk))
+        self.seen_bytes = seen
+        if chunks:
+            self._add_chunks(chunks)
+        if len(events) > len(parsed):
+            self.add_events(events[len(parsed):])
 
     def _unusual(self, event: SSEEvent) -> dict[str, Any] | None:
         """An event that is not a plain chunk that orjson reads: ``[DONE]``, an error, text with a
