@@ -21,7 +21,6 @@ logs how the stream ended.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -294,12 +293,14 @@ async def relay_turn(turn: Turn, first: Segment, steps: AsyncIterator[Segment], 
                 if isinstance(segment, bytes):
                     yield segment
                 else:
-                    async with contextlib.aclosing(segment):
+                    try:  # (``contextlib.aclosing``'s work, without its object and coroutines)
                         async for data in segment:
                             yield data
                             if notify is not None:
                                 notify()
                                 notify = None
+                    finally:
+                        await segment.aclose()
                 segment = await anext(steps, None)
         except ProxyError as exc:
             turn.error = exc.message
