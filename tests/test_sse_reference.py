@@ -277,3 +277,33 @@ def test_plain_chunks_are_assembled_without_the_unusual_events_path(monkeypatch:
     for a in (batched, unusual_ones):
         assert (a.message(), a.finish_reason, a.usage, a.done, a.chunks) == (
             {"role": "assistant", "content": "Hi"}, "stop", {"total_tokens": 3}, True, 3)
+
+
+class _ReadDict(dict):  # type: ignore[type-arg]
+    """A delta recording the members the assembler reads of it."""
+
+    read: list[str]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.read.append(key)
+        return super().get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        self.read.append(str(key))
+        return super().__contains__(key)
+
+
+def test_a_delta_of_text_alone_is_read_in_one_step_and_assembled_as_any_other() -> None:
+    """The usual delta (``{"content": text}``) is taken without looking for a role, a refusal or
+    tool calls; one with more members goes through every rule; the reply is the reference's."""
+    for delta, read in (({"content": "Hi"}, ["content"]),
+                        ({"content": "Hi", "role": "assistant"}, ["content", "role", "refusal", "reasoning_content",
+                                                                  "tool_calls"])):
+        recorded = _ReadDict(delta)
+        recorded.read = []
+        fast, reference = ReplyAssembler(), _ReferenceAssembler(None)
+        fast.add_chunk({"choices": [{"index": 0, "delta": recorded}]})
+        reference.add(orjson.dumps({"choices": [{"index": 0, "delta": delta}]}))
+        assert recorded.read == read
+        assert (fast.role, "".join(fast._content), fast._saw_content, fast.chunks) == (
+            reference.role, "".join(reference.content), reference.saw, reference.chunks)
