@@ -14,8 +14,8 @@ import pytest
 
 from proxy.forward import streaming
 from proxy.forward.sse import ReplyAssembler, SSEEvent, SSESplitter
-from proxy.forward.streaming import relay_plain, start_stream
-from tests.test_streaming import CONTENT, DONE, LLAMACPP_ERROR, OPENAI_ERROR, ROLE, Parts, chunk, data
+from proxy.forward.streaming import INCOMPLETE, error_event, start_stream
+from tests.test_streaming import CONTENT, DONE, LLAMACPP_ERROR, OPENAI_ERROR, ROLE, Parts, chunk, data, relay
 
 _EVENTS = [ROLE, ROLE, CONTENT, chunk({"content": " world"}), chunk({}, "stop"), DONE, b": keep-alive\n\n",
            data({"choices": [], "usage": None}), data({"error": OPENAI_ERROR}), data({"error": LLAMACPP_ERROR}),
@@ -64,8 +64,10 @@ async def test_holding_splits_as_far_as_it_needs_and_decides_as_splitting_whole_
             assert state.overflow is not None and state.overflow.limit_tokens == overflow.limit_tokens
             continue
         assert state.first == first[:len(state.first)], parts  # the events holding looked at: a prefix
-        relayed = b"".join([part async for part in relay_plain(state)])
-        assert relayed == b"".join(parts), parts
+        relayed = b"".join([part async for part in relay(state)])
+        ending = b"" if state.assembler.upstream_error or (state.assembler.done and not state.assembler.hidden_error) \
+            else error_event(INCOMPLETE)  # (``relay_turn``'s own, at a stream's end without [DONE])
+        assert relayed == b"".join(parts) + ending, parts
         whole = ReplyAssembler()
         splitter = SSESplitter()
         whole.add_events([e for part in parts for e in splitter.feed(part)] + splitter.flush())
@@ -78,12 +80,12 @@ async def test_a_chunk_s_events_after_the_one_that_ends_holding_are_split_once_i
     for close_at_first in (False, True):
         state = await start_stream(Parts(ROLE + CONTENT + rest), hold=True)
         assert [e.raw + b"\n\n" for e in state.first] == [ROLE, CONTENT] and state.rest == rest
-        relay = relay_plain(state)
-        assert await anext(relay) == ROLE + CONTENT + rest and state.assembler.chunks == 0  # out first
+        relay_ = relay(state)
+        assert await anext(relay_) == ROLE + CONTENT + rest and state.assembler.chunks == 0  # out first
         if close_at_first:  # the client left: what it was handed is assembled all the same
-            await relay.aclose()
+            await relay_.aclose()
         else:
-            assert [part async for part in relay] == []
+            assert [part async for part in relay_] == []
         a = state.assembler
         assert (a.message()["content"], a.finish_reason, a.done, state.rest) == ("Hello world", "stop", True, b"")
 
@@ -100,6 +102,6 @@ async def test_what_holding_parsed_is_not_parsed_again(monkeypatch: pytest.Monke
     stream = ROLE + CONTENT + chunk({}, "stop") + DONE
     state = await start_stream(Parts(stream), hold=True)
     assert parsed == [ROLE[6:-2], CONTENT[6:-2]]
-    assert b"".join([part async for part in relay_plain(state)]) == stream
+    assert b"".join([part async for part in relay(state)]) == stream
     assert parsed == [ROLE[6:-2], CONTENT[6:-2], chunk({}, "stop")[6:-2]]  # each once ([DONE] is not JSON)
     assert state.assembler.message() == {"role": "assistant", "content": "Hello"} and state.assembler.done

@@ -236,33 +236,6 @@ def _overflow(event: SSEEvent, sent: dict[str, Any] | None) -> Overflow | None:
     return classify_stream_event(event.data, sent=sent)
 
 
-async def relay_plain(state: StreamState) -> AsyncGenerator[bytes, None]:
-    """The upstream's bytes, unchanged, chunk by chunk; the reply reassembled on the side, each
-    chunk's events once the chunk is out (its bytes wait for no parsing: a stream's first byte
-    goes before the events read with it are assembled). A relay closed at a chunk (the client
-    left) still assembles that chunk's events: it was handed to the client. Raises our 502/504
-    error if the upstream fails."""
-    add = state.assembler.add_events
-    feed = state.splitter.feed
-    held = True  # what holding read (``_add_held``) is not assembled yet
-    out: list[SSEEvent] = []  # events of the chunk out, not assembled yet
-    try:
-        for chunk in state.prebuffer:
-            yield chunk
-        held = False
-        _add_held(state)
-        async for chunk in state.chunks:
-            out = feed(chunk)
-            yield chunk
-            out, events = [], out
-            add(events)
-    finally:
-        if held:
-            _add_held(state)
-        add(out)
-    add(state.splitter.flush())
-
-
 def _add_held(state: StreamState) -> None:
     """Add what holding read to the assembler: ``state.first`` (what it parsed not parsed again),
     then the events of ``state.rest`` (split now; ``rest`` emptied)."""
@@ -272,9 +245,10 @@ def _add_held(state: StreamState) -> None:
         state.assembler.add_events(state.splitter.feed(rest))
 
 
-Segment = bytes | AsyncGenerator[bytes, None]
+Segment = bytes | StreamState | AsyncGenerator[bytes, None]
 """What the round loop yields for a stream's client: bytes (a keep-alive comment, an error event),
-or one upstream stream's relay, read to its end before the loop goes on."""
+an upstream stream to relay as it came (``StreamState``), or another relay of one upstream stream
+(``ToolRounds.relay_round``); a stream is read to its end before the loop goes on."""
 
 
 async def relay_turn(turn: Turn, first: Segment, steps: AsyncIterator[Segment], *,
@@ -283,8 +257,14 @@ async def relay_turn(turn: Turn, first: Segment, steps: AsyncIterator[Segment], 
     is reported in an error event; a stream that ends without ``[DONE]`` gets one too, unless the
     upstream sent an error event itself; ``turn.error`` says how it ended (``None``: complete).
     ``started()`` runs once the first bytes are out, ``ended()`` in the ``finally`` (disconnects and
-    errors too). Segments are relayed here, not re-yielded by the loop: each layer of generators
-    costs every chunk of every stream a step."""
+    errors too). Segments are relayed here, not re-yielded by the loop, and a stream relayed as it
+    came (a ``StreamState``) by this generator itself: each layer of generators costs every chunk of
+    every stream a step.
+
+    Such a stream: the upstream's bytes, unchanged, chunk by chunk; the reply reassembled on the
+    side, each chunk's events once the chunk is out (its bytes wait for no parsing: a stream's first
+    byte goes before the events read with it are assembled). A relay closed at a chunk (the client
+    left) still assembles that chunk's events, before ``ended()``: it was handed to the client."""
     try:
         segment: Segment | None = first
         notify: Callable[[], None] | None = started
@@ -292,6 +272,30 @@ async def relay_turn(turn: Turn, first: Segment, steps: AsyncIterator[Segment], 
             while segment is not None:
                 if isinstance(segment, bytes):
                     yield segment
+                elif isinstance(segment, StreamState):
+                    state, held, out = segment, True, []  # (``out``: events of the chunk out, not assembled yet)
+                    add, feed = state.assembler.add_events, state.splitter.feed
+                    try:
+                        for data in state.prebuffer:
+                            yield data
+                            if notify is not None:
+                                notify()
+                                notify = None
+                        held = False
+                        _add_held(state)
+                        async for data in state.chunks:
+                            out = feed(data)
+                            yield data
+                            if notify is not None:
+                                notify()
+                                notify = None
+                            out, events = [], out
+                            add(events)
+                    finally:
+                        if held:  # (closed at what holding read)
+                            _add_held(state)
+                        add(out)
+                    add(state.splitter.flush())
                 else:
                     try:  # (``contextlib.aclosing``'s work, without its object and coroutines)
                         async for data in segment:
