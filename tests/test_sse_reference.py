@@ -92,7 +92,8 @@ def test_any_chunking_of_a_random_stream_gives_the_whole_stream_s_events() -> No
         assert _split(_chunked(stream, rng)) == _reference_events(stream), stream
 
 
-def test_a_chunk_of_whole_plain_events_is_split_without_the_line_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+def _parsed_blocks(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The blocks the line parser (``sse._parse_block``) is handed from now on."""
     calls: list[bytes] = []
     parse = sse._parse_block
 
@@ -101,6 +102,11 @@ def test_a_chunk_of_whole_plain_events_is_split_without_the_line_parser(monkeypa
         return parse(block)
 
     monkeypatch.setattr(sse, "_parse_block", counted)
+    return calls
+
+
+def test_a_chunk_of_whole_plain_events_is_split_without_the_line_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _parsed_blocks(monkeypatch)
     chunk = b"data: {\"a\":1}\n\ndata: [DONE]\n\nevent: ping\ndata: x\n\n"
     events = SSESplitter().feed(chunk)
     assert [(e.event, e.data) for e in events] == [(None, b'{"a":1}'), (None, b"[DONE]"), ("ping", b"x")]
@@ -109,6 +115,19 @@ def test_a_chunk_of_whole_plain_events_is_split_without_the_line_parser(monkeypa
 
 def _refused(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")  # (as orjson refuses it)
+
+
+def test_a_stream_that_ended_with_its_blank_line_is_flushed_without_the_line_parser(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``flush`` of an empty buffer (the usual end) gives nothing, as the line parser would of
+    nothing; a buffer with an unterminated event still goes through it."""
+    parse = sse._parse_block
+    calls = _parsed_blocks(monkeypatch)
+    splitter = SSESplitter()
+    assert splitter.feed(b"data: [DONE]\n\n") and calls == []
+    assert splitter.flush() == [] and parse(b"") is None and calls == []
+    splitter.feed(b"data: x\n")
+    assert [(e.event, e.data) for e in splitter.flush()] == [(None, b"x")] and calls == [b"data: x"]
 
 
 class _ReferenceAssembler:

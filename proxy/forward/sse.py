@@ -91,6 +91,8 @@ class SSESplitter:
 
     def flush(self) -> list[SSEEvent]:
         """Events left in the buffer when the stream ends without a final blank line."""
+        if not self._buf:  # (the usual end: nothing left; an event being skipped keeps a byte)
+            return []
         block = bytes(self._buf)
         self._buf.clear()
         if self._skipping:

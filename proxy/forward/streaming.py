@@ -223,8 +223,11 @@ def _carried(event: SSEEvent, parsed: list[Any]) -> Literal["error", "nothing", 
         if not isinstance(choice, dict) or choice.get("finish_reason") or choice.get("logprobs"):
             return "something"
         delta = choice.get("delta") or {}
-        if not isinstance(delta, dict) or any(v not in _EMPTY for k, v in delta.items() if k != "role"):
+        if not isinstance(delta, dict):
             return "something"
+        for key, value in delta.items():
+            if key != "role" and value not in _EMPTY:
+                return "something"
     return "nothing"
 
 
