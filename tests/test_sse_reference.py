@@ -93,7 +93,7 @@ def test_any_chunking_of_a_random_stream_gives_the_whole_stream_s_events() -> No
 
 
 def _parsed_blocks(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
-    """The blocks the line parser (``sse._parse_block``) is handed from now on."""
+    """The blocks the block parser (``sse._parse_block``) is handed from now on."""
     calls: list[bytes] = []
     parse = sse._parse_block
 
@@ -111,6 +111,30 @@ def test_a_chunk_of_whole_plain_events_is_split_without_the_line_parser(monkeypa
     events = SSESplitter().feed(chunk)
     assert [(e.event, e.data) for e in events] == [(None, b'{"a":1}'), (None, b"[DONE]"), ("ping", b"x")]
     assert calls == [b"event: ping\ndata: x"]  # only the named event went through the line parser
+
+
+def test_a_named_event_of_one_data_line_is_read_without_the_line_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Anthropic's every event (``event: NAME`` then one ``data:`` line) is read by
+    ``_parse_block`` itself; any other shape still goes through ``_parse_lines``, and both read a
+    block alike."""
+    rng = random.Random(2127)
+    names = [b"", b"ping", b" lead", b"a:b", b"message_start", b"\xff\xfe", b"error"]
+    datas = [b"", b"x", b" y", b'{"type":"ping"}', b"data: z", b"\xc3\xa9"]
+    blocks = [b"event: " + n + b"\ndata: " + d for n in names for d in datas]
+    odd = [b"event: a\ndata: x\ndata: y", b"event: a\ndata:x", b"event:a\ndata: x", b"event: a\n: c\ndata: x",
+           b"event: a\nid: 1", b"event: a", b"event: a\ndata: x\n", b"event: a\nerror: x"]
+    for _ in range(500):
+        odd.append(b"\n".join(rng.choice([b"event: e", b"data: d", b"data:", b": c", b"id: 1", b"event:"])
+                               for _ in range(rng.randint(1, 4))))
+    for block in blocks + odd:
+        assert sse._parse_block(block) == sse._parse_lines(block), block
+    loop: list[bytes] = []
+    parse_lines = sse._parse_lines
+    monkeypatch.setattr(sse, "_parse_lines", lambda block: loop.append(block) or parse_lines(block))
+    stream = b"".join(block + b"\n\n" for block in blocks)
+    assert _split([stream]) == _reference_events(stream) and loop == []
+    assert _split([b"event: a\ndata: x\ndata: y\n\n"]) == [("a", b"x\ny", b"event: a\ndata: x\ndata: y")]
+    assert loop == [b"event: a\ndata: x\ndata: y"]
 
 
 def _refused(name: str) -> Any:

@@ -107,9 +107,20 @@ its argument as an integer and formats a ``TypeError`` (about 2,000 instructions
 
 
 def _parse_block(block: bytes) -> SSEEvent | None:
+    """The event of one block (``_parse_lines``), its two usual shapes read without the line loop."""
     value = block.removeprefix(b"data: ")
     if len(value) < len(block) and _LF not in value:  # the usual event: one data line, no name
         return SSEEvent(None, value, block)
+    if block.startswith(b"event: "):  # Anthropic's every event: a name line, then one data line
+        end = block.find(_LF)
+        if end > 0 and block.startswith(b"data: ", end + 1) and block.find(_LF, end + 1) < 0:
+            return SSEEvent(block[7:end].decode("utf-8", "replace"), block[end + 7:], block)
+    return _parse_lines(block)
+
+
+def _parse_lines(block: bytes) -> SSEEvent | None:
+    """The event of one block by the SSE rules (module docstring); ``None`` for a block without
+    ``data`` or ``event`` (comments only, unknown fields)."""
     name: str | None = None
     data: list[bytes] = []
     for line in block.split(b"\n"):
