@@ -156,6 +156,19 @@ class _ToolCallAcc:
     arguments: list[str] = field(default_factory=list)
 
 
+def _by_index(tools: dict[Any, _ToolCallAcc]) -> list[tuple[Any, _ToolCallAcc]]:
+    """The tool calls in their ``index`` order; in the order they came when the indexes do not
+    compare (a string beside an ``int``)."""
+    try:
+        return sorted(tools.items(), key=_first)
+    except TypeError:
+        return list(tools.items())
+
+
+def _first(item: tuple[Any, _ToolCallAcc]) -> Any:
+    return item[0]
+
+
 class ReplyAssembler:
     """Rebuilds the assistant message of choice 0 from chat.completion.chunk events.
 
@@ -339,7 +352,8 @@ class ReplyAssembler:
             if fn.get("name"):
                 acc.name += fn["name"]
             if fn.get("arguments"):
-                acc.arguments.append(fn["arguments"])
+                piece = fn["arguments"]  # (a string; anything else as its JSON text, as it came)
+                acc.arguments.append(piece if isinstance(piece, str) else orjson.dumps(piece).decode())
 
     def reset_round(self) -> None:
         """Forget the tool calls and finish of a round the client did not see (keep the content)."""
@@ -359,7 +373,7 @@ class ReplyAssembler:
         if self._tools:
             msg["tool_calls"] = [
                 {"id": acc.id, "type": acc.type, "function": {"name": acc.name, "arguments": "".join(acc.arguments)}}
-                for _, acc in sorted(self._tools.items())
+                for _, acc in _by_index(self._tools)
             ]
         msg.update(self._extra)
         if self.truncated:
