@@ -1,4 +1,4 @@
-"""SSE splitting and reply reassembly (proxy/forward/sse.py) on realistic chunkings."""
+"""SSE splitting and reply reassembly (proxy/forward/sse.py, proxy/forward/reply_assembler.py) on realistic chunkings."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from typing import Any
 
 import orjson
 
-from proxy.forward.sse import ReplyAssembler, SSESplitter
+from proxy.forward.reply_assembler import ReplyAssembler
+from proxy.forward.sse import SSESplitter
 
 
 def chunk(delta: dict, finish: str | None = None, usage: dict | None = None) -> bytes:

@@ -3,7 +3,7 @@
 ``SSESplitter.feed`` takes a chunk of whole events by a split (its usual case) and anything else by
 its incremental search; the events must be those of the stream read whole, line ends normalized
 first (``_reference_events``), whatever the chunking. ``ReplyAssembler`` must rebuild what a plain
-reading of the chunks gives (``_ReferenceAssembler``: the rules of ``proxy.forward.sse`` written
+reading of the chunks gives (``_ReferenceAssembler``: the rules of ``proxy.forward.reply_assembler`` written
 the long way), malformed shapes included.
 """
 
@@ -17,7 +17,8 @@ import orjson
 import pytest
 
 from proxy.forward import sse
-from proxy.forward.sse import ReplyAssembler, SSEEvent, SSESplitter
+from proxy.forward.reply_assembler import ReplyAssembler
+from proxy.forward.sse import SSEEvent, SSESplitter
 from proxy.json_text import without_lone_surrogates
 
 

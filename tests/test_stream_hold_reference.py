@@ -13,7 +13,8 @@ import orjson
 import pytest
 
 from proxy.forward import streaming
-from proxy.forward.sse import ReplyAssembler, SSEEvent, SSESplitter
+from proxy.forward.reply_assembler import ReplyAssembler
+from proxy.forward.sse import SSEEvent, SSESplitter
 from proxy.forward.streaming import INCOMPLETE, error_event, start_stream
 from tests.test_streaming import CONTENT, DONE, LLAMACPP_ERROR, OPENAI_ERROR, ROLE, Parts, chunk, data, relay
 

@@ -31,7 +31,8 @@ import orjson
 from proxy.compaction.overflow import Overflow, classify_error, classify_stream_event
 from proxy.errors import ProxyError, UpstreamError, UpstreamUnreachable
 from proxy.forward.answers import DISCONNECTED, Turn
-from proxy.forward.sse import ReplyAssembler, SSEEvent, SSESplitter
+from proxy.forward.reply_assembler import ReplyAssembler
+from proxy.forward.sse import SSEEvent, SSESplitter
 from proxy.json_text import parse_json
 from proxy.upstream.transport import UpstreamResponse
 
