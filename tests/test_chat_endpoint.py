@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+
 from starlette.routing import Match, Route
 
 from proxy.app import create_app
@@ -126,6 +129,32 @@ async def test_whole_headers_takes_known_names_from_its_table_and_sends_what_enc
         assert fast == slow, headers
     taken = whole_headers(known, 2)
     assert all(name is KNOWN_NAMES[text] for (name, _), text in zip(taken, known, strict=False))  # from the table
+
+
+async def test_a_streamed_answer_s_headers_are_encoded_as_encode_headers_encodes_them() -> None:
+    """``send_stream`` sends ``stream_headers``: a name of ``KNOWN_NAMES`` from the table (the very
+    bytes object there), any other lowered and encoded: what ``encode_headers`` gives either way."""
+    from proxy.forward.answers import Streamed
+    from proxy.routes.answer import KNOWN_NAMES, encode_headers, send_outcome, stream_headers
+
+    known = {name: f"v{i}" for i, name in enumerate(KNOWN_NAMES)}
+    cases = [{}, known, {"Content-Type": "text/event-stream", "X-Context-Proxy-Session-Id": "sess_é", "x-other": "café"}]
+    for headers in cases:
+        assert stream_headers(headers) == encode_headers(headers), headers
+
+        async def chunks() -> AsyncIterator[bytes]:
+            yield b"data: [DONE]\n\n"
+
+        async def receive() -> dict[str, str]:
+            await asyncio.sleep(3600)  # (the client stays)
+            return {"type": "http.disconnect"}
+
+        sent = _Sent()
+        await send_outcome(Streamed(200, dict(headers), chunks(), None), receive, sent)  # type: ignore[arg-type]
+        assert sent[0] == {"type": "http.response.start", "status": 200, "headers": encode_headers(headers)}
+        assert [m["body"] for m in sent[1:]] == [b"data: [DONE]\n\n", b""]
+    taken = stream_headers(known)
+    assert all(name is KNOWN_NAMES[text] for (name, _), text in zip(taken, known, strict=True))  # from the table
 
 
 class _Sent(list):  # type: ignore[type-arg]

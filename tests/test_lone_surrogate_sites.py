@@ -10,8 +10,9 @@ import orjson
 from proxy.compaction.overflow import classify_stream_event
 from proxy.conversation.chat_request import parse_chat_request
 from proxy.defenses.truncate_args import MARKER, truncate_arguments
+from proxy.forward.reply_assembler import ReplyAssembler
 from proxy.forward.rounds import reply_of as _reply_of
-from proxy.forward.sse import ReplyAssembler, SSEEvent
+from proxy.forward.sse import SSEEvent
 from proxy.forward.streaming import provider_error_event
 from proxy.forward.tool_rounds import ToolRounds
 from proxy.tools.schemas import parse_arguments

@@ -1,4 +1,4 @@
-"""SSE splitting and reply reassembly (proxy/forward/sse.py) on realistic chunkings."""
+"""SSE splitting and reply reassembly (proxy/forward/sse.py, proxy/forward/reply_assembler.py) on realistic chunkings."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from typing import Any
 
 import orjson
 
-from proxy.forward.sse import ReplyAssembler, SSESplitter
+from proxy.forward.reply_assembler import ReplyAssembler
+from proxy.forward.sse import SSESplitter
 
 
 def chunk(delta: dict, finish: str | None = None, usage: dict | None = None) -> bytes:
@@ -104,3 +105,25 @@ def test_an_event_too_long_to_keep_is_dropped_and_the_next_one_is_read(monkeypat
     assert len(s._buf) <= 64 and s.dropped == 1
     (event,) = s.feed(b"z\n\ndata: {\"ok\": 1}\n\n")
     assert orjson.loads(event.data) == {"ok": 1}
+
+
+def test_tool_calls_of_odd_indexes_or_arguments_are_logged_not_raised() -> None:
+    """Tool-call pieces whose indexes do not compare (a string beside a number) or whose arguments
+    are not a string still give a message (review: ``message()`` raised ``TypeError`` and the
+    streamed request was never logged): the calls in the order they came, arguments as their JSON
+    text."""
+    from proxy.forward.sse import SSEEvent
+
+    def fed(calls: list[dict[str, Any]]) -> ReplyAssembler:
+        a = ReplyAssembler()
+        a.add(SSEEvent(None, orjson.dumps({"choices": [{"index": 0, "delta": {"tool_calls": calls}}]})))
+        return a
+
+    mixed = fed([{"index": "0", "function": {"name": "f"}}, {"function": {"name": "g", "arguments": "{}"}}])
+    assert [c["function"] for c in mixed.message()["tool_calls"]] == [{"name": "f", "arguments": ""},
+                                                                       {"name": "g", "arguments": "{}"}]
+    number = fed([{"index": 0, "function": {"name": "f", "arguments": 5}}])
+    assert number.message()["tool_calls"][0]["function"] == {"name": "f", "arguments": "5"}
+    parts = fed([{"index": 1, "function": {"name": "b", "arguments": {"x": [1]}}}, {"index": 0, "function": {"name": "a"}}])
+    assert [c["function"]["name"] for c in parts.message()["tool_calls"]] == ["a", "b"]  # index order, as before
+    assert parts.message()["tool_calls"][1]["function"]["arguments"] == '{"x":[1]}'

@@ -7,7 +7,7 @@ chunking (an event split between a CR and its LF, an unterminated last event) is
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -15,7 +15,8 @@ import pytest
 
 from proxy.errors import UpstreamUnreachable
 from proxy.forward import streaming
-from proxy.forward.streaming import relay_plain, start_stream
+from proxy.forward.answers import Turn
+from proxy.forward.streaming import relay_turn, start_stream
 
 LLAMACPP_ERROR = {"code": 500, "type": "exceed_context_size_error", "n_prompt_tokens": 2649, "n_ctx": 2048,
                   "message": "the request exceeds the available context size. try increasing the context size or enable context shift"}
@@ -59,8 +60,25 @@ CONTENT = chunk({"content": "Hello"})
 DONE = b"data: [DONE]\n\n"
 
 
+def relay(state: streaming.StreamState, *, started: Callable[[], None] = lambda: None,
+          ended: Callable[[], Awaitable[None]] | None = None) -> AsyncGenerator[bytes, None]:
+    """``relay_turn`` of the one stream ``state`` (a round loop's ``StreamState`` segment, relayed
+    as it came), the turn's assembler ``state``'s."""
+    turn = Turn()
+    turn.built = state.assembler
+
+    async def no_more() -> AsyncIterator[streaming.Segment]:
+        return
+        yield b""  # an async generator (never reached)
+
+    async def nothing() -> None:
+        pass
+
+    return relay_turn(turn, state, no_more(), started=started, ended=ended or nothing)
+
+
 async def relayed(state: streaming.StreamState) -> bytes:
-    return b"".join([part async for part in relay_plain(state)])
+    return b"".join([part async for part in relay(state)])
 
 
 # --- what carries nothing is held; an overflow among it is reported --------------------------
@@ -173,32 +191,39 @@ async def test_a_failure_before_the_first_event_is_our_502_and_closes_the_respon
 async def test_a_failure_after_a_held_event_is_reported_by_the_relay_after_it() -> None:
     """As before holding: once the stream has sent an event, a failure goes in-band."""
     state = await start_stream(Parts(ROLE, UpstreamUnreachable("cut")), hold=True)
-    sent = []
-    with pytest.raises(UpstreamUnreachable):
-        async for part in relay_plain(state):
-            sent.append(part)
-    assert sent == [ROLE]
+    sent = [part async for part in relay(state)]
+    assert sent == [ROLE, streaming.error_event(UpstreamUnreachable("cut"))]
 
 
 async def test_a_chunk_goes_out_before_its_events_are_assembled_and_a_closed_relay_still_has_them() -> None:
-    """The first byte waits for no parsing; the client leaving at a chunk does not lose its events."""
+    """The first byte waits for no parsing; the client leaving at a chunk does not lose its events
+    (assembled before the turn's ``ended()`` logs them); ``started()`` runs once, after the first."""
     for close_after in (1, 2, None):
         state = await start_stream(Parts(ROLE + CONTENT, chunk({"content": " world"}), chunk({}, "stop") + DONE),
                                    hold=True)
-        relay = relay_plain(state)
-        sent = [await anext(relay)]
-        assert sent == [ROLE + CONTENT] and state.assembler.chunks == 0  # out first
+        calls: list[str] = []
+
+        async def ended(state: streaming.StreamState = state, calls: list[str] = calls) -> None:
+            calls.append("ended: " + state.assembler.message()["content"])
+
+        relay_ = relay(state, started=lambda calls=calls: calls.append("started"), ended=ended)
+        sent = [await anext(relay_)]
+        assert sent == [ROLE + CONTENT] and state.assembler.chunks == 0 and calls == []  # out first
         if close_after == 1:
-            await relay.aclose()
+            await relay_.aclose()
             assert (state.assembler.message()["content"], state.assembler.done) == ("Hello", False)
+            assert calls == ["ended: Hello"]
             continue
-        sent.append(await anext(relay))
+        sent.append(await anext(relay_))
         assert state.assembler.message()["content"] == "Hello"  # the first chunk's, once it was out
+        assert calls == ["started"]
         if close_after == 2:
-            await relay.aclose()
+            await relay_.aclose()
             assert state.assembler.message()["content"] == "Hello world"
+            assert calls == ["started", "ended: Hello world"]
             continue
-        sent += [part async for part in relay]
+        sent += [part async for part in relay_]
         assert (state.assembler.message()["content"], state.assembler.finish_reason, state.assembler.done) == (
             "Hello world", "stop", True)
         assert b"".join(sent) == ROLE + CONTENT + chunk({"content": " world"}) + chunk({}, "stop") + DONE
+        assert calls == ["started", "ended: Hello world"]

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.forward.sse import ReplyAssembler
+from proxy.forward.reply_assembler import ReplyAssembler
 from proxy.upstream.transport import UpstreamResponse
 
 DISCONNECTED = "client disconnected"

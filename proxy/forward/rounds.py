@@ -32,7 +32,6 @@ from proxy.forward.db_health import DatabaseHealth
 from proxy.forward.streaming import (
     Segment,
     provider_error_event,
-    relay_plain,
     start_stream,
 )
 from proxy.forward.tool_rounds import KEEPALIVE, ToolRounds, own_only
@@ -172,7 +171,7 @@ class RoundLoop:
                             continue
                     if not turn.committed:
                         turn.committed, turn.status = True, resp.status_code
-                    yield self.tools.relay_round(ctx, state) if ctx.prepared.own_tools else relay_plain(state)
+                    yield self.tools.relay_round(ctx, state) if ctx.prepared.own_tools else state
                     # (resumed once that relay was read to its end)
                     if not state.own_calls or turn.assembler.upstream_error:
                         return  # an error event relayed ends the stream's rounds too

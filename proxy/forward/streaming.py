@@ -21,7 +21,6 @@ logs how the stream ended.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -32,7 +31,8 @@ import orjson
 from proxy.compaction.overflow import Overflow, classify_error, classify_stream_event
 from proxy.errors import ProxyError, UpstreamError, UpstreamUnreachable
 from proxy.forward.answers import DISCONNECTED, Turn
-from proxy.forward.sse import ReplyAssembler, SSEEvent, SSESplitter
+from proxy.forward.reply_assembler import ReplyAssembler
+from proxy.forward.sse import SSEEvent, SSESplitter
 from proxy.json_text import parse_json
 from proxy.upstream.transport import UpstreamResponse
 
@@ -62,6 +62,13 @@ class StreamState:
     """Bytes read while holding, relayed first."""
     first: list[SSEEvent] = field(default_factory=list)
     """Events read while holding (the relay adds them to ``assembler`` as it sends them)."""
+    parsed: list[Any] = field(default_factory=list)
+    """What ``parse_json`` read of the data of ``first``'s events that holding classified (a prefix
+    of them: ``None`` for one not JSON, or a named error); the assembler takes them instead of
+    parsing the data again (``ReplyAssembler.add_read``)."""
+    rest: bytes = b""
+    """The end of the last chunk held, after the event that ended holding: relayed with it, split
+    by the relay once it is out (the first byte waits for no more splitting than holding needs)."""
     splitter: SSESplitter = field(default_factory=SSESplitter)
     overflow: Overflow | None = None
     """An error event before anything was carried that reads as an overflow (held, not relayed)."""
@@ -105,7 +112,7 @@ async def start_stream(resp: UpstreamResponse, *, hold: bool, assembler: ReplyAs
                 deadline = time.monotonic() + HOLD_MAX_S
             state.prebuffer.append(chunk)
             held_bytes += len(chunk)
-            if _hold_ends(state, state.splitter.feed(chunk), hold, sent) or held_bytes > HOLD_MAX_BYTES:
+            if _held(state, chunk, hold, sent) or held_bytes > HOLD_MAX_BYTES:
                 return state
         _hold_ends(state, state.splitter.flush(), hold, sent)  # ended while held (no final blank line)
         state.chunks = _ended()
@@ -155,6 +162,25 @@ async def _failing(exc: BaseException) -> AsyncIterator[bytes]:
     yield b""  # an async generator (never reached)
 
 
+def _held(state: StreamState, chunk: bytes, hold: bool, sent: dict[str, Any] | None) -> bool:
+    """Split ``chunk`` (held) as far as holding needs: an event at a time, cut at each blank line
+    (the splitter gives the same events however a stream is cut); once holding ends the chunk's
+    rest is left in ``state.rest``. True when the start has been read (holding ends)."""
+    feed = state.splitter.feed
+    pos = 0
+    while (end := chunk.find(b"\n\n", pos)) >= 0:
+        end += 2
+        if _hold_ends(state, feed(chunk[pos:end]), hold, sent):
+            state.rest = chunk[end:]
+            return True
+        pos = end
+    if pos:
+        if pos == len(chunk):
+            return False
+        chunk = chunk[pos:]
+    return _hold_ends(state, feed(chunk), hold, sent)
+
+
 def _hold_ends(state: StreamState, events: list[SSEEvent], hold: bool, sent: dict[str, Any] | None) -> bool:
     """Keep ``events`` in ``state.first``; True when the start has been read (holding ends)."""
     ends = False
@@ -162,7 +188,7 @@ def _hold_ends(state: StreamState, events: list[SSEEvent], hold: bool, sent: dic
         state.first.append(event)
         if ends:
             continue
-        carried = _carried(event)
+        carried = _carried(event, state.parsed)
         if carried == "error":
             state.overflow = _overflow(event, sent)
             ends = True
@@ -171,15 +197,20 @@ def _hold_ends(state: StreamState, events: list[SSEEvent], hold: bool, sent: dic
     return ends
 
 
-def _carried(event: SSEEvent) -> Literal["error", "nothing", "something"]:
+def _carried(event: SSEEvent, parsed: list[Any]) -> Literal["error", "nothing", "something"]:
     """What an event carries: an error, nothing (a role-only delta; empty ``choices`` and no usage;
-    an object without ``choices``), or something (anything else, ``[DONE]`` and non-JSON too)."""
+    an object without ``choices``), or something (anything else, ``[DONE]`` and non-JSON too).
+    What its data reads as is appended to ``parsed`` (``None``: not JSON, or a named error event,
+    whose data is not read here)."""
     if event.event == "error":
+        parsed.append(None)
         return "error"
     try:
         chunk = parse_json(event.data)  # a lone surrogate escape is read (``proxy.json_text``)
     except orjson.JSONDecodeError:
+        parsed.append(None)
         return "something"
+    parsed.append(chunk)
     if not isinstance(chunk, dict):
         return "something"
     if "error" in chunk or chunk.get("type") == "error":
@@ -193,8 +224,11 @@ def _carried(event: SSEEvent) -> Literal["error", "nothing", "something"]:
         if not isinstance(choice, dict) or choice.get("finish_reason") or choice.get("logprobs"):
             return "something"
         delta = choice.get("delta") or {}
-        if not isinstance(delta, dict) or any(v not in _EMPTY for k, v in delta.items() if k != "role"):
+        if not isinstance(delta, dict):
             return "something"
+        for key, value in delta.items():
+            if key != "role" and value not in _EMPTY:
+                return "something"
     return "nothing"
 
 
@@ -206,36 +240,19 @@ def _overflow(event: SSEEvent, sent: dict[str, Any] | None) -> Overflow | None:
     return classify_stream_event(event.data, sent=sent)
 
 
-async def relay_plain(state: StreamState) -> AsyncGenerator[bytes, None]:
-    """The upstream's bytes, unchanged, chunk by chunk; the reply reassembled on the side, each
-    chunk's events once the chunk is out (its bytes wait for no parsing: a stream's first byte
-    goes before the events read with it are assembled). A relay closed at a chunk (the client
-    left) still assembles that chunk's events: it was handed to the client. Raises our 502/504
-    error if the upstream fails."""
-    add = state.assembler.add
-    out = state.first  # events of the chunks out, not assembled yet
-    try:
-        for chunk in state.prebuffer:
-            yield chunk
-        out, events = [], out
-        for event in events:
-            add(event)
-        async for chunk in state.chunks:
-            out = state.splitter.feed(chunk)
-            yield chunk
-            out, events = [], out
-            for event in events:
-                add(event)
-    finally:
-        for event in out:
-            add(event)
-    for event in state.splitter.flush():
-        add(event)
+def _add_held(state: StreamState) -> None:
+    """Add what holding read to the assembler: ``state.first`` (what it parsed not parsed again),
+    then the events of ``state.rest`` (split now; ``rest`` emptied)."""
+    state.assembler.add_read(state.first, state.parsed)
+    if state.rest:
+        rest, state.rest = state.rest, b""
+        state.assembler.add_events(state.splitter.feed(rest))
 
 
-Segment = bytes | AsyncGenerator[bytes, None]
+Segment = bytes | StreamState | AsyncGenerator[bytes, None]
 """What the round loop yields for a stream's client: bytes (a keep-alive comment, an error event),
-or one upstream stream's relay, read to its end before the loop goes on."""
+an upstream stream to relay as it came (``StreamState``), or another relay of one upstream stream
+(``ToolRounds.relay_round``); a stream is read to its end before the loop goes on."""
 
 
 async def relay_turn(turn: Turn, first: Segment, steps: AsyncIterator[Segment], *,
@@ -244,8 +261,14 @@ async def relay_turn(turn: Turn, first: Segment, steps: AsyncIterator[Segment], 
     is reported in an error event; a stream that ends without ``[DONE]`` gets one too, unless the
     upstream sent an error event itself; ``turn.error`` says how it ended (``None``: complete).
     ``started()`` runs once the first bytes are out, ``ended()`` in the ``finally`` (disconnects and
-    errors too). Segments are relayed here, not re-yielded by the loop: each layer of generators
-    costs every chunk of every stream a step."""
+    errors too). Segments are relayed here, not re-yielded by the loop, and a stream relayed as it
+    came (a ``StreamState``) by this generator itself: each layer of generators costs every chunk of
+    every stream a step.
+
+    Such a stream: the upstream's bytes, unchanged, chunk by chunk; the reply reassembled on the
+    side, each chunk's events once the chunk is out (its bytes wait for no parsing: a stream's first
+    byte goes before the events read with it are assembled). A relay closed at a chunk (the client
+    left) still assembles that chunk's events, before ``ended()``: it was handed to the client."""
     try:
         segment: Segment | None = first
         notify: Callable[[], None] | None = started
@@ -253,13 +276,39 @@ async def relay_turn(turn: Turn, first: Segment, steps: AsyncIterator[Segment], 
             while segment is not None:
                 if isinstance(segment, bytes):
                     yield segment
+                elif isinstance(segment, StreamState):
+                    state, held, out = segment, True, []  # (``out``: events of the chunk out, not assembled yet)
+                    add, feed = state.assembler.add_events, state.splitter.feed
+                    try:
+                        for data in state.prebuffer:
+                            yield data
+                            if notify is not None:
+                                notify()
+                                notify = None
+                        held = False
+                        _add_held(state)
+                        async for data in state.chunks:
+                            out = feed(data)
+                            yield data
+                            if notify is not None:
+                                notify()
+                                notify = None
+                            out, events = [], out
+                            add(events)
+                    finally:
+                        if held:  # (closed at what holding read)
+                            _add_held(state)
+                        add(out)
+                    add(state.splitter.flush())
                 else:
-                    async with contextlib.aclosing(segment):
+                    try:  # (``contextlib.aclosing``'s work, without its object and coroutines)
                         async for data in segment:
                             yield data
                             if notify is not None:
                                 notify()
                                 notify = None
+                    finally:
+                        await segment.aclose()
                 segment = await anext(steps, None)
         except ProxyError as exc:
             turn.error = exc.message

@@ -335,6 +335,9 @@ async def _events(state: StreamState) -> AsyncGenerator[SSEEvent, None]:
     """The stream's events: those read while holding, then the rest as it arrives."""
     for event in state.first:
         yield event
+    if state.rest:  # the rest of the chunk that ended holding
+        for event in state.splitter.feed(state.rest):
+            yield event
     async for chunk in state.chunks:
         for event in state.splitter.feed(chunk):
             yield event

@@ -93,6 +93,13 @@ def whole_headers(headers: dict[str, str], length: int) -> list[tuple[bytes, byt
     return out
 
 
+def stream_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    """``encode_headers(headers)``, a name in ``KNOWN_NAMES`` taken from there: the headers
+    ``send_stream`` sends."""
+    known = KNOWN_NAMES
+    return [(known.get(k) or k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+
+
 async def send_whole(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
     headers = [h for h in headers if h[0] != b"content-length"]
     headers.append((b"content-length", str(len(body)).encode()))
@@ -116,7 +123,7 @@ async def send_stream(outcome: Streamed, receive: Receive, send: Send) -> None:
 
     watcher = asyncio.create_task(watch())
     try:
-        start = {"type": "http.response.start", "status": outcome.status, "headers": encode_headers(outcome.headers)}
+        start = {"type": "http.response.start", "status": outcome.status, "headers": stream_headers(outcome.headers)}
         await send(start)
         async for chunk in outcome.chunks:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from proxy.forward.log_writer import LogWriter
 from proxy.forward.session_log import LoggedRequest, SessionLog
 from tests.support.inprocess import InProcessProxy
 
@@ -43,3 +44,36 @@ async def test_a_history_known_stored_is_not_written_again_while_the_stream_runs
     messages = (await inprocess_proxy.http.get("/sessions/early/messages")).json()["data"]
     assert [m["role"] for m in messages] == ["user", "assistant"]  # the same reply, stored once
     assert session["request_count"] == 2
+
+
+async def test_a_complete_stream_s_log_write_is_built_once_its_last_byte_is_handed_over(
+        inprocess_proxy: InProcessProxy, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream that ended complete hands the server its end (``more_body: False``) before the
+    record and rows are built (``LogWriter.finish(after_answer=True)``, as a whole answer): the
+    client's last byte waits for no log work (it did: the write was built before the end was sent)."""
+    order: list[str] = []
+    write = LogWriter._write
+
+    def recorded(self: LogWriter, *args: Any) -> None:
+        order.append("write")
+        write(self, *args)
+
+    monkeypatch.setattr(LogWriter, "_write", recorded)
+    app = inprocess_proxy.transport.app
+
+    async def watched(scope: Any, receive: Any, send: Any) -> None:
+        async def sent(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body", False) \
+                    and scope["path"] == "/v1/chat/completions":
+                order.append("end")
+            await send(message)
+
+        await app(scope, receive, sent)
+
+    monkeypatch.setattr(inprocess_proxy.transport, "app", watched)
+    await _stream(inprocess_proxy, [USER])  # a new history: its messages written while the stream runs
+    await inprocess_proxy.wait_logged("early", requests=1)
+    order.clear()
+    await _stream(inprocess_proxy, [USER])  # known stored: the reply and record written at the end
+    await inprocess_proxy.wait_logged("early", requests=2)
+    assert order == ["end", "write"]

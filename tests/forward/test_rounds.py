@@ -284,7 +284,7 @@ async def test_only_a_stream_builds_its_reply_assembler(
 def test_a_fresh_assemblers_reset_changes_nothing() -> None:
     """What ``Turn.reset_round`` skips for an assembler never built: resetting a new one."""
     from proxy.forward.answers import Turn
-    from proxy.forward.sse import ReplyAssembler
+    from proxy.forward.reply_assembler import ReplyAssembler
 
     reset = ReplyAssembler(100)
     reset.reset_round()
