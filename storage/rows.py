@@ -45,7 +45,9 @@ def added_counts(seqs: Sequence[int], rows: int, inserted: int) -> tuple[int, in
     the client's messages it inserted, and the seq of the first (``None``: none). The rows are one
     chain, parents first, and the log is prefix-closed (a row is stored only after its parent,
     a write's rows in one transaction), so those already stored are a prefix of them and the
-    inserted ones the last ``inserted``."""
+    inserted ones the last ``inserted``. Not so when the chain has a gap (a refused key's cleanup
+    deleted a message while another request of the session was in flight: ``storage.refused``):
+    then the counts may name a stored seq, as the looked-up prefix did before."""
     added = max(0, inserted - (rows - len(seqs)))
     return added, seqs[len(seqs) - added] if added else None
 
