@@ -20,33 +20,53 @@ MESSAGE_ROW_KEYS = ("session_pk", "chain_hash", "parent_hash", "seq", "role", "m
 REQUEST_ROW_KEYS = tuple(f.name for f in dataclasses.fields(RequestRecord))
 """The columns of a request row, as ``request_values`` gives them (``created_at`` included)."""
 
-RecordItem = tuple[int, list[dict[str, Any]], dict[str, Any], datetime]
-"""An end-of-request write: ``(session_pk, message rows, request row values, now)``."""
-
+RecordItem = tuple[int, list[dict[str, Any]], dict[str, Any], datetime, tuple[int, ...] | None]
+"""An end-of-request write: ``(session_pk, message rows, request row values, now, client_seqs)``
+(``client_seqs``: see ``record_item``)."""
 
 
 def record_item(session_pk: int, new_messages: Sequence[NewMessage], record: RequestRecord, now: datetime,
-                added: tuple[int, int | None] | None) -> RecordItem:
-    """The rows of ``Store.append_and_record`` (``added``: see ``request_values``)."""
-    return session_pk, message_rows(session_pk, new_messages, now), request_values(record, now, added), now
+                client_rows: int | None) -> RecordItem:
+    """The rows of ``Store.append_and_record``, and ``client_seqs``: the seqs of the first
+    ``client_rows`` of ``new_messages`` (the client's, whose count the record is to show:
+    ``added_counts``; ``None``: the record's counts stand)."""
+    return (session_pk, message_rows(session_pk, new_messages, now), request_values(record, now), now,
+            client_seqs(new_messages, client_rows))
 
 
-def request_values(record: RequestRecord, now: datetime, added: tuple[int, int | None] | None) -> dict[str, Any]:
-    """The request row of ``record`` (``created_at`` ``None``: ``now``; ``added``: the message
-    counts to store instead of the record's), every value storable: counts clamped to the
-    columns (``COUNT_MAX``, tokens ``TOKENS_MAX``; a non-finite count stored as ``None``, or 0
-    where the column needs one), a non-finite latency as 0. Text and JSON need nothing here:
-    their column types store any ``str`` and any JSON (``storage.values``)."""
-    return dict(zip(REQUEST_ROW_KEYS, request_tuple(record, now, added), strict=True))
+def client_seqs(new_messages: Sequence[NewMessage], client_rows: int | None) -> tuple[int, ...] | None:
+    """The seqs of the first ``client_rows`` of ``new_messages`` (``None``: ``None``)."""
+    return None if client_rows is None else tuple(m.seq for m in new_messages[:client_rows])
 
 
-def request_tuple(record: RequestRecord, now: datetime, added: tuple[int, int | None] | None) -> tuple[Any, ...]:
+def added_counts(seqs: Sequence[int], rows: int, inserted: int) -> tuple[int, int | None]:
+    """A request record's ``(added_messages, first_added_seq)`` when its write of ``rows`` message
+    rows inserted ``inserted`` of them, the first ones being the client's messages at ``seqs``:
+    the client's messages it inserted, and the seq of the first (``None``: none). The rows are one
+    chain, parents first, and the log is prefix-closed (a row is stored only after its parent,
+    a write's rows in one transaction), so those already stored are a prefix of them and the
+    inserted ones the last ``inserted``. Not so when the chain has a gap (a refused key's cleanup
+    deleted a message while another request of the session was in flight: ``storage.refused``):
+    then the counts may name a stored seq, as the looked-up prefix did before."""
+    added = max(0, inserted - (rows - len(seqs)))
+    return added, seqs[len(seqs) - added] if added else None
+
+
+def request_values(record: RequestRecord, now: datetime) -> dict[str, Any]:
+    """The request row of ``record`` (``created_at`` ``None``: ``now``), every value storable:
+    counts clamped to the columns (``COUNT_MAX``, tokens ``TOKENS_MAX``; a non-finite count stored
+    as ``None``, or 0 where the column needs one), a non-finite latency as 0. Text and JSON need
+    nothing here: their column types store any ``str`` and any JSON (``storage.values``)."""
+    return dict(zip(REQUEST_ROW_KEYS, request_tuple(record, now), strict=True))
+
+
+def request_tuple(record: RequestRecord, now: datetime) -> tuple[Any, ...]:
     """``request_values``' values in ``REQUEST_ROW_KEYS`` order, built without a dict (the
     SQLite end-of-request write binds them by position, ``storage.sqlite.end_write``). A count
     already as stored (an ``int`` within its column; ``None`` where the column takes one) is
     taken as is, without ``_count``'s call (which gives it back unchanged)."""
     r = record
-    added_messages, first_added_seq = (r.added_messages, r.first_added_seq) if added is None else added
+    added_messages, first_added_seq = r.added_messages, r.first_added_seq
     latency, status, retries = r.latency_ms, r.status, r.overflow_retries
     tokens_client, tokens_forwarded = r.tokens_client, r.tokens_forwarded
     return (

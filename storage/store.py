@@ -45,7 +45,7 @@ from storage.records import (
     SessionRecord,
 )
 from storage.refused import RefusedRequestQueries, tracked
-from storage.rows import RecordItem, message_rows, record_item, request_values
+from storage.rows import RecordItem, added_counts, message_rows, record_item, request_values
 from storage.sqlite.end_write import SqliteEndWrite
 from storage.sqlite.file import SqliteFile, small_rows
 from storage.tables import (
@@ -275,11 +275,14 @@ class Store(LearnedLimitQueries, RefusedRequestQueries, ReadQueries, CompactionL
 
     def append_and_record(
         self, session_pk: int, new_messages: Sequence[NewMessage], record: RequestRecord, now: datetime,
-        *, added: tuple[int, int | None] | None = None,
+        *, client_rows: int | None = None,
     ) -> asyncio.Future[int]:
         """The end-of-request write: ``append_messages`` and ``add_request`` in one short
-        transaction, started now; its future gets how many messages were new. ``added``:
-        ``(added_messages, first_added_seq)`` to store instead of the record's.
+        transaction, started now; its future gets how many messages were new. ``client_rows``:
+        the first ``client_rows`` of ``new_messages`` are the client's messages, and the record's
+        ``(added_messages, first_added_seq)`` are stored as how many of them this write inserted
+        (not those found stored) and the seq of the first (``None``: none;
+        ``storage.rows.added_counts``); ``None``: the record's own.
 
         The future fails with the ``StorageError``: ``MissingRow`` (the session is gone, nothing
         stored), ``StorageUnavailable``, or another when the request row was refused (a taken id,
@@ -291,19 +294,23 @@ class Store(LearnedLimitQueries, RefusedRequestQueries, ReadQueries, CompactionL
         (PostgreSQL, SQLite in memory, many or large messages) runs in a task of its own, which
         ``close`` waits for. Either way it has started, whatever becomes of the caller."""
         if self._end_write is not None and small_rows(new_messages):
-            return self._end_write.defer(session_pk, new_messages, record, now, added)
-        item = record_item(session_pk, new_messages, record, now, added)
+            return self._end_write.defer(session_pk, new_messages, record, now, client_rows)
+        item = record_item(session_pk, new_messages, record, now, client_rows)
         task = asyncio.get_running_loop().create_task(self._append_and_record(item))
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
         return task
 
     async def _append_and_record(self, item: RecordItem) -> int:
-        session_pk, rows, values, now = item
+        session_pk, rows, values, now, client_seqs = item
 
         def run(conn: sa.Connection) -> int:
             added = len(self._append(conn, session_pk, rows, now)) if rows else 0
-            conn.execute(self._insert_request, values)
+            counted = values
+            if client_seqs is not None:
+                counted = {**values}
+                counted["added_messages"], counted["first_added_seq"] = added_counts(client_seqs, len(rows), added)
+            conn.execute(self._insert_request, counted)
             return added
 
         try:
@@ -360,11 +367,11 @@ class Store(LearnedLimitQueries, RefusedRequestQueries, ReadQueries, CompactionL
 
     @staticmethod
     def _request_row(record: RequestRecord, now: datetime) -> dict[str, Any]:
-        return request_values(record, now, None)
+        return request_values(record, now)
 
     async def add_request(self, record: RequestRecord) -> None:
         """Store a request record (``created_at`` ``None`` means now)."""
-        values = request_values(record, datetime.now(UTC), None)
+        values = request_values(record, datetime.now(UTC))
         await self._transact("add_request", lambda conn: conn.execute(sa.insert(requests).values(**values)))
 
     async def list_internal_messages(self, session_pk: int) -> list[MessageRecord]:

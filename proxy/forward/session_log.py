@@ -53,18 +53,19 @@ Then = Callable[[BaseException | None], None]
 def _new_rows(
     messages: list[dict[str, Any]], chain: list[str], internal: list[dict[str, Any]], reply: dict[str, Any] | None,
     stored: int | None,
-) -> tuple[list[NewMessage], tuple[int, int | None] | None]:
-    """The rows ``finish`` writes and the record's ``(added_messages, first_added_seq)``: the
-    client's messages after the first ``stored`` (``None``: none of theirs, and the record's own
-    counts), then ``internal`` and ``reply``, chained on."""
+) -> tuple[list[NewMessage], int | None]:
+    """The rows ``finish`` writes and how many of the first are the client's (``client_rows`` of
+    ``Store.append_and_record``: the record counts those the write inserts): the client's
+    messages after the first ``stored`` (``None``: none of theirs, and the record's own counts),
+    then ``internal`` and ``reply``, chained on."""
     new: list[NewMessage] = []
-    added = None
+    client_rows = None
     n = len(messages)
     if stored is not None:
         if stored < n:  # (a turn whose history is stored: none)
             new = [NewMessage(chain[i], chain[i - 1] if i else None, i, str(messages[i].get("role")), messages[i])
                    for i in range(stored, n)]
-        added = (len(new), stored if new else None)
+        client_rows = len(new)
     parent, seq = chain[-1], n
     for message in internal:
         h = chain_hash(parent, message_digest(message))
@@ -73,7 +74,7 @@ def _new_rows(
     if reply is not None:
         new.append(NewMessage(chain_hash(parent, message_digest(reply)), parent, seq,
                               str(reply.get("role", "assistant")), reply))
-    return new, added
+    return new, client_rows
 
 
 DERIVED_IDS_KEPT = 10_000
@@ -252,7 +253,9 @@ class SessionLog:
         ]
         ids = await self.store.append_new_messages(session.pk, new, now())
         self._remember(session.pk, chain)
-        return LoggedRequest(len(ids), stored, tuple(ids), session)
+        # ``stored`` is a lower bound: some of ``new`` may have been stored meanwhile (the last
+        # reply's queued write, another replica's); those inserted are the last (prefix-closed)
+        return LoggedRequest(len(ids), len(messages) - len(ids) if ids else None, tuple(ids), session)
 
     def finish(
         self,
@@ -318,8 +321,8 @@ class SessionLog:
         ``then``; a session found gone (``MissingRow``) is opened again and written there once
         (``reopen``)."""
         try:
-            new, added = _new_rows(messages, chain, internal, reply, stored)
-            written = self.store.append_and_record(session.pk, new, record, now(), added=added)
+            new, client_rows = _new_rows(messages, chain, internal, reply, stored)
+            written = self.store.append_and_record(session.pk, new, record, now(), client_rows=client_rows)
             if internal:
                 rows = [MessageRecord(0, session.pk, m.chain_hash, m.parent_hash, m.seq, m.role, m.message, True,
                                       now()) for m in new if m.internal]

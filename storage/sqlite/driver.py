@@ -40,7 +40,7 @@ class DriverStatement:
     database), as ``conn.execute`` would. Statements with ``RETURNING`` are not supported.
     """
 
-    __slots__ = ("_from_keys", "_get", "_processed", "sql")
+    __slots__ = ("_at", "_from_keys", "_get", "_processed", "sql")
 
     def __init__(self, statement: sa.Executable, dialect: sa.Dialect, column_keys: Sequence[str] | None = None) -> None:
         """``column_keys``: for an ``INSERT`` without values, the columns given (else all).
@@ -55,6 +55,8 @@ class DriverStatement:
         procs = [_fast_bool(processors.get(name), dialect) if isinstance(compiled.binds[name].type, sa.Boolean)
                  else processors.get(name) for name in names]
         self._processed = [(i, proc) for i, proc in enumerate(procs) if proc is not None]
+        self._at = {name: (i, procs[i]) for i, name in enumerate(names)}
+        """``put``'s: each bind's position in a row and its processor."""
         self._from_keys: Callable[[Sequence[Any]], tuple[Any, ...]] | None = None
         """``row_of``'s reordering: from ``column_keys`` order to the statement's."""
         if column_keys and set(names) <= set(column_keys):
@@ -81,6 +83,12 @@ class DriverStatement:
         for i, proc in self._processed:
             row[i] = proc(row[i])
         return row
+
+    def put(self, row: list[Any], name: str, value: Any) -> None:
+        """Set bind ``name``'s value in ``row`` (made by ``row`` or ``row_of``) to ``value``,
+        converted as they convert it. Raises ``KeyError`` for a name the statement does not bind."""
+        i, proc = self._at[name]
+        row[i] = value if proc is None else proc(value)
 
     def execute(self, conn: sa.Connection, values: dict[str, Any]) -> int:
         return self.run_on(_driver(conn), False, [self.row(values)])

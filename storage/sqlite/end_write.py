@@ -20,14 +20,15 @@ import sqlalchemy as sa
 
 from storage.errors import FOREIGN_ERRORS, MissingRow, StorageError, StorageUnavailable, translate_error
 from storage.records import NewMessage, RequestRecord
-from storage.rows import MESSAGE_ROW_KEYS, REQUEST_ROW_KEYS, request_tuple
+from storage.rows import MESSAGE_ROW_KEYS, REQUEST_ROW_KEYS, added_counts, client_seqs, request_tuple
 from storage.sqlite.driver import DriverStatement
 from storage.sqlite.file import SqliteFile
 
 log = logging.getLogger("context_proxy.storage")
 
-_Item = tuple[int, list[list[Any]], list[Any], datetime]
-"""A queued write: ``(session_pk, message rows, request row, now)``, rows as the driver takes them."""
+_Item = tuple[int, list[list[Any]], list[Any], datetime, tuple[int, ...] | None]
+"""A queued write: ``(session_pk, message rows, request row, now, client_seqs)``, rows as the
+driver takes them (``client_seqs``: ``storage.rows.record_item``'s)."""
 
 
 class SqliteEndWrite:
@@ -45,7 +46,7 @@ class SqliteEndWrite:
         self._insert_request = DriverStatement(insert_request, d, REQUEST_ROW_KEYS)
 
     def defer(self, session_pk: int, new_messages: Sequence[NewMessage], record: RequestRecord, now: datetime,
-              added: tuple[int, int | None] | None) -> asyncio.Future[int]:
+              client_rows: int | None) -> asyncio.Future[int]:
         """Queue the write of ``Store.append_and_record``'s arguments: its future gets how many
         of its messages were new once committed, or the error (``MissingRow``: the session is
         gone, nothing stored; another ``StorageError``: the request row was refused, its
@@ -54,7 +55,7 @@ class SqliteEndWrite:
         the column types' binds, without a dict per row). Must be called on the event loop's
         thread."""
         try:
-            item = self.item(session_pk, new_messages, record, now, added)
+            item = self.item(session_pk, new_messages, record, now, client_rows)
         except Exception as exc:  # noqa: BLE001  (the future's, as a failed write's)
             failed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
             failed.set_exception(exc)
@@ -64,24 +65,36 @@ class SqliteEndWrite:
         return future
 
     def item(self, session_pk: int, new_messages: Sequence[NewMessage], record: RequestRecord, now: datetime,
-             added: tuple[int, int | None] | None) -> _Item:
-        """The driver's parameters of one write: ``(session_pk, message rows, request row, now)``,
-        the same values as ``storage.rows.record_item``'s bound by the column types."""
+             client_rows: int | None) -> _Item:
+        """The driver's parameters of one write: ``(session_pk, message rows, request row, now,
+        client_seqs)``, the same values as ``storage.rows.record_item``'s bound by the column
+        types (the request row's message counts the record's until ``_count`` sets them)."""
         message_row = self._insert_messages.row_of
         rows = [message_row((session_pk, m.chain_hash, m.parent_hash, m.seq, m.role, m.message, m.internal, now))
                 for m in new_messages]
-        return session_pk, rows, self._insert_request.row_of(request_tuple(record, now, added)), now
+        return (session_pk, rows, self._insert_request.row_of(request_tuple(record, now)), now,
+                client_seqs(new_messages, client_rows))
+
+    def _count(self, item: _Item, inserted: int) -> None:
+        """Set ``item``'s request row's ``(added_messages, first_added_seq)`` from the ``inserted``
+        of its message rows (``storage.rows.added_counts``), if its ``client_seqs`` ask for it."""
+        _, rows, request_row, _, seqs = item
+        if seqs is not None:
+            added, first = added_counts(seqs, len(rows), inserted)
+            self._insert_request.put(request_row, "added_messages", added)
+            self._insert_request.put(request_row, "first_added_seq", first)
 
     def _alone(self, item: _Item, conn: sa.Connection) -> int | StorageError:
         """One write alone (its batch failed): as ``batch``, except that a refused request row
         does not undo the messages (SQLite undoes only the failed statement): its error is the
         result (``DeferredBatch``: committed, the write failed) and the messages commit. A
         session that is gone still fails the whole write (``MissingRow``)."""
-        session_pk, rows, request_row, now = item
+        session_pk, rows, request_row, now, _ = item
         added = 0
         if rows:
             self._bump.execute(conn, {"b_pk": session_pk, "b_now": now})
             added = self._insert_messages.executemany_rows(conn, rows)
+        self._count(item, added)
         try:
             self._insert_request.execute_row(conn, request_row)
         except FOREIGN_ERRORS as exc:
@@ -99,27 +112,30 @@ class SqliteEndWrite:
         in another. Each item's count is known from the one total when it is all of the rows
         (all new) or none: otherwise (some new, some stored, say a row in two items) that insert
         is undone (to a savepoint) and each item's rows are inserted in turn, in the same
-        transaction, counting its own (the counts and times of the writes run one after the other)."""
+        transaction, counting its own (the counts and times of the writes run one after the other);
+        each request row's message counts follow its item's (``_count``)."""
         latest: dict[int, datetime] = {}
-        for session_pk, rows, _, now in items:
+        for session_pk, rows, _, now, _ in items:
             if rows and (session_pk not in latest or now > latest[session_pk]):
                 latest[session_pk] = now
         added: list[int]
         if latest:
             self._bump.run_on(driver, True, [self._bump.row({"b_pk": pk, "b_now": now}) for pk, now in latest.items()])
-            all_rows = [row for _, rows, _, _ in items for row in rows]
+            all_rows = [row for _, rows, _, _, _ in items for row in rows]
             driver.execute("SAVEPOINT batch_messages")
             new = self._insert_messages.run_on(driver, True, all_rows)
             if new == len(all_rows):
-                added = [len(rows) for _, rows, _, _ in items]
+                added = [len(rows) for _, rows, _, _, _ in items]
             elif new == 0:
                 added = [0] * len(items)
             else:  # some new: whose is not known; the one insert undone, each write's counted in order
                 driver.execute("ROLLBACK TO batch_messages")
                 insert = self._insert_messages.run_on
-                added = [insert(driver, True, rows) if rows else 0 for _, rows, _, _ in items]
+                added = [insert(driver, True, rows) if rows else 0 for _, rows, _, _, _ in items]
             driver.execute("RELEASE batch_messages")
         else:
             added = [0] * len(items)
-        self._insert_request.run_on(driver, True, [request_row for _, _, request_row, _ in items])
+        for item, inserted in zip(items, added, strict=True):
+            self._count(item, inserted)
+        self._insert_request.run_on(driver, True, [request_row for _, _, request_row, _, _ in items])
         return added

@@ -165,12 +165,15 @@ def test_the_end_write_converts_by_position_exactly_as_by_name() -> None:
                                          added_messages=math.inf, first_added_seq=None, overflow_retries=None,
                                          usage=None, created_at=now - timedelta(seconds=1), error=None)]
     for record in records:
-        for added in (None, (2**33, 4)):
-            _, rows, values, _ = record_item(7, messages, record, now, added)
-            _, by_position, request_row, _ = end.item(7, messages, record, now, added)
+        for client_rows in (None, 1):
+            _, rows, values, _, seqs = record_item(7, messages, record, now, client_rows)
+            _, by_position, request_row, _, seqs_by_position = end.item(7, messages, record, now, client_rows)
+            assert seqs == seqs_by_position == (None if client_rows is None else (0,))
             assert by_position == [end._insert_messages.row(r) for r in rows]
             assert request_row == end._insert_request.row(values)
             assert [type(v) for v in request_row] == [type(v) for v in end._insert_request.row(values)]
+            end._insert_request.put(request_row, "first_added_seq", 4)  # (set once the write counted)
+            assert request_row == end._insert_request.row({**values, "first_added_seq": 4})
 
 
 def test_none_binds_through_a_registered_adapter_as_null() -> None:
@@ -214,7 +217,7 @@ def test_request_counts_in_range_are_taken_as_is_and_others_clamped_as_by_count(
         for value in (0, 7, -7, maximum, -maximum, maximum + 1, -maximum - 1, 2**70, None, 2.7, -2.7, math.nan,
                       math.inf, True, "x"):
             calls.clear()
-            made = rows.request_tuple(dataclasses.replace(base, **{name: value}), now, None)
+            made = rows.request_tuple(dataclasses.replace(base, **{name: value}), now)
             expected = count(value, maximum, default)
             assert made[at[name]] == expected and type(made[at[name]]) is type(expected), (name, value)
             as_is = (type(value) is int and -maximum <= value <= maximum) or (value is None and default is None)
