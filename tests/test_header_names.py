@@ -70,6 +70,18 @@ def test_every_other_attribute_is_the_patterns() -> None:
     assert check.flags == UVICORN_PATTERN.flags and check.findall(b"a b") == [b" "]
 
 
+def test_the_check_copies_and_pickles_as_a_check() -> None:
+    """``copy``, ``deepcopy`` and ``pickle`` give a check answering as the original (review:
+    ``copy.copy`` and ``pickle`` recursed without end, ``deepcopy`` gave the bare pattern)."""
+    import copy
+    import pickle
+
+    check = HeaderNameCheck(UVICORN_PATTERN, SENT_NAMES)
+    for other in (copy.copy(check), copy.deepcopy(check), pickle.loads(pickle.dumps(check))):
+        assert isinstance(other, HeaderNameCheck) and other.names == SENT_NAMES
+        assert other.search(b"date") is None and _same(other.search(b"a b"), UVICORN_PATTERN.search(b"a b"))
+
+
 def test_installed_once_over_uvicorns_pattern_and_never_over_one_refusing_a_name(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(httptools_impl, "HEADER_RE", UVICORN_PATTERN)

@@ -48,8 +48,12 @@ class HeaderNameCheck:
         return self.pattern.search(name)
 
     def __getattr__(self, attribute: str) -> object:
-        """Every other attribute is the pattern's (a uvicorn that used ``match`` or ``pattern``
-        would get the pattern's own answers, not an ``AttributeError`` on every response)."""
+        """Every other attribute is the pattern's (a uvicorn that used ``match`` or ``flags``
+        would get the pattern's own answers, not an ``AttributeError`` on every response); not
+        this object's own slots or Python's special names (``copy`` and ``pickle`` look those up
+        on an object whose slots are not set yet: forwarded, they recursed)."""
+        if attribute in ("pattern", "names") or attribute.startswith("__"):
+            raise AttributeError(attribute)
         return getattr(self.pattern, attribute)
 
 
