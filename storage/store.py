@@ -292,7 +292,9 @@ class Store(LearnedLimitQueries, RefusedRequestQueries, ReadQueries, CompactionL
         queued in the file's deferred batch and committed with the others of the next
         ``DEFER_WRITE_S`` (``storage.sqlite.end_write``: no task, no thread hop); anything else
         (PostgreSQL, SQLite in memory, many or large messages) runs in a task of its own, which
-        ``close`` waits for. Either way it has started, whatever becomes of the caller."""
+        ``close`` waits for. Either way it has started, whatever becomes of the caller, and it
+        may read its arguments as it runs (on SQLite the rows are converted at the batch's
+        commit): the caller changes none of them (nor the messages' dicts) afterwards."""
         if self._end_write is not None and small_rows(new_messages):
             return self._end_write.defer(session_pk, new_messages, record, now, client_rows)
         item = record_item(session_pk, new_messages, record, now, client_rows)

@@ -85,7 +85,8 @@ class DeferredBatch:
         does what their ``fn``s would with fewer statements (or raises: then each runs alone).
         ``fn`` alone is what runs when the transaction is retried write by write. A result that
         is an exception instance means "committed, and this write failed with it" (its future
-        gets the exception): a request row refused alone while its messages were stored
+        gets the exception): a request row refused alone while its messages were stored, or a
+        write whose values could not be converted, nothing of it stored
         (``storage.sqlite.end_write``)."""
         deferred = self._deferred
         # the loop of the writes queued (this one: the batch is used on one loop's thread), else the

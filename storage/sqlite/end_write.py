@@ -1,9 +1,12 @@
 """The end-of-request write on a SQLite file: deferred in the file's batch, run on the driver.
 
-``Store.append_and_record`` hands a small write here (``storage.sqlite.file.small_rows``): its
-rows go to the file's ``DeferredBatch`` and are committed with the other writes queued within
+``Store.append_and_record`` hands a small write here (``storage.sqlite.file.small_rows``): it
+goes to the file's ``DeferredBatch`` as given and is committed with the other writes queued within
 ``storage.sqlite.batch.DEFER_WRITE_S``, by ``DriverStatement``s (the same SQL and column types
-as the SQLAlchemy path, ``storage.rows``, without its per-execution work).
+as the SQLAlchemy path, ``storage.rows``, without its per-execution work). Its rows are converted
+at the commit, the batch's together (``SqliteEndWrite.batch``), not when queued: at one request a
+time the write is queued right after the answer, while the client's next request arrives, and
+only the commit needs them.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from storage.errors import FOREIGN_ERRORS, MissingRow, StorageError, StorageUnavailable, translate_error
+from storage.errors import FOREIGN_ERRORS, MissingRow, StorageUnavailable, translate_error
 from storage.records import NewMessage, RequestRecord
 from storage.rows import MESSAGE_ROW_KEYS, REQUEST_ROW_KEYS, added_counts, client_seqs, request_tuple
 from storage.sqlite.driver import DriverStatement
@@ -26,9 +29,11 @@ from storage.sqlite.file import SqliteFile
 
 log = logging.getLogger("context_proxy.storage")
 
+_Write = tuple[int, Sequence[NewMessage], RequestRecord, datetime, int | None]
+"""A queued write, as ``defer`` got it: ``(session_pk, new_messages, record, now, client_rows)``."""
 _Item = tuple[int, list[list[Any]], list[Any], datetime, tuple[int, ...] | None]
-"""A queued write: ``(session_pk, message rows, request row, now, client_seqs)``, rows as the
-driver takes them (``client_seqs``: ``storage.rows.record_item``'s)."""
+"""A write converted (``item``): ``(session_pk, message rows, request row, now, client_seqs)``,
+rows as the driver takes them (``client_seqs``: ``storage.rows.record_item``'s)."""
 
 
 class SqliteEndWrite:
@@ -51,17 +56,13 @@ class SqliteEndWrite:
         of its messages were new once committed, or the error (``MissingRow``: the session is
         gone, nothing stored; another ``StorageError``: the request row was refused, its
         messages stored; what converting a value raised, say a reply orjson cannot serialize:
-        nothing stored). The rows are converted now, by position (``DriverStatement.row_of``:
-        the column types' binds, without a dict per row). Must be called on the event loop's
-        thread."""
-        try:
-            item = self.item(session_pk, new_messages, record, now, client_rows)
-        except Exception as exc:  # noqa: BLE001  (the future's, as a failed write's)
-            failed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-            failed.set_exception(exc)
-            return failed
-        future: asyncio.Future[int] = self._batch.defer("append_and_record", functools.partial(self._alone, item),
-                                                        batch=self.batch, item=item)
+        nothing of it stored, the batch's other writes committed). The arguments are kept as
+        given and converted at the commit (``batch``, ``_alone``): the caller changes none of
+        them once queued (the next ``DEFER_WRITE_S`` at most). Must be called on the event
+        loop's thread."""
+        write: _Write = (session_pk, new_messages, record, now, client_rows)
+        future: asyncio.Future[int] = self._batch.defer("append_and_record", functools.partial(self._alone, write),
+                                                        batch=self.batch, item=write)
         return future
 
     def item(self, session_pk: int, new_messages: Sequence[NewMessage], record: RequestRecord, now: datetime,
@@ -84,11 +85,22 @@ class SqliteEndWrite:
             self._insert_request.put(request_row, "added_messages", added)
             self._insert_request.put(request_row, "first_added_seq", first)
 
-    def _alone(self, item: _Item, conn: sa.Connection) -> int | StorageError:
+    def _converted(self, write: _Write) -> _Item | Exception:
+        """``item`` of ``write``, or what converting it raised (a value a column type or orjson refuses)."""
+        try:
+            return self.item(*write)
+        except Exception as exc:  # noqa: BLE001  (the write's failure: ``DeferredBatch``'s result)
+            return exc
+
+    def _alone(self, write: _Write, conn: sa.Connection) -> int | Exception:
         """One write alone (its batch failed): as ``batch``, except that a refused request row
         does not undo the messages (SQLite undoes only the failed statement): its error is the
         result (``DeferredBatch``: committed, the write failed) and the messages commit. A
-        session that is gone still fails the whole write (``MissingRow``)."""
+        session that is gone still fails the whole write (``MissingRow``). A write that cannot
+        be converted runs nothing: what converting raised is the result."""
+        item = self._converted(write)
+        if isinstance(item, Exception):
+            return item
         session_pk, rows, request_row, now, _ = item
         added = 0
         if rows:
@@ -105,8 +117,26 @@ class SqliteEndWrite:
             return error
         return added
 
-    def batch(self, driver: sqlite3.Connection, items: list[_Item]) -> list[int]:
-        """The deferred writes (``item``) on the driver, as each would run alone (bump,
+    def batch(self, driver: sqlite3.Connection, writes: list[_Write]) -> list[int | Exception]:
+        """The deferred writes on the driver, converted first (``item``, all of them before the
+        first statement): a write that cannot be converted gets what converting it raised as its
+        result (``DeferredBatch``: this write failed, nothing of it stored) and the others run
+        as ``_insert``. Returns a result per write, in order."""
+        convert = self.item
+        try:
+            items = [convert(pk, new_messages, record, now, client_rows)
+                     for pk, new_messages, record, now, client_rows in writes]
+        except Exception:  # noqa: BLE001  (a write cannot be converted: each is, on its own)
+            pass
+        else:
+            return list(self._insert(driver, items))
+        converted = [self._converted(write) for write in writes]
+        items = [item for item in converted if not isinstance(item, Exception)]
+        added = iter(self._insert(driver, items) if items else [])
+        return [item if isinstance(item, Exception) else next(added) for item in converted]
+
+    def _insert(self, driver: sqlite3.Connection, items: list[_Item]) -> list[int]:
+        """The converted writes (``item``) on the driver, as each would run alone (bump,
         messages, request), with a bump per session (to the latest ``now``: the bump keeps the
         later time anyway), the message rows of all in one ``executemany`` and the request rows
         in another. Each item's count is known from the one total when it is all of the rows
