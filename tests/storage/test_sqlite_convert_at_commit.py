@@ -91,6 +91,9 @@ async def test_rows_are_converted_at_the_commit_and_a_write_that_cannot_be_fails
     try:
         writes = _queue(store, sessions)
         assert converted == [] and not any(w.done() for w in writes)  # queued as given
+        assert store._sqlite is not None
+        store._sqlite.batch.flush()  # the commit: every write settled by it, none left to a retry
+        assert all(w.done() for w in writes) and not store._sqlite.batch._retrying
         await _check(writes, tmp_path / "convert.db", sessions[0])
         assert set(converted) == set(sessions) and batches == [3]  # at the commit, in one batch
     finally:
@@ -106,9 +109,11 @@ async def test_a_write_that_cannot_be_converted_fails_alone_when_the_batch_is_re
         lock = sqlite3.connect(tmp_path / "retried.db", isolation_level=None)
         lock.execute("BEGIN IMMEDIATE")
         writes = _queue(store, sessions)
+        assert not any(w.done() for w in writes)  # queued as given: nothing converted, nothing failed yet
         assert store._sqlite is not None
         store._sqlite.batch.flush()  # locked: the batch goes to a retry task, write by write
         assert len(store._sqlite.batch._retrying) == 1
+        assert not any(w.done() for w in writes)  # the batch's transaction undone: each is settled by its retry
         await asyncio.sleep(0.2)
         lock.execute("ROLLBACK")
         lock.close()
