@@ -293,3 +293,28 @@ async def test_a_held_read_gives_what_asyncio_wait_gives_one_loop_step_sooner() 
     task = await streaming._read_until(ended, time.monotonic() + 10)
     with pytest.raises(StopAsyncIteration):
         task.result()
+
+
+async def test_a_held_read_costs_start_stream_one_loop_step_more_than_a_first_read() -> None:
+    """Where the step is saved: ``start_stream`` returns one loop step later when the chunk that ends
+    holding comes in a held read (its task's hop) than when it comes in the first read, not two
+    (``asyncio.wait`` heard of the read from its done callback, a step more)."""
+    loop = asyncio.get_running_loop()
+
+    async def steps(parts: list[bytes]) -> int:
+        gates = [loop.create_future() for _ in parts]
+
+        class Gated(Parts):
+            async def aiter_raw(self) -> AsyncIterator[bytes]:
+                for gate in gates:
+                    yield await gate
+
+        for gate, part in zip(gates[:-1], parts[:-1], strict=True):
+            gate.set_result(part)  # there already
+        state, count = await _steps_until(start_stream(Gated(), hold=True), gates[-1], parts[-1])
+        assert state.prebuffer == parts
+        return count
+
+    first = await steps([CONTENT])
+    held = await steps([ROLE, CONTENT])
+    assert held == first + 1
