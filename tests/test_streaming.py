@@ -7,6 +7,7 @@ chunking (an event split between a CR and its LF, an unterminated last event) is
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -227,3 +228,93 @@ async def test_a_chunk_goes_out_before_its_events_are_assembled_and_a_closed_rel
             "Hello world", "stop", True)
         assert b"".join(sent) == ROLE + CONTENT + chunk({"content": " world"}) + chunk({}, "stop") + DONE
         assert calls == ["started", "ended: Hello world"]
+
+
+# --- a held read: ``_read_until`` against ``asyncio.wait`` -------------------------------------
+
+
+async def _steps_until(waited: Awaitable[Any], gate: asyncio.Future[bytes], value: bytes) -> tuple[Any, int]:
+    """``waited``'s result, and the event loop's steps from ``gate`` getting ``value`` to it."""
+    steps = 0
+
+    async def tick() -> None:
+        nonlocal steps
+        while True:
+            await asyncio.sleep(0)
+            steps += 1
+
+    holder = asyncio.ensure_future(waited)
+    for _ in range(3):  # the read started and waiting
+        await asyncio.sleep(0)
+    ticker = asyncio.ensure_future(tick())
+    await asyncio.sleep(0)
+    steps = 0
+    gate.set_result(value)
+    result = await holder
+    ticker.cancel()
+    return result, steps
+
+
+async def test_a_held_read_gives_what_asyncio_wait_gives_one_loop_step_sooner() -> None:
+    """The read that holding waits for (``_read_until``): done with the chunk as with ``asyncio.wait``
+    on the read's task, the holder woken one loop step sooner; past the deadline, a read under way
+    is not cancelled (the relay goes on from it), as with ``wait``'s timeout."""
+    loop = asyncio.get_running_loop()
+
+    def reader() -> tuple[AsyncIterator[bytes], asyncio.Future[bytes]]:
+        gate: asyncio.Future[bytes] = loop.create_future()
+
+        async def chunks() -> AsyncIterator[bytes]:
+            yield await gate
+
+        return aiter(chunks()), gate
+
+    chunks, gate = reader()
+    task, fast = await _steps_until(streaming._read_until(chunks, time.monotonic() + 10), gate, CONTENT)
+    assert task.done() and task.result() == CONTENT
+
+    chunks, gate = reader()
+
+    async def with_wait() -> asyncio.Future[bytes]:  # what holding did before
+        pending = asyncio.ensure_future(anext(chunks))
+        await asyncio.wait({pending}, timeout=10)
+        return pending
+
+    task, slow = await _steps_until(with_wait(), gate, CONTENT)
+    assert task.done() and task.result() == CONTENT
+    assert fast == slow - 1
+
+    chunks, gate = reader()
+    task = await streaming._read_until(chunks, time.monotonic() + 0.01)  # the upstream is quiet
+    assert not task.done()
+    gate.set_result(CONTENT)
+    assert await task == CONTENT  # read on, not cancelled
+    ended: AsyncIterator[bytes] = aiter(Parts().aiter_raw())
+    task = await streaming._read_until(ended, time.monotonic() + 10)
+    with pytest.raises(StopAsyncIteration):
+        task.result()
+
+
+async def test_a_held_read_costs_start_stream_one_loop_step_more_than_a_first_read() -> None:
+    """Where the step is saved: ``start_stream`` returns one loop step later when the chunk that ends
+    holding comes in a held read (its task's hop) than when it comes in the first read, not two
+    (``asyncio.wait`` heard of the read from its done callback, a step more)."""
+    loop = asyncio.get_running_loop()
+
+    async def steps(parts: list[bytes]) -> int:
+        gates = [loop.create_future() for _ in parts]
+
+        class Gated(Parts):
+            async def aiter_raw(self) -> AsyncIterator[bytes]:
+                for gate in gates:
+                    yield await gate
+
+        for gate, part in zip(gates[:-1], parts[:-1], strict=True):
+            gate.set_result(part)  # there already
+        state, count = await _steps_until(start_stream(Gated(), hold=True), gates[-1], parts[-1])
+        assert state.prebuffer == parts
+        return count
+
+    first = await steps([CONTENT])
+    held = await steps([ROLE, CONTENT])
+    assert held == first + 1

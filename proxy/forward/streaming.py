@@ -99,9 +99,7 @@ async def start_stream(resp: UpstreamResponse, *, hold: bool, assembler: ReplyAs
                 if deadline is None:
                     chunk = await anext(chunks)
                 else:  # a read that may outlast the hold: waited for, not cancelled, on timeout
-                    pending = asyncio.ensure_future(anext(chunks))
-                    pending.add_done_callback(_retrieved)
-                    await asyncio.wait({pending}, timeout=max(0.0, deadline - time.monotonic()))
+                    pending = await _read_until(chunks, deadline)
                     if not pending.done():  # held long enough: relay it, and read on from here
                         state.chunks, pending = _resumed(pending, chunks), None
                         return state
@@ -128,6 +126,41 @@ async def start_stream(resp: UpstreamResponse, *, hold: bool, assembler: ReplyAs
         await resp.aclose()
         raise
     return state
+
+
+async def _read_until(chunks: AsyncIterator[bytes], deadline: float) -> asyncio.Task[bytes]:
+    """The next read of ``chunks``, as a task, once it is done or ``deadline`` (``time.monotonic()``
+    seconds) has passed, whichever comes first: on time, the task is not cancelled (check
+    ``done()``). What ``asyncio.wait({task}, timeout=...)`` gives, without its sets and callbacks,
+    and one loop step sooner: the read wakes this coroutine itself as it ends, where ``wait``
+    hears of it from the task's done callback, one step later (a stream whose first content
+    event came in a read of its own waited a loop step more for its first byte)."""
+    loop = asyncio.get_running_loop()
+    woken = loop.create_future()
+    pending = loop.create_task(_next_waking(chunks, woken))
+    pending.add_done_callback(_retrieved)
+    timer = loop.call_later(max(0.0, deadline - time.monotonic()), _wake, woken)
+    try:
+        await woken
+    except BaseException:
+        pending.cancel()
+        raise
+    finally:
+        timer.cancel()
+    return pending
+
+
+async def _next_waking(chunks: AsyncIterator[bytes], woken: asyncio.Future[None]) -> bytes:
+    """``anext(chunks)``, waking ``woken`` as it ends, however it ends."""
+    try:
+        return await anext(chunks)
+    finally:
+        _wake(woken)
+
+
+def _wake(woken: asyncio.Future[None]) -> None:
+    if not woken.done():
+        woken.set_result(None)
 
 
 def _retrieved(future: asyncio.Future[bytes]) -> None:

@@ -121,7 +121,7 @@ async def send_stream(outcome: Streamed, receive: Receive, send: Send) -> None:
         disconnected = True
         task.cancel()
 
-    watcher = asyncio.create_task(watch())
+    watcher = task.get_loop().create_task(watch())  # (``asyncio.create_task`` asks for the loop again: a getpid)
     try:
         start = {"type": "http.response.start", "status": outcome.status, "headers": stream_headers(outcome.headers)}
         await send(start)
