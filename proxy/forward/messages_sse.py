@@ -44,6 +44,10 @@ class MessagesAssembler:
         self.truncated = False
         self.blocks: dict[int, dict[str, Any]] = {}
         self._json: dict[int, list[str]] = {}
+        self._text: dict[int, tuple[dict[str, Any], str, list[str]]] = {}
+        """Text or thinking deltas by block index: (the block, its field, the pieces: the field's value
+        before the first delta, then the deltas), joined into the field by ``message()``, not at
+        each delta (a string grown by ``+`` a delta at a time is copied whole each time: quadratic)."""
         self.usage: dict[str, Any] | None = None
         self.stop_reason: str | None = None
         self.done = False
@@ -84,8 +88,11 @@ class MessagesAssembler:
                     source, target = _DELTA_FIELDS[kind]
                     piece = delta.get(source)
                     if isinstance(piece, str):
-                        before = block.get(target)
-                        block[target] = (before if isinstance(before, str) else "") + piece
+                        text = self._text.get(index)
+                        if text is not None and text[0] is block and text[1] == target:
+                            text[2].append(piece)
+                        else:
+                            self._open_text(index, block, target, piece)
                 else:
                     self._other_delta(index, block, kind, delta)
         elif kind == "content_block_start" and self.seen_bytes > self.max_bytes:
@@ -120,6 +127,26 @@ class MessagesAssembler:
             citations = block.get("citations")
             block["citations"] = [*(citations if isinstance(citations, list) else []), delta["citation"]]
 
+    def _open_text(self, index: int, block: dict[str, Any], target: str, piece: str) -> None:
+        """Start the pieces of ``block[target]`` (``index``'s block): its value so far (a string, else
+        none), then ``piece``. The field is set now, so it keeps the place in the block a first
+        delta gives it; the pieces open at ``index`` before (another field, or a block replaced
+        by a new ``content_block_start``) are joined into their block first."""
+        self._join(index)
+        before = block.get(target)
+        before = before if isinstance(before, str) else ""
+        block[target] = before
+        self._text[index] = (block, target, [before, piece])
+
+    def _join(self, index: int) -> None:
+        """Join the pieces open at ``index`` into their block's field (they stay open, as one piece)."""
+        text = self._text.get(index)
+        if text is not None:
+            block, target, pieces = text
+            joined = "".join(pieces)
+            pieces[:] = (joined,)
+            block[target] = joined
+
     def _stop(self, index: int) -> None:
         pieces = self._json.pop(index, None)
         block = self.blocks.get(index)
@@ -136,6 +163,8 @@ class MessagesAssembler:
         """The reply so far, blocks in index order (a block still open included as it stands)."""
         for index in list(self._json):
             self._stop(index)
+        for index in self._text:
+            self._join(index)
         return {"role": "assistant", "content": [self.blocks[i] for i in sorted(self.blocks)]}
 
 
