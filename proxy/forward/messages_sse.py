@@ -44,7 +44,7 @@ class MessagesAssembler:
         self.truncated = False
         self.blocks: dict[int, dict[str, Any]] = {}
         self._json: dict[int, list[str]] = {}
-        self._text: dict[int, tuple[dict[str, Any], str, list[str]]] = {}
+        self._text: dict[Any, tuple[dict[str, Any], str, list[str]]] = {}
         """Text or thinking deltas by block index: (the block, its field, the pieces: the field's value
         before the first delta, then the deltas), joined into the field by ``message()``, not at
         each delta (a string grown by ``+`` a delta at a time is copied whole each time: quadratic)."""
@@ -127,7 +127,7 @@ class MessagesAssembler:
             citations = block.get("citations")
             block["citations"] = [*(citations if isinstance(citations, list) else []), delta["citation"]]
 
-    def _open_text(self, index: int, block: dict[str, Any], target: str, piece: str) -> None:
+    def _open_text(self, index: Any, block: dict[str, Any], target: str, piece: str) -> None:
         """Start the pieces of ``block[target]`` (``index``'s block): its value so far (a string, else
         none), then ``piece``. The field is set now, so it keeps the place in the block a first
         delta gives it; the pieces open at ``index`` before (another field, or a block replaced
@@ -138,7 +138,7 @@ class MessagesAssembler:
         block[target] = before
         self._text[index] = (block, target, [before, piece])
 
-    def _join(self, index: int) -> None:
+    def _join(self, index: Any) -> None:
         """Join the pieces open at ``index`` into their block's field (they stay open, as one piece)."""
         text = self._text.get(index)
         if text is not None:
