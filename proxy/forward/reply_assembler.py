@@ -130,7 +130,7 @@ class ReplyAssembler:
             run = template.run(data)
             if run is not None:
                 texts, size = run
-                seen = self.seen_bytes + size - 8 * len(texts)  # (each event: ``data: ``, its data, a blank line)
+                seen = self.seen_bytes + size - template.frame * len(texts)
                 if self.max_bytes is None or seen <= self.max_bytes:
                     self.seen_bytes = seen
                     self.chunks += len(texts)

@@ -2,15 +2,17 @@
 
 Most events of a streamed reply differ from each other only in the text they carry: a chat chunk
 ``{"id":"chatcmpl-…","object":"chat.completion.chunk",…,"choices":[{"index":0,"delta":{"content":
-"<text>"},"finish_reason":null}]}``. Parsing each whole builds every field again (about 8,000
-instructions a chat chunk, callgrind; splitting it into an event and reading the parse 8,000
-more) for the one the log keeps. A template is learned from one event parsed whole: its bytes
-before the text's JSON string (``head``) and after it (``tail``). An event ``head + S + tail``,
-``S`` one JSON string, parses whole to the learned event with only its text replaced by ``S``'s
-(JSON is context-free: a string swapped for another leaves every other part of the parse as it
-was), so only the ``S`` are parsed, all of a chunk's in one array (``run``). What is learned is
-checked, not assumed: the event with a probe string in place of the text must parse to the
-learned event with the probe as its text (``learn``).
+"<text>"},"finish_reason":null}]}``, an Anthropic ``event: content_block_delta`` of ``{"type":
+"content_block_delta","index":0,"delta":{"type":"text_delta","text":"<text>"}}``. Parsing each
+whole builds every field again (about 8,000 instructions a chat chunk, callgrind; splitting it
+into an event and reading the parse 8,000 more) for the one the log keeps. A template is
+learned from one event parsed whole: its bytes before the text's JSON string (``head``) and
+after it (``tail``). An event ``head + S + tail``, ``S`` one JSON string, parses whole to the
+learned event with only its text replaced by ``S``'s (JSON is context-free: a string swapped
+for another leaves every other part of the parse as it was), so only the ``S`` are parsed, all
+of a chunk's in one array (``run``). What is learned is checked, not assumed: the event with a
+probe string in place of the text must parse to the learned event with the probe as its text
+(``learn``).
 
 Events that do not fit (another shape, a field that changes from event to event, text orjson
 refuses, a chunk that ends inside an event) are split and parsed whole as before; the template
@@ -44,6 +46,10 @@ class TextTemplate:
     pre: bytes | None = None
     sep: bytes = b""
     suf: bytes = b""
+    lines: int = 2
+    """LFs an event of the template has: its blank line's, and ``event: NAME``'s when it has one."""
+    frame: int = 8
+    """Bytes of an event that are not its data (``data: ``, the blank line, the name's line)."""
     learns: int = MAX_LEARNS
 
     def run(self, chunk: bytes) -> tuple[list[str], int] | None:
@@ -53,7 +59,7 @@ class TextTemplate:
         are parsed in one array, ``[S1,<LF>S2,<LF>…]``: an LF is not JSON inside a string, so
         each comma put there is outside one, and the array has as many elements, all strings,
         as the events only if each event held exactly one string (and blanks); the LFs of the
-        events are their blank lines alone (each is one line, as SSE reads it)."""
+        events are those of their frames alone (each event's data is one line, as SSE reads it)."""
         pre = self.pre
         if pre is None or not chunk.startswith(pre):
             return None
@@ -66,7 +72,7 @@ class TextTemplate:
         pieces[-1] = last[:end]
         size = len(chunk) - len(last) + end + len(suf)
         count = len(pieces)
-        if chunk.count(b"\n", 0, size) != 2 * count:
+        if chunk.count(b"\n", 0, size) != self.lines * count:
             return None
         try:
             texts = orjson.loads(b"[" + b",\n".join(pieces) + b"]")
@@ -79,13 +85,14 @@ class TextTemplate:
                 return None
         return texts, size
 
-    def learn(self, data: bytes, key: bytes, text: str, probed: Callable[[Any], bool]) -> bool:
-        """Learn the template of ``data`` (a one-line event's data, which ``orjson.loads`` read),
-        whose text ``text`` is the value of the last ``key`` member in it (``b'"content"'``). True
+    def learn(self, data: bytes, key: bytes, text: str, probed: Callable[[Any], bool], name: bytes = b"") -> bool:
+        """Learn the template of ``data`` (a one-line event's data, which ``orjson.loads`` read;
+        ``name``: the event's ``event:`` name, if it has one), whose text ``text`` is the value of
+        the last ``key`` member in it (``b'"content"'``). True
         when learned: only if ``data`` with a probe string in place of that value parses to what
         ``probed`` accepts (called with that parse; true when it is the event's own parse with
         ``PROBE`` in place of ``text``, and may change it)."""
-        if self.learns <= 0 or text == PROBE or _LF in data or _CR in data:
+        if self.learns <= 0 or text == PROBE or _LF in data or _CR in data or _LF in name or _CR in name:
             return False
         self.learns -= 1
         at = data.rfind(key)
@@ -98,7 +105,9 @@ class TextTemplate:
                 return False
         except orjson.JSONDecodeError:
             return False
-        self.pre, self.sep, self.suf = b"data: " + head, tail + b"\n\ndata: " + head, tail + b"\n\n"
+        start = b"event: " + name + b"\ndata: " if name else b"data: "
+        self.pre, self.sep, self.suf = start + head, tail + b"\n\n" + start + head, tail + b"\n\n"
+        self.lines, self.frame = (3, len(start) + 2) if name else (2, 8)
         return True
 
 
