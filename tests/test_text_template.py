@@ -149,6 +149,28 @@ def test_the_bound_on_kept_bytes_is_the_same() -> None:
         assert fast == slow
 
 
+def test_an_event_of_another_head_as_long_as_the_templates_goes_the_slow_way() -> None:
+    """A refusal chunk has the text chunk's bytes but for ``"refusal"`` in place of ``"content"``
+    (as long): after the template's length of bytes it reads as a text chunk, so only the
+    comparison of the chunk's first bytes with the template's keeps its string out of the text."""
+    refusal = event({"refusal": "no"})
+    for chunks in ([ROLE, text("Hi"), refusal + text("a"), END], [ROLE, text("Hi"), refusal, END]):
+        fast, slow, read = both(chunks)
+        assert fast == slow and read == 0
+        assert fast[0]["refusal"] == "no" and "no" not in fast[0]["content"]
+
+
+def test_an_event_cut_before_the_templates_end_goes_the_slow_way() -> None:
+    """The last event of a chunk ends (its blank line) right after its string, without the bytes
+    that follow the text in the template: its data is not JSON, an error for the slow path,
+    and the run of events must not stretch past the chunk's end to take it."""
+    before = text("zz").split(b'"zz"')[0]
+    for cut in (before + b'"b"\n\n', before + b'"b"\n\nZ'):
+        fast, slow, read = both([ROLE, text("Hi"), text("a") + cut, END])
+        assert fast == slow and read == 0
+        assert fast[0]["content"] == "Hia" and len(fast[6]) == 1  # (``errors``: the cut event's data)
+
+
 def test_a_cr_in_the_chunk_and_a_split_event_go_the_slow_way() -> None:
     crlf = text("b").replace(b"\n\n", b"\r\n\r\n")
     fast, slow, read = both([ROLE, text("Hi"), text("a") + crlf, text("c")[:20], text("c")[20:] + END])
