@@ -99,6 +99,8 @@ def test_the_same_reply_however_the_stream_is_cut() -> None:
     b'"a"\n',               # a line break after the string: the event's rest is a line of its own
     b'\n"a"',               # ... before it
     b'"a"\n\n',             # ... a blank line: the event ends there
+    b'"a"\r',               # a CR after the string: a JSON blank, a line end for SSE (the rest a line of its own)
+    b'\r"a"',               # ... before it
     b'12',                  # not a string
     b'"\\ud800"',           # a lone surrogate escape (orjson refuses it; parse_json reads it)
     b'"\\u0000x"',          # an escape of a control character
@@ -169,6 +171,15 @@ def test_an_event_cut_before_the_templates_end_goes_the_slow_way() -> None:
         fast, slow, read = both([ROLE, text("Hi"), text("a") + cut, END])
         assert fast == slow and read == 0
         assert fast[0]["content"] == "Hia" and len(fast[6]) == 1  # (``errors``: the cut event's data)
+
+
+def test_chunks_after_an_event_the_splitter_holds_go_the_slow_way() -> None:
+    """A chunk that ends inside an event (after its first data line) is followed by one that opens
+    with text chunks: the first of them is that event's second data line (its data is not JSON),
+    so nothing of the chunk is read by the template until the splitter holds nothing."""
+    fast, slow, read = both([ROLE, text("Hi"), b"data: [1]\n", text("a") + text("b"), END])
+    assert fast == slow and read == 0
+    assert fast[0]["content"] == "Hib" and len(fast[6]) == 1  # (``errors``: the event of two data lines)
 
 
 def test_a_cr_in_the_chunk_and_a_split_event_go_the_slow_way() -> None:

@@ -75,7 +75,7 @@ def test_the_same_reply_however_the_stream_is_cut() -> None:
     assert read_however_cut(both, stream, rng) > 0
 
 
-@pytest.mark.parametrize("odd", [b'"a","b"', b'"a"\n', b'\n"a"', b'"a"\n\n', b'  "spaced"\t', b'12', b'"\\ud800"',
+@pytest.mark.parametrize("odd", [b'"a","b"', b'"a"\n', b'"a"\r', b'\r"a"', b'\n"a"', b'"a"\n\n', b'  "spaced"\t', b'12', b'"\\ud800"',
                                  b'"unterminated', b'"a"}},"x":{"y":"b"', b'null'])
 def test_bytes_in_the_pieces_place_that_are_not_one_string_give_the_slow_paths_reply(odd: bytes) -> None:
     before, after = delta(1, "zz").split(b'"zz"')
@@ -98,3 +98,13 @@ def test_deltas_to_a_block_never_started_and_unnamed_events_go_the_slow_way() ->
     unnamed = delta(1, "u").removeprefix(b"event: content_block_delta\n")
     fast, slow, read = both([OPEN, delta(1, "a") + delta(1, "b"), TEXT + unnamed + unnamed, END])
     assert fast == slow and read == 0
+
+
+def test_deltas_after_an_event_the_splitter_holds_go_the_slow_way() -> None:
+    """A chunk that ends inside an event (its name and a first data line) is followed by one that
+    opens with text deltas: the first is that event's (its data, two lines, is not JSON), so
+    nothing of the chunk is read by the template until the splitter holds nothing."""
+    fast, slow, read = both([OPEN + TEXT + delta(1, "Hi"), b"event: content_block_delta\ndata: [1]\n",
+                             delta(1, "a") + delta(1, "b") + END])
+    assert fast == slow and read == 0
+    assert fast[0]["content"] == [{"type": "text", "text": "Hib"}]
