@@ -21,13 +21,15 @@ from typing import Any
 
 import orjson
 
-from proxy.forward.sse import SSEEvent
+from proxy.forward.sse import SSEEvent, SSESplitter
+from proxy.forward.text_template import PROBE, TextTemplate
 from proxy.json_text import parse_json
 
 _DELTA_FIELDS = {"text_delta": ("text", "text"), "thinking_delta": ("thinking", "thinking")}
 """Delta type -> (the delta's field, the block's field it appends to)."""
 _CONTENT_EVENTS = frozenset({"content_block_start", "content_block_delta"})
 """What grows the reassembled reply (bounded by ``max_bytes``)."""
+_CR = 13
 
 
 class MessagesAssembler:
@@ -44,6 +46,15 @@ class MessagesAssembler:
         self.truncated = False
         self.blocks: dict[int, dict[str, Any]] = {}
         self._json: dict[int, list[str]] = {}
+        self._text: dict[Any, tuple[dict[str, Any], str, list[str]]] = {}
+        """Text or thinking deltas by block index: (the block, its field, the pieces: the field's value
+        before the first delta, then the deltas), joined into the field by ``message()``, not at
+        each delta (a string grown by ``+`` a delta at a time is copied whole each time: quadratic)."""
+        self.template = TextTemplate()
+        """The stream's text deltas (``proxy.forward.text_template``): learned from a named
+        ``content_block_delta`` of text or thinking, then such events read by it (``add_data``)."""
+        self._slot: tuple[Any, str] = (0, "")
+        """The block index and field the template's deltas add to."""
         self.usage: dict[str, Any] | None = None
         self.stop_reason: str | None = None
         self.done = False
@@ -53,10 +64,11 @@ class MessagesAssembler:
     def empty(self) -> bool:
         return not self.blocks
 
-    def add(self, event: SSEEvent) -> None:
+    def add(self, event: SSEEvent, learn: bool = False) -> None:
         """Take one event in (never raises: what it cannot read is skipped). Past ``max_bytes`` of
         event data the content stops growing (``truncated``); the message's own events
-        (``message_delta``, ``message_stop``, ``error``) are still read."""
+        (``message_delta``, ``message_stop``, ``error``) are still read. ``learn``: ``template``
+        may be learned from it (``add_events``)."""
         raw = event.data
         self.seen_bytes += len(raw)
         if self.seen_bytes > self.max_bytes and event.event in _CONTENT_EVENTS:
@@ -84,8 +96,14 @@ class MessagesAssembler:
                     source, target = _DELTA_FIELDS[kind]
                     piece = delta.get(source)
                     if isinstance(piece, str):
-                        before = block.get(target)
-                        block[target] = (before if isinstance(before, str) else "") + piece
+                        text = self._text.get(index)
+                        if text is not None and text[0] is block and text[1] == target:
+                            text[2].append(piece)
+                        else:
+                            self._open_text(index, block, target, piece)
+                        if learn and self.template.pre is None and self.template.learns \
+                                and event.event == "content_block_delta":
+                            self._learn(raw, data, index, source, target, piece)
                 else:
                     self._other_delta(index, block, kind, delta)
         elif kind == "content_block_start" and self.seen_bytes > self.max_bytes:
@@ -110,6 +128,57 @@ class MessagesAssembler:
         elif kind == "message_stop":
             self.done = True
 
+    def add_data(self, splitter: SSESplitter, data: bytes) -> None:
+        """``add`` of each event of ``splitter.feed(data)``: ``data`` the stream's next bytes. When
+        the splitter holds nothing and ``data`` opens with deltas that fit ``template`` (to the
+        block open at its index), those are read by it (``TextTemplate.run``: their pieces, as
+        ``add`` of each would take them) and only the rest is split."""
+        template = self.template
+        if template.pre is not None and splitter.idle and _CR not in data:
+            run = template.run(data)
+            if run is not None:
+                pieces, size = run
+                index, target = self._slot
+                block = self.blocks.get(index)
+                seen = self.seen_bytes + size - template.frame * len(pieces)
+                if block is not None and seen <= self.max_bytes:
+                    self.seen_bytes = seen
+                    text = self._text.get(index)
+                    if text is not None and text[0] is block and text[1] == target:
+                        text[2].extend(pieces)
+                    else:
+                        self._open_text(index, block, target, pieces[0])
+                        self._text[index][2].extend(pieces[1:])
+                    if size == len(data):
+                        return
+                    data = data[size:]
+        self.add_events(splitter.feed(data))
+
+    def add_events(self, events: list[SSEEvent]) -> None:
+        """``add`` of each event; ``template`` may be learned from the last (a text delta that ends
+        what came so far is followed by more, most likely: one that other events follow, less)."""
+        if events:
+            add = self.add
+            for event in events[:-1]:
+                add(event)
+            add(events[-1], True)
+
+    def _learn(self, raw: bytes, data: dict[str, Any], index: Any, source: str, target: str, piece: str) -> None:
+        """Learn ``template`` from a named ``content_block_delta`` (``raw``, read as ``data``) whose
+        delta's ``source`` field, ``piece``, was added to the block at ``index``."""
+        def probed(parsed: Any) -> bool:  # (``data`` with the probe for its piece: put the piece back, compare)
+            try:
+                delta = parsed["delta"]
+                if delta[source] != PROBE:
+                    return False
+                delta[source] = piece
+            except (KeyError, TypeError):
+                return False
+            return bool(parsed == data)
+
+        if self.template.learn(raw, b'"' + source.encode() + b'"', piece, probed, b"content_block_delta"):
+            self._slot = (index, target)
+
     def _other_delta(self, index: Any, block: dict[str, Any], kind: Any, delta: dict[str, Any]) -> None:
         """A delta that is not text or thinking, of ``block`` (the open block at ``index``)."""
         if kind == "input_json_delta" and isinstance(delta.get("partial_json"), str):
@@ -119,6 +188,26 @@ class MessagesAssembler:
         elif kind == "citations_delta" and isinstance(delta.get("citation"), dict):
             citations = block.get("citations")
             block["citations"] = [*(citations if isinstance(citations, list) else []), delta["citation"]]
+
+    def _open_text(self, index: Any, block: dict[str, Any], target: str, piece: str) -> None:
+        """Start the pieces of ``block[target]`` (``index``'s block): its value so far (a string, else
+        none), then ``piece``. The field is set now, so it keeps the place in the block a first
+        delta gives it; the pieces open at ``index`` before (another field, or a block replaced
+        by a new ``content_block_start``) are joined into their block first."""
+        self._join(index)
+        before = block.get(target)
+        before = before if isinstance(before, str) else ""
+        block[target] = before
+        self._text[index] = (block, target, [before, piece])
+
+    def _join(self, index: Any) -> None:
+        """Join the pieces open at ``index`` into their block's field (they stay open, as one piece)."""
+        text = self._text.get(index)
+        if text is not None:
+            block, target, pieces = text
+            joined = "".join(pieces)
+            pieces[:] = (joined,)
+            block[target] = joined
 
     def _stop(self, index: int) -> None:
         pieces = self._json.pop(index, None)
@@ -136,6 +225,8 @@ class MessagesAssembler:
         """The reply so far, blocks in index order (a block still open included as it stands)."""
         for index in list(self._json):
             self._stop(index)
+        for index in self._text:
+            self._join(index)
         return {"role": "assistant", "content": [self.blocks[i] for i in sorted(self.blocks)]}
 
 

@@ -168,27 +168,26 @@ class MessagesStream:
             # each chunk's events read once the chunk is out (a relay closed at a chunk reads them too)
             nonlocal began
             began = True
-            add = client.add
-            out = start.events
+            add, read = client.add, client.add_data
+            out, rest = start.events, b""  # (``rest``: a chunk out, not read yet)
             try:
                 for chunk in start.held:
                     yield chunk
                 out, events = [], out
-                for event in events:
-                    add(event)
+                client.add_events(events)
                 if start.failed is not None:
                     raise start.failed
                 if not start.ended:
-                    feed = splitter.feed
                     async for chunk in start.rest:
-                        out = feed(chunk)
+                        rest = chunk
                         yield chunk
-                        out, events = [], out
-                        for event in events:
-                            add(event)
+                        rest = b""
+                        read(splitter, chunk)
             finally:
                 for event in out:
                     add(event)
+                if rest:
+                    read(splitter, rest)
             for event in splitter.flush():
                 add(event)
 

@@ -13,8 +13,11 @@ from typing import Any
 
 import orjson
 
-from proxy.forward.sse import SSEEvent
+from proxy.forward.sse import SSEEvent, SSESplitter
+from proxy.forward.text_template import TextTemplate, learn_chat
 from proxy.json_text import parse_json
+
+_CR = 13
 
 
 def _seen_by_clients(event: SSEEvent) -> bool:
@@ -80,6 +83,9 @@ class ReplyAssembler:
         """Chunks whose shape the assembler could not read (relayed all the same)."""
         self.hidden_error = False
         """An error only in llama.cpp's ``error:`` field, which clients do not see (``_seen_by_clients``)."""
+        self.template = TextTemplate()
+        """The stream's text chunks (``proxy.forward.text_template``): learned from a chunk of text
+        alone (``learn_chat``), then such chunks read by it (``add_data``), not parsed whole."""
 
     def add(self, event: SSEEvent) -> None:
         """Add one event (``add_events`` of it alone)."""
@@ -90,8 +96,9 @@ class ReplyAssembler:
         member is a chunk (``add_chunk``); an error event, or text that is not JSON, is recorded in
         ``errors``; any other JSON value is ignored. Every event's data counts in ``seen_bytes``
         (the ``max_bytes`` bound). One pass for the usual events (plain ``data:`` chunks); the
-        others go through ``_unusual``."""
+        others go through ``_unusual``. ``template`` is learned from a chunk of text alone."""
         loads = orjson.loads
+        template = self.template
         chunks: list[tuple[int, dict[str, Any]]] = []  # (``seen_bytes`` once the chunk was read, chunk)
         seen = self.seen_bytes
         for event in events:
@@ -104,12 +111,36 @@ class ReplyAssembler:
                     chunk = None
                 if type(chunk) is dict and "error" not in chunk:
                     chunks.append((seen, chunk))
+                    if template.learns and template.pre is None:
+                        learn_chat(template, data, chunk)
                     continue
             if (chunk := self._unusual(event)) is not None:
                 chunks.append((seen, chunk))
         self.seen_bytes = seen
         if chunks:
             self._add_chunks(chunks)
+
+    def add_data(self, splitter: SSESplitter, data: bytes) -> None:
+        """``add_events(splitter.feed(data))``: ``data`` the stream's next bytes. When the splitter
+        holds nothing and ``data`` opens with chunks of text alone that fit ``template``, those
+        are read by it (``TextTemplate.run``: their texts, as parsing each whole would give them)
+        and only the rest is split."""
+        template = self.template
+        if template.pre is not None and splitter.idle and _CR not in data:
+            run = template.run(data)
+            if run is not None:
+                texts, size = run
+                seen = self.seen_bytes + size - template.frame * len(texts)
+                if self.max_bytes is None or seen <= self.max_bytes:
+                    self.seen_bytes = seen
+                    self.chunks += len(texts)
+                    if not self._saw_content and any(texts):
+                        self._saw_content = True
+                    self._content += texts
+                    if size == len(data):
+                        return
+                    data = data[size:]
+        self.add_events(splitter.feed(data))
 
     def add_read(self, events: Sequence[SSEEvent], parsed: Sequence[Any]) -> None:
         """``add_events(events)`` when ``parse_json`` read the data of the first ``len(parsed)``
@@ -120,6 +151,8 @@ class ReplyAssembler:
         for event, chunk in zip(events, parsed, strict=False):  # (``parsed`` is not longer than ``events``)
             seen += len(event.data)
             plain = event.event is None and type(chunk) is dict and "error" not in chunk
+            if plain and self.template.learns and self.template.pre is None:
+                learn_chat(self.template, event.data, chunk)
             if plain or (chunk := self._unusual(event)) is not None:
                 chunks.append((seen, chunk))
         self.seen_bytes = seen

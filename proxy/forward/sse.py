@@ -83,6 +83,11 @@ class SSESplitter:
                 self.dropped += 1
         return events
 
+    @property
+    def idle(self) -> bool:
+        """Nothing is held: the next bytes fed start an event (as at a stream's start)."""
+        return not self._buf and not self._cr
+
     def flush(self) -> list[SSEEvent]:
         """Events left in the buffer when the stream ends without a final blank line."""
         if not self._buf:  # (the usual end: nothing left; an event being skipped keeps a byte)

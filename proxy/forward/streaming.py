@@ -279,7 +279,7 @@ def _add_held(state: StreamState) -> None:
     state.assembler.add_read(state.first, state.parsed)
     if state.rest:
         rest, state.rest = state.rest, b""
-        state.assembler.add_events(state.splitter.feed(rest))
+        state.assembler.add_data(state.splitter, rest)
 
 
 Segment = bytes | StreamState | AsyncGenerator[bytes, None]
@@ -299,8 +299,9 @@ async def relay_turn(turn: Turn, first: Segment, steps: AsyncIterator[Segment], 
     every stream a step.
 
     Such a stream: the upstream's bytes, unchanged, chunk by chunk; the reply reassembled on the
-    side, each chunk's events once the chunk is out (its bytes wait for no parsing: a stream's first
-    byte goes before the events read with it are assembled). A relay closed at a chunk (the client
+    side, each chunk split and its events assembled once the chunk is out (``ReplyAssembler.add_data``:
+    its bytes wait for no parsing, and a stream's first byte goes before the events read with it
+    are assembled). A relay closed at a chunk (the client
     left) still assembles that chunk's events, before ``ended()``: it was handed to the client."""
     try:
         segment: Segment | None = first
@@ -310,8 +311,8 @@ async def relay_turn(turn: Turn, first: Segment, steps: AsyncIterator[Segment], 
                 if isinstance(segment, bytes):
                     yield segment
                 elif isinstance(segment, StreamState):
-                    state, held, out = segment, True, []  # (``out``: events of the chunk out, not assembled yet)
-                    add, feed = state.assembler.add_events, state.splitter.feed
+                    state, held, out = segment, True, b""  # (``out``: the chunk out, not assembled yet)
+                    read, splitter = state.assembler.add_data, state.splitter
                     try:
                         for data in state.prebuffer:
                             yield data
@@ -321,18 +322,19 @@ async def relay_turn(turn: Turn, first: Segment, steps: AsyncIterator[Segment], 
                         held = False
                         _add_held(state)
                         async for data in state.chunks:
-                            out = feed(data)
+                            out = data
                             yield data
                             if notify is not None:
                                 notify()
                                 notify = None
-                            out, events = [], out
-                            add(events)
+                            out = b""
+                            read(splitter, data)
                     finally:
                         if held:  # (closed at what holding read)
                             _add_held(state)
-                        add(out)
-                    add(state.splitter.flush())
+                        if out:
+                            read(splitter, out)
+                    state.assembler.add_events(splitter.flush())
                 else:
                     try:  # (``contextlib.aclosing``'s work, without its object and coroutines)
                         async for data in segment:

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 import certifi
 import yarl
+from aiohttp.streams import EofStream
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.errors import UpstreamError, UpstreamUnreachable
@@ -81,14 +82,10 @@ class AiohttpResponse:
                 ) from None
         return data
 
-    async def aiter_raw(self) -> AsyncIterator[bytes]:
-        """The body's bytes as they arrive; a connection reset or a stalled read mid-body raises
-        ``UpstreamUnreachable``/``UpstreamTimeout``."""
-        try:
-            async for chunk in self._resp.content.iter_any():
-                yield chunk
-        except TRANSPORT_ERRORS as exc:
-            raise aiohttp_error(exc) from exc
+    def aiter_raw(self) -> AsyncIterator[bytes]:
+        """The body's bytes as they arrive (``RawChunks``); a connection reset or a stalled read
+        mid-body raises ``UpstreamUnreachable``/``UpstreamTimeout``."""
+        return RawChunks(self._resp.content)
 
     async def aclose(self) -> None:
         """Release a response read to its end (its connection back to the pool), close any other.
@@ -102,6 +99,33 @@ class AiohttpResponse:
                 resp.release()
         else:
             resp.close()
+
+
+class RawChunks:
+    """The chunks of an aiohttp body as ``content.iter_any()`` gives them (``readany`` until it
+    gives ``b""`` or raises ``EofStream``), aiohttp's errors raised as ours (``aiohttp_error``).
+    One object whose ``__anext__`` reads, in place of aiohttp's iterator wrapped in an async
+    generator of ours: each chunk of a stream went through both (a step of each, and a generator
+    registered with the loop's async-generator hooks for each response)."""
+
+    __slots__ = ("_read",)
+
+    def __init__(self, content: aiohttp.StreamReader) -> None:
+        self._read = content.readany
+
+    def __aiter__(self) -> RawChunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            chunk = await self._read()
+        except EofStream:
+            raise StopAsyncIteration from None
+        except TRANSPORT_ERRORS as exc:
+            raise aiohttp_error(exc) from exc
+        if not chunk:
+            raise StopAsyncIteration
+        return chunk
 
 
 def session_request(session: aiohttp.ClientSession) -> Callable[..., Awaitable[aiohttp.ClientResponse]]:

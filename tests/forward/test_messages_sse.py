@@ -150,3 +150,71 @@ def test_events_whose_type_is_not_a_string_are_skipped_not_raised() -> None:
     raw = b"".join(sse_event(name, data) for name, data in events[:at]) + odd \
         + b"".join(sse_event(name, data) for name, data in events[at:])
     assert assembled(raw, 7).message() == assembled(stream_of(message), 7).message()
+
+
+def _by_concatenation(events: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The blocks as the assembler built them before its text was joined once: each text or
+    thinking delta added to its block's field with ``+`` (quadratic on a long reply), the field
+    set where the first delta sets it; ``signature_delta`` replaces, ``citations_delta`` appends."""
+    blocks: dict[int, dict[str, Any]] = {}
+    for name, data in events:
+        if name == "content_block_start":
+            blocks[data["index"]] = dict(data["content_block"])
+        elif name == "content_block_delta":
+            block, delta = blocks[data["index"]], data["delta"]
+            if delta["type"] in ("text_delta", "thinking_delta"):
+                field = "text" if delta["type"] == "text_delta" else "thinking"
+                before = block.get(field)
+                block[field] = (before if isinstance(before, str) else "") + delta[field]
+            elif delta["type"] == "signature_delta":
+                block["signature"] = delta["signature"]
+            elif delta["type"] == "citations_delta":
+                block["citations"] = [*block.get("citations", []), delta["citation"]]
+    return [blocks[i] for i in sorted(blocks)]
+
+
+def test_a_long_reply_of_many_deltas_is_the_concatenation_of_its_pieces() -> None:
+    """A reply of 20,000 deltas (text, thinking with its signature, a citation between text deltas,
+    a block with no text field at its start, a field that was not a string, a block replaced at
+    its index, the reply read half-way): the same blocks, keys in the same order, as adding each
+    delta with ``+``; and the text is kept as pieces until ``message()`` joins them."""
+    def delta(index: int, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        return "content_block_delta", {"type": "content_block_delta", "index": index, "delta": body}
+
+    def start(index: int, block: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        return "content_block_start", {"type": "content_block_start", "index": index, "content_block": block}
+
+    words = [f"wörd{i} " if i % 7 else "\"q\"\n" for i in range(10_000)]
+    events = [("message_start", {"type": "message_start", "message": {"role": "assistant", "content": [],
+                                                                       "usage": {"input_tokens": 3}}}),
+              start(0, {"type": "thinking", "thinking": ""}),
+              *(delta(0, {"type": "thinking_delta", "thinking": w}) for w in words[:3000]),
+              delta(0, {"type": "signature_delta", "signature": "sig"}),
+              start(1, {"type": "text", "text": "Lead: "}),
+              *(delta(1, {"type": "text_delta", "text": w}) for w in words[:5000]),
+              delta(1, {"type": "citations_delta", "citation": {"type": "char_location", "cited_text": "x"}}),
+              *(delta(1, {"type": "text_delta", "text": w}) for w in words[5000:]),
+              start(2, {"type": "text", "citations": []}),  # no text field: it comes after ``citations``
+              *(delta(2, {"type": "text_delta", "text": w}) for w in words[:4000]),
+              start(3, {"type": "text", "text": None}),
+              *(delta(3, {"type": "text_delta", "text": w}) for w in words[:2000]),
+              start(3, {"type": "text", "text": "again "}),  # the block at 3 replaced
+              *(delta(3, {"type": "text_delta", "text": w}) for w in words[:1000])]
+    raw = b"".join(sse_event(name, data) for name, data in events)
+    assert len([e for e in events if e[0] == "content_block_delta"]) > 20_000
+    half = raw.index(b"\n\n", raw.index(b"citations_delta")) + 2  # read after the citation
+    splitter, a = SSESplitter(), MessagesAssembler(1 << 30)
+    for event in splitter.feed(raw[:half]):
+        a.add(event)
+    midway = a.message()["content"]
+    assert [b.get("text") for b in midway[1:]] == ["Lead: " + "".join(words[:5000])]
+    assert len(a._text[1][2]) == 1  # joined once, for the read: the deltas after it are added to the join
+    for event in splitter.feed(raw[half:]):
+        a.add(event)
+    assert len(a._text[1][2]) == 1 + len(words) - 5000  # pieces, not a string copied at each delta
+    content = a.message()["content"]
+    assert content == _by_concatenation(events)
+    assert [list(b) for b in content] == [list(b) for b in _by_concatenation(events)]
+    assert list(content[2]) == ["type", "citations", "text"]
+    assert content[1]["text"] == "Lead: " + "".join(words)
+    assert content[3]["text"] == "again " + "".join(words[:1000])
