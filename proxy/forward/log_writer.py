@@ -95,8 +95,10 @@ class LogWriter:
         client's next request must find them) awaits it.
 
         ``after_answer``: the caller is about to hand a complete answer to the server in this
-        loop step; the record and rows are then built and queued in the next step (``call_soon``),
-        once the answer is out, instead of before it. The latency recorded is measured now, the
+        loop step; the record and the reply's message rows are then built and the write queued in
+        the next step (``call_soon``), once the answer is out, instead of before it (a SQLite log
+        converts them to the driver's rows later still, at its batch's commit:
+        ``storage.sqlite.end_write``). The latency recorded is measured now, the
         request is finished now (pending, counted), and the write is queued before anything the
         answer leads to can run (a client's next request, a read of the log: the loop runs the
         callbacks queued in one step before the next step's I/O)."""

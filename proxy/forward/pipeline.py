@@ -256,7 +256,8 @@ class ChatPipeline:
         error = None if complete else turn.error
         reply = a.message() if not a.empty else None
         # relayed to its end (``turn.error`` None): the server gets the stream's end in this loop
-        # step, right after this; the record and rows are built in the next, once it is out
+        # step, right after this; the record and message rows are built in the next, once it is
+        # out (``LogWriter.finish``'s ``after_answer``)
         self.writer.finish(ctx, turn.status, reply, a.usage, error=error,
                            partial=error is not None, finish_reason=a.finish_reason, after_answer=turn.error is None)
         await steps.aclose()
