@@ -3,7 +3,8 @@ reads the rest (``proxy.forward.messages_stream``): on random Anthropic streams 
 places, the same held chunks and overflow as splitting every held chunk whole (``_old_start``, the
 way it was done before), the same relayed bytes in the same chunks, and the same logged reply as
 splitting the whole stream and reading each event (``_reference``); ``_round_events`` (the relay
-with the proxy's tools) gives the same events in the same order.
+with the proxy's tools) gives the same events in the same order. Only the error that ends holding
+is classified, wherever the pieces are cut.
 """
 
 from __future__ import annotations
@@ -209,3 +210,19 @@ async def test_the_start_the_relay_and_the_log_are_those_of_splitting_each_chunk
         assert [(e.event, e.data, e.raw) for e in events] == [(e.event, e.data, e.raw) for e in ref_events], context
         assert _outcome(rounds.assembler) == _outcome(ref), context
     assert templated > 300  # (the fast path was compared: deltas read by the template)
+
+
+@pytest.mark.parametrize("line_end", [b"\n", b"\r\n", b"\r"])
+async def test_only_an_error_that_ends_holding_is_classified(line_end: bytes) -> None:
+    """An overflow after the first content block (in the same piece when the line ends are CRs:
+    no LF LF to cut at) is the stream's, not the start's; of two errors first, the first is."""
+    message = message_object("msg_01", "m", _BLOCKS[0], "end_turn", None, _USAGE)
+    events = [sse_event(name, data) for name, data in stream_events(message)]
+    cases = [(events[:4] + [_OVERFLOW] + events[4:], False),
+             (events[:2] + [_OVERFLOW, _ECHO] + events[2:], True),
+             (events[:1] + [_ECHO, _OVERFLOW] + events[1:], False)]
+    for stream, overflows in cases:
+        whole = b"".join(stream).replace(b"\n", line_end)
+        for parts in ([whole], [whole[:200], whole[200:]]):
+            start = await StreamStart.read(Parts(*parts), 1 << 20, _SENT)  # type: ignore[arg-type]
+            assert (start.overflow is not None) == overflows and _old_start([*parts])[1] == start.overflow
