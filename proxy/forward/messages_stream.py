@@ -108,8 +108,7 @@ class StreamStart:
         return decided
 
     def add_held(self, assembler: MessagesAssembler) -> None:
-        """Read what holding kept into ``assembler`` (its events, then ``tail``'s: ``add_data``)
-        and forget it (a second call reads nothing)."""
+        """Read what holding kept into ``assembler`` (``events``, then ``tail`` by ``add_data``), once."""
         events, tail, self.events, self.tail = self.events, self.tail, [], b""
         assembler.add_events(events)
         if tail:
@@ -191,8 +190,7 @@ class MessagesStream:
             # each chunk's events read once the chunk is out (a relay closed at a chunk reads them too)
             nonlocal began
             began = True
-            read = client.add_data
-            rest = b""  # (a chunk out, not read yet)
+            read, rest = client.add_data, b""  # (``rest``: a chunk out, not read yet)
             try:
                 for chunk in start.held:
                     yield chunk
