@@ -226,3 +226,24 @@ async def test_only_an_error_that_ends_holding_is_classified(line_end: bytes) ->
         for parts in ([whole], [whole[:200], whole[200:]]):
             start = await StreamStart.read(Parts(*parts), 1 << 20, _SENT)  # type: ignore[arg-type]
             assert (start.overflow is not None) == overflows and _old_start([*parts])[1] == start.overflow
+
+
+@pytest.mark.parametrize("hold_max_bytes", [1 << 20, 100])
+async def test_a_held_chunk_that_ends_in_a_cr_keeps_the_next_chunk_s_lf_for_it(
+        monkeypatch: pytest.MonkeyPatch, hold_max_bytes: int) -> None:
+    """CRLF line ends, the last held chunk cut between a CR and its LF, nothing held after holding
+    ended (content_block_start, or ``HOLD_MAX_BYTES``) but the start of the next event: the
+    round's events are those of splitting the stream whole. (``_round_events`` splits the empty
+    ``tail``; when that dropped the splitter's CR, the LF that opens the next chunk ended the
+    event's name line twice: a ``content_block_delta`` without data, then its data as an unnamed
+    event, both relayed so.)"""
+    monkeypatch.setattr(messages_stream, "HOLD_MAX_BYTES", hold_max_bytes)
+    message = message_object("msg_01", "m", _BLOCKS[0], "end_turn", None, _USAGE)
+    stream = b"".join(sse_event(name, data) for name, data in stream_events(message)).replace(b"\n", b"\r\n")
+    at = stream.index(b"event: content_block_delta") + len(b"event: content_block_delta\r")
+    parts = [stream[:at], stream[at:]]
+    state = await StreamStart.read(Parts(*parts), 1 << 20, _SENT)  # type: ignore[arg-type]
+    assert state.held == parts[:1] and not state.splitter.idle
+    events = [event async for event in messages_stream._round_events(state)]
+    _, _, ref_events = _reference(parts, 1 << 20, flush=True)
+    assert [(e.event, e.data, e.raw) for e in events] == [(e.event, e.data, e.raw) for e in ref_events]
