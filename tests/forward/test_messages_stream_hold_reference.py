@@ -75,13 +75,17 @@ def _stream(rng: random.Random) -> bytes:
 
 
 def _cut(rng: random.Random, stream: bytes) -> list[bytes]:
-    """``stream`` in one chunk, an event a chunk, or cut at 1 to 12 random places."""
+    """``stream`` in one chunk, an event a chunk, or cut at 1 to 12 random places (or after CRs)."""
     way = rng.random()
     if way < 0.3:
         return [stream]
     if way < 0.45 and b"\r" not in stream:
         return [part + b"\n\n" for part in stream.split(b"\n\n")[:-1]] + ([end] if (end := stream.rsplit(b"\n\n", 1)[-1]) else [])
-    cuts = sorted(rng.sample(range(1, len(stream)), min(len(stream) - 1, rng.randint(1, 12))))
+    if way < 0.55 and b"\r" in stream:  # after CRs (a CR at a chunk's end, its LF maybe the next chunk's first byte)
+        crs = [i + 1 for i in range(len(stream) - 1) if stream[i] == 13]
+        cuts = sorted(rng.sample(crs, min(len(crs), rng.randint(1, 12))))
+    else:
+        cuts = sorted(rng.sample(range(1, len(stream)), min(len(stream) - 1, rng.randint(1, 12))))
     return [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
 
 
