@@ -58,10 +58,10 @@ class StreamStart:
     splitter: SSESplitter
     assembler: MessagesAssembler
     events: list[SSEEvent] = dataclasses.field(default_factory=list)
-    """The events of ``held`` up to the one that ended holding (the bytes after it: ``tail``), not
-    read by ``assembler`` yet: the relay reads them once they are out (``add_held``, ``_round_events``)."""
+    """The events of ``held`` to the end of the piece (``_split``) with the one that ended holding,
+    not read by ``assembler`` yet: the relay reads them once they are out (``add_held``, ``_round_events``)."""
     tail: bytes = b""
-    """The last held chunk's bytes after that event, not split (most often the first block's
+    """The last held chunk's bytes after that piece, not split (most often the first block's
     deltas: ``MessagesAssembler.add_data`` reads a run of text deltas by its template, unsplit)."""
     overflow: Overflow | None = None
     ended: bool = False
