@@ -76,6 +76,9 @@ def test_line_ends_split_between_chunks_and_lone_cr() -> None:
     assert [e.data for e in events] == [b"x", b"y", b"z"]
     splitter = SSESplitter()
     assert splitter.feed(b"data: a\r") == [] and splitter.feed(b"\n") == [] and [e.data for e in splitter.feed(b"\n")] == [b"a"]
+    splitter = SSESplitter()  # (an empty chunk between the CR and the LF: nothing)
+    assert splitter.feed(b"event: e\r") == splitter.feed(b"") == [] and not splitter.idle
+    assert [(e.event, e.data) for e in splitter.feed(b"\ndata: a\r\n\r\n")] == [("e", b"a")]
 
 
 def test_an_error_field_is_read_as_an_error_event() -> None:

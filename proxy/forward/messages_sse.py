@@ -30,6 +30,8 @@ _DELTA_FIELDS = {"text_delta": ("text", "text"), "thinking_delta": ("thinking", 
 _CONTENT_EVENTS = frozenset({"content_block_start", "content_block_delta"})
 """What grows the reassembled reply (bounded by ``max_bytes``)."""
 _CR = 13
+_DELTA = b"event: content_block_delta\n"
+"""How a named delta opens (the template is learned from one: ``add_data``)."""
 
 
 class MessagesAssembler:
@@ -132,8 +134,17 @@ class MessagesAssembler:
         """``add`` of each event of ``splitter.feed(data)``: ``data`` the stream's next bytes. When
         the splitter holds nothing and ``data`` opens with deltas that fit ``template`` (to the
         block open at its index), those are read by it (``TextTemplate.run``: their pieces, as
-        ``add`` of each would take them) and only the rest is split."""
+        ``add`` of each would take them) and only the rest is split. A template not learned yet
+        may be learned from ``data``'s first event when another delta follows it (a held start's
+        ``tail``: the first block's deltas, the others then read by it): it is split and read
+        alone first."""
         template = self.template
+        if template.pre is None and template.learns and data.startswith(_DELTA) and splitter.idle \
+                and _CR not in data:
+            end = data.find(b"\n\n") + 2
+            if 1 < end < len(data) and data.startswith(_DELTA, end):
+                self.add_events(splitter.feed(data[:end]))  # (``add_events`` learns from its last event)
+                data = data[end:]
         if template.pre is not None and splitter.idle and _CR not in data:
             run = template.run(data)
             if run is not None:

@@ -58,9 +58,11 @@ class StreamStart:
     splitter: SSESplitter
     assembler: MessagesAssembler
     events: list[SSEEvent] = dataclasses.field(default_factory=list)
-    """The events of ``held``, not read by ``assembler`` yet: the relay reads them once they are
-    out (``MessagesStream.relay``'s plain relay, ``_round_events``), so the first byte waits for no
-    parsing."""
+    """The events of ``held`` to the end of the piece (``_split``) with the one that ended holding,
+    not read by ``assembler`` yet: the relay reads them once they are out (``add_held``, ``_round_events``)."""
+    tail: bytes = b""
+    """The last held chunk's bytes after that piece, not split (most often the first block's
+    deltas: ``MessagesAssembler.add_data`` reads a run of text deltas by its template, unsplit)."""
     overflow: Overflow | None = None
     ended: bool = False
     failed: ProxyError | None = None
@@ -80,17 +82,37 @@ class StreamStart:
                     return start
                 start.held.append(chunk)
                 size += len(chunk)
-                decided = False
-                for event in start.splitter.feed(chunk):
-                    start.events.append(event)
-                    if event.event == "error" and not decided:
-                        start.overflow = classify_stream_event(event.data, sent=sent)
-                    decided = decided or event.event not in _BEFORE_CONTENT
-                if decided:
+                if start._split(chunk, sent):
                     return start
         except ProxyError as exc:
             start.failed = exc
         return start
+
+    def _split(self, chunk: bytes, sent: Mapping[str, Any]) -> bool:
+        """Split ``chunk`` (held) into ``events`` a piece at a time, each cut after a ``\\n\\n`` (an
+        event's end whatever line ends come before: the splitter's events are the same however a
+        stream is cut there), up to the piece with the event that ends holding (not
+        ``message_start``/``ping``; an overflow ``error`` sets ``overflow``): True, ``tail`` the rest."""
+        feed, pos, decided = self.splitter.feed, 0, False
+        while pos < len(chunk) and not decided:
+            end = chunk.find(b"\n\n", pos) + 2
+            end = end if end > 1 else len(chunk)
+            for event in feed(chunk[pos:end]):
+                self.events.append(event)
+                if not decided and event.event not in _BEFORE_CONTENT:
+                    decided = True
+                    if event.event == "error":
+                        self.overflow = classify_stream_event(event.data, sent=sent)
+            pos = end
+        self.tail = chunk[pos:]
+        return decided
+
+    def add_held(self, assembler: MessagesAssembler) -> None:
+        """Read what holding kept into ``assembler`` (``events``, then ``tail`` by ``add_data``), once."""
+        events, tail, self.events, self.tail = self.events, self.tail, [], b""
+        assembler.add_events(events)
+        if tail:
+            assembler.add_data(self.splitter, tail)
 
 
 class MessagesStream:
@@ -168,13 +190,11 @@ class MessagesStream:
             # each chunk's events read once the chunk is out (a relay closed at a chunk reads them too)
             nonlocal began
             began = True
-            add, read = client.add, client.add_data
-            out, rest = start.events, b""  # (``rest``: a chunk out, not read yet)
+            read, rest = client.add_data, b""  # (``rest``: a chunk out, not read yet)
             try:
                 for chunk in start.held:
                     yield chunk
-                out, events = [], out
-                client.add_events(events)
+                start.add_held(client)
                 if start.failed is not None:
                     raise start.failed
                 if not start.ended:
@@ -184,12 +204,12 @@ class MessagesStream:
                         rest = b""
                         read(splitter, chunk)
             finally:
-                for event in out:
-                    add(event)
+                if start.events:  # (closed at a held chunk)
+                    start.add_held(client)
                 if rest:
                     read(splitter, rest)
             for event in splitter.flush():
-                add(event)
+                client.add(event)
 
         async def chunks() -> AsyncGenerator[bytes, None]:
             nonlocal ended
@@ -222,8 +242,7 @@ class MessagesStream:
             finally:
                 await current[0].aclose()
                 if not rounds and not began:  # gone before the first byte: the start as held is logged
-                    for event in start.events:
-                        client.add(event)
+                    start.add_held(client)
                 if not ctx.finished:
                     error = ended
                     if error == DISCONNECTED and client.done and not client.upstream_error:
@@ -290,7 +309,7 @@ class MessagesStream:
 async def _round_events(state: StreamStart) -> AsyncGenerator[SSEEvent, None]:
     """A round's events: those its start held, then the rest as it arrives (each read into
     ``state.assembler``: the round's whole assistant turn). Raises the upstream's failure."""
-    for event in state.events:
+    for event in [*state.events, *state.splitter.feed(state.tail)]:
         state.assembler.add(event)
         yield event
     if state.failed is not None:

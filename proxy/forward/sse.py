@@ -44,7 +44,7 @@ class SSESplitter:
         self.dropped = 0
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
-        if self._cr:
+        if self._cr and chunk:  # (an empty chunk between a CR and its LF changes nothing)
             self._cr = False
             if chunk.startswith(b"\n"):
                 chunk = chunk[1:]

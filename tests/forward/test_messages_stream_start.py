@@ -1,6 +1,7 @@
 """proxy/forward/messages_stream.py: a Messages stream's held start goes out before its events are
-read (the first byte waits for no parsing), and a relay closed at a chunk still logs what that
-chunk carried. A real store, session log and log writer; the upstream is a fake response."""
+read (the first byte waits for no parsing), a relay closed at a chunk still logs what that chunk
+carried, and holding splits a chunk only up to the first content block, its text deltas then read
+by the template. A real store, session log and log writer; the upstream is a fake response."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from tests.fakes.anthropic.cache import CacheUsage
 from tests.fakes.anthropic.compose import compose
 from tests.fakes.anthropic.thinking import ThinkingSigner
 from tests.fakes.anthropic.wire import message_object, sse_event, stream_events, usage_object
+from tests.test_text_template import Counted
 
 
 class _Parts:
@@ -115,3 +117,38 @@ async def test_a_relay_closed_at_a_chunk_logs_what_the_client_was_sent(log: Sess
         assert error is None and text == "Hello there" and "x_context_proxy" not in reply
     else:
         assert error is not None and "Hello there".startswith(text)
+
+
+def _long_text_events() -> tuple[list[bytes], str]:
+    """A stream of one text block in 30 deltas (``text_pieces``: three words a delta), and its text."""
+    words = " ".join(f"word{i}" for i in range(90))
+    body: Any = {"model": "m", "max_tokens": 512, "messages": [{"role": "user", "content": "hi"}]}
+    composed = compose(body, reply(text(words)), ThinkingSigner())
+    usage = usage_object(CacheUsage(10, 0, 0), composed.output_tokens, "5m")
+    message = message_object("msg_01x", "m", composed.content, composed.stop_reason, None, usage)
+    return [sse_event(name, data) for name, data in stream_events(message)], words
+
+
+async def test_the_held_start_splits_its_chunk_up_to_the_first_content_block_and_keeps_the_rest() -> None:
+    """The whole stream in one chunk: holding reads message_start, ping and content_block_start
+    (the event that ends it); the deltas and the end are left unsplit in ``tail``."""
+    events, _ = _long_text_events()
+    whole = b"".join(events)
+    start = await StreamStart.read(_Parts([whole]), 1 << 20, {})  # type: ignore[arg-type]
+    assert start.held == [whole] and start.overflow is None and not start.ended
+    assert [e.event for e in start.events] == ["message_start", "ping", "content_block_start"]
+    assert start.tail == b"".join(events[3:]) and start.splitter.idle
+
+
+async def test_the_held_chunk_s_text_deltas_are_read_by_the_template_in_the_relay(log: SessionLog) -> None:
+    """The whole stream in one chunk, relayed: the first delta is read whole (the template learned
+    from it), the 29 others by the template, and the logged reply is the text."""
+    events, words = _long_text_events()
+    deltas = sum(e.startswith(b"event: content_block_delta") for e in events)
+    start, streamed, writer, session = await _relay(log, [b"".join(events)])
+    start.assembler.template = counted = Counted()
+    assert b"".join([part async for part in streamed.chunks]) == b"".join(events)
+    await _close(streamed)
+    assert deltas == 30 and counted.read == deltas - 1
+    error, logged = await _logged(log, writer, session)
+    assert error is None and logged == {"role": "assistant", "content": [{"type": "text", "text": words}]}

@@ -108,3 +108,14 @@ def test_deltas_after_an_event_the_splitter_holds_go_the_slow_way() -> None:
                              delta(1, "a") + delta(1, "b") + END])
     assert fast == slow and read == 0
     assert fast[0]["content"] == [{"type": "text", "text": "Hib"}]
+
+
+def test_a_chunk_that_opens_with_deltas_teaches_the_template_with_its_first() -> None:
+    """A held start's tail (the first block's deltas, and the end): the first delta is read alone
+    and the template learned from it reads the others; a delta that no delta follows is not."""
+    fast, slow, read = both([OPEN + TEXT, b"".join(delta(1, p) for p in PIECES) + END])
+    assert fast == slow and read == len(PIECES) - 1
+    fast, slow, read = both([OPEN + TEXT, delta(1, "a") + END])
+    assert fast == slow and read == 0
+    fast, slow, read = both([OPEN + TEXT, delta(1, "a") + b"event: content_block_delta\r\n" + delta(1, "b")[27:] + END])
+    assert fast == slow and read == 0  # (a CR: split as it came)
