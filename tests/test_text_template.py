@@ -215,7 +215,8 @@ def test_bytes_in_the_pads_place_that_are_not_one_string_give_the_slow_paths_rep
 
 def test_a_pad_before_the_choices_or_of_another_type_is_no_second_slot() -> None:
     """The pad is a slot only as the top-level ``obfuscation`` string after the text: elsewhere, or
-    a number, or the probe itself, nothing is learned from it (those chunks go the slow way)."""
+    a number, or the probe itself, nothing is learned from it (those chunks go the slow way); a
+    number that does not change is part of a one-slot template."""
     before = [b"data: " + orjson.dumps({"obfuscation": "x" * i} | OPENAI_HEAD | {"choices": [
         {"index": 0, "delta": {"content": f"w{i}"}, "finish_reason": None}]}) + b"\n\n" for i in range(6)]
     numbers = [openai_text(f"w{i}", i) for i in range(6)]
@@ -225,11 +226,15 @@ def test_a_pad_before_the_choices_or_of_another_type_is_no_second_slot() -> None
         a = ReplyAssembler()
         a.add_data(SSESplitter(), b"".join([ROLE, *chunks, END]))
         assert a.template.mid is None
+    same = [openai_text(f"w{i}", 7) for i in range(6)]  # a number that does not change: one slot, the text's
+    fast, slow, read = both([ROLE + same[0], b"".join(same[1:]) + END])
+    assert fast == slow and read == 5
 
 
 def test_the_pads_slot_is_the_top_level_member() -> None:
     """A member of the same name inside the choice is part of the template (it changes: the chunk
-    goes the slow way); the top-level one is the slot."""
+    goes the slow way); the top-level one is the slot, and only it (not a nested one after the
+    text when the top-level one is before it, even one the probe would fit)."""
     def nested(i: int, inner: str) -> bytes:
         return b"data: " + orjson.dumps(OPENAI_HEAD | {"choices": [{"index": 0, "delta": {"content": f"w{i}"},
                                         "finish_reason": None, "obfuscation": inner}], "obfuscation": "t" * i}) + b"\n\n"
@@ -237,6 +242,27 @@ def test_the_pads_slot_is_the_top_level_member() -> None:
     assert fast == slow and read == 5
     fast, slow, read = both([ROLE + nested(0, "n"), b"".join(nested(i, "n" * i) for i in range(1, 6)) + END])
     assert fast == slow and read == 0
+    # (the top-level one before the text, a nested one after it with the probe's value: no slot at all)
+    late = [b"data: " + orjson.dumps({"obfuscation": "t"} | OPENAI_HEAD | {"choices": [{"index": 0, "delta": {
+        "content": f"w{i}"}, "finish_reason": None, "obfuscation": "n" * i if i else "\x00\"~"}]}) + b"\n\n" for i in range(6)]
+    fast, slow, read = both([ROLE + late[0], b"".join(late[1:]) + END])
+    assert fast == slow and read == 0
+
+
+def test_an_event_without_the_bytes_between_the_slots_goes_the_slow_way() -> None:
+    """An event of the template's bytes before the text and after the pad, but without the pad or
+    the bytes between (``mid``), whose one string reads as two when cut where ``mid`` would end
+    (an escaped quote there): its data is not JSON, an error for the slow path, not a text."""
+    a = ReplyAssembler()
+    a.add_data(SSESplitter(), ROLE + openai_text("w", "p"))
+    mid = a.template.mid
+    assert mid is not None
+    before, after = openai_text("zz", "PAD").split(b'"zz"')[0], openai_text("zz", "PAD").split(b'"PAD"')[1]
+    one = b'"' + b"x" * (len(mid) - 3) + b'\\"BB" '  # (one string; from byte len(mid) - 1 on, "BB" is one too)
+    assert orjson.loads(one) and orjson.loads(one[len(mid) - 1:]) == "BB"
+    fast, slow, read = both([ROLE + openai_text("w", "p"), before + one + after + openai_text("v", "q") + END])
+    assert fast == slow and read == 0
+    assert fast[0]["content"] == "wv" and len(fast[6]) == 1  # (``errors``: the event without its pad)
 
 
 def test_a_template_with_a_pad_stops_at_a_chunk_without_one() -> None:
