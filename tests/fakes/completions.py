@@ -44,6 +44,9 @@ OBFUSCATION_PAD = "v8Qe2LrTz0KcXw5NbHj"
 """OpenAI's ``obfuscation`` pad of each streamed chunk (on unless ``stream_options.include_obfuscation``
 is ``false``): random characters of varying length, to normalize payload sizes; here cut from
 this string, a length per chunk (the client ignores its value)."""
+OBFUSCATING_STYLES = frozenset({"openai", "openai-midstream"})
+"""The styles of OpenAI itself, the one provider that pads (vLLM, llama.cpp, Ollama and the other
+OpenAI-compatible servers send no ``obfuscation``)."""
 
 
 async def chat_completions(ex: Exchange) -> None:
@@ -91,7 +94,7 @@ async def chat_completions(ex: Exchange) -> None:
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     chunks = stream_chunks(reply, completion_id=completion_id, created=created, model=model,
                            usage=usage if include_usage else None)
-    if (body.get("stream_options") or {}).get("include_obfuscation") is not False:  # OpenAI's default: on
+    if style.name in OBFUSCATING_STYLES and (body.get("stream_options") or {}).get("include_obfuscation") is not False:
         obfuscate(chunks)
     await _send_stream(ex, [sse_data(c) for c in chunks] + [SSE_DONE])
     return None
