@@ -14,9 +14,14 @@ of a chunk's in one array (``run``). What is learned is checked, not assumed: th
 probe string in place of the text must parse to the learned event with the probe as its text
 (``learn``).
 
-Events that do not fit (another shape, a field that changes from event to event, text orjson
-refuses, a chunk that ends inside an event) are split and parsed whole as before; the template
-costs them a comparison of their first bytes.
+A template may have a second string slot, for a field that changes from event to event and
+that the reader does not keep: OpenAI's ``obfuscation`` pad (random characters in every chunk,
+by default, after the choices). Its events are ``head + S + mid + P + tail``, and both strings
+are parsed in the same array (``run``); the texts are every other one.
+
+Events that do not fit (another shape, another field that changes from event to event, text
+orjson refuses, a chunk that ends inside an event) are split and parsed whole as before; the
+template costs them a comparison of their first bytes.
 """
 
 from __future__ import annotations
@@ -46,6 +51,9 @@ class TextTemplate:
     pre: bytes | None = None
     sep: bytes = b""
     suf: bytes = b""
+    mid: bytes | None = None
+    """With a second slot (a pad the reader does not keep): the bytes from the text's string to
+    the pad's; ``None``: one slot."""
     lines: int = 2
     """LFs an event of the template has: its blank line's, and ``event: NAME``'s when it has one."""
     frame: int = 8
@@ -59,7 +67,11 @@ class TextTemplate:
         are parsed in one array, ``[S1,<LF>S2,<LF>…]``: an LF is not JSON inside a string, so
         each comma put there is outside one, and the array has as many elements, all strings,
         as the events only if each event held exactly one string (and blanks); the LFs of the
-        events are those of their frames alone (each event's data is one line, as SSE reads it)."""
+        events are those of their frames alone (each event's data is one line, as SSE reads it).
+        With ``mid`` (two slots), each event's bytes between ``pre`` and ``suf`` are cut at the
+        first ``mid`` into its two strings, both in the array (two elements an event: a cut
+        elsewhere leaves a piece that is not one JSON string, and the array fails or counts
+        otherwise); the texts are the first of each pair."""
         pre = self.pre
         if pre is None or not chunk.startswith(pre):
             return None
@@ -74,24 +86,35 @@ class TextTemplate:
         count = len(pieces)
         if chunk.count(b"\n", 0, size) != self.lines * count:
             return None
+        mid = self.mid
+        if mid is not None:
+            cut: list[bytes] = []
+            for piece in pieces:
+                at = piece.find(mid)
+                if at < 0:
+                    return None
+                cut += (piece[:at], piece[at + len(mid):])
+            pieces = cut
         try:
             texts = orjson.loads(b"[" + b",\n".join(pieces) + b"]")
         except orjson.JSONDecodeError:
             return None
-        if len(texts) != count:
+        if len(texts) != len(pieces):
             return None
         for text in texts:
             if type(text) is not str:
                 return None
-        return texts, size
+        return (texts if mid is None else texts[::2]), size
 
-    def learn(self, data: bytes, key: bytes, text: str, probed: Callable[[Any], bool], name: bytes = b"") -> bool:
+    def learn(self, data: bytes, key: bytes, text: str, probed: Callable[[Any], bool], name: bytes = b"",
+              pad: bytes = b"") -> bool:
         """Learn the template of ``data`` (a one-line event's data, which ``orjson.loads`` read;
         ``name``: the event's ``event:`` name, if it has one), whose text ``text`` is the value of
-        the last ``key`` member in it (``b'"content"'``). True
-        when learned: only if ``data`` with a probe string in place of that value parses to what
+        the last ``key`` member in it (``b'"content"'``); ``pad``: a key whose string value, the
+        last such member after the text's, is a second slot (``mid``). True when learned: only if
+        ``data`` with a probe string in place of that value (and of the pad's) parses to what
         ``probed`` accepts (called with that parse; true when it is the event's own parse with
-        ``PROBE`` in place of ``text``, and may change it)."""
+        ``PROBE`` in place of ``text`` and of the pad, and may change it)."""
         if self.learns <= 0 or text == PROBE or _LF in data or _CR in data or _LF in name or _CR in name:
             return False
         self.learns -= 1
@@ -100,35 +123,54 @@ class TextTemplate:
         if found is None:
             return False
         head, tail = data[:found.start(1)], data[found.end(1):]
+        mid: bytes | None = None
+        if pad:
+            at = tail.rfind(pad)
+            padded = _STRING_VALUE.match(tail, at + len(pad)) if at >= 0 else None
+            if padded is None:
+                return False
+            mid, tail = tail[:padded.start(1)], tail[padded.end(1):]
         try:
-            if not probed(orjson.loads(head + PROBE_TOKEN + tail)):
+            probe = head + PROBE_TOKEN + tail if mid is None else head + PROBE_TOKEN + mid + PROBE_TOKEN + tail
+            if not probed(orjson.loads(probe)):
                 return False
         except orjson.JSONDecodeError:
             return False
         start = b"event: " + name + b"\ndata: " if name else b"data: "
         self.pre, self.sep, self.suf = start + head, tail + b"\n\n" + start + head, tail + b"\n\n"
+        self.mid = mid
         self.lines, self.frame = (3, len(start) + 2) if name else (2, 8)
         return True
 
 
 def learn_chat(template: TextTemplate, data: bytes, chunk: dict[str, Any]) -> bool:
     """``template.learn`` of a chat chunk's ``data`` (read as ``chunk``) if it carries text alone
-    (``_text_alone``): its text, ``choices[0].delta.content``; True when learned."""
+    (``_text_alone``): its text, ``choices[0].delta.content``, and, when the chunk has a string
+    ``obfuscation`` (OpenAI's pad, which the reply does not keep), that as a second slot; True
+    when learned."""
     text = _text_alone(chunk)
     if text is None:
         return False
+    pad = chunk.get("obfuscation")
+    padded = type(pad) is str
+    if pad == PROBE:  # (as ``learn`` refuses that text: the probe would not show where the pad is)
+        return False
 
-    def probed(parsed: Any) -> bool:  # (``chunk`` with the probe for its text: put the text back, compare)
+    def probed(parsed: Any) -> bool:  # (``chunk`` with the probe for its text and pad: put them back, compare)
         try:
             delta = parsed["choices"][0]["delta"]
             if delta["content"] != PROBE:
                 return False
             delta["content"] = text
+            if padded:
+                if parsed["obfuscation"] != PROBE:
+                    return False
+                parsed["obfuscation"] = pad
         except (KeyError, IndexError, TypeError):
             return False
         return bool(parsed == chunk)
 
-    return template.learn(data, b'"content"', text, probed)
+    return template.learn(data, b'"content"', text, probed, pad=b'"obfuscation"' if padded else b"")
 
 
 def _text_alone(chunk: dict[str, Any]) -> str | None:

@@ -40,6 +40,13 @@ from tests.fakes.wire import (
 SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
 KEEP_HEAD_TOKENS = 4
 """Ollama keeps the first 4 tokens of an over-long prompt (case 017)."""
+OBFUSCATION_PAD = "v8Qe2LrTz0KcXw5NbHj"
+"""OpenAI's ``obfuscation`` pad of each streamed chunk (on unless ``stream_options.include_obfuscation``
+is ``false``): random characters of varying length, to normalize payload sizes; here cut from
+this string, a length per chunk (the client ignores its value)."""
+OBFUSCATING_STYLES = frozenset({"openai", "openai-midstream"})
+"""The styles of OpenAI itself, the one provider that pads (vLLM, llama.cpp, Ollama and the other
+OpenAI-compatible servers send no ``obfuscation``)."""
 
 
 async def chat_completions(ex: Exchange) -> None:
@@ -87,8 +94,16 @@ async def chat_completions(ex: Exchange) -> None:
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     chunks = stream_chunks(reply, completion_id=completion_id, created=created, model=model,
                            usage=usage if include_usage else None)
+    if style.name in OBFUSCATING_STYLES and (body.get("stream_options") or {}).get("include_obfuscation") is not False:
+        obfuscate(chunks)
     await _send_stream(ex, [sse_data(c) for c in chunks] + [SSE_DONE])
     return None
+
+
+def obfuscate(chunks: list[dict[str, Any]]) -> None:
+    """Add OpenAI's ``obfuscation`` pad to each chunk object, last (``OBFUSCATION_PAD``)."""
+    for i, chunk in enumerate(chunks):
+        chunk["obfuscation"] = OBFUSCATION_PAD[: 1 + (7 * i) % len(OBFUSCATION_PAD)]
 
 
 def reply_tokens(reply: Reply) -> int:

@@ -523,3 +523,17 @@ def test_case_upstream_behaviour(case: dict[str, Any], url: str, state: FakeStat
     got = post(url, roomy)
     assert got.status_code == 200, got.text[:300]
     assert got.json()["choices"][0]["message"]["content"] == answer.group(1)
+
+
+def test_streamed_chunks_carry_an_obfuscation_pad_unless_turned_off(url: str) -> None:
+    """OpenAI pads every streamed chunk with ``obfuscation`` (random characters of varying length)
+    unless ``stream_options.include_obfuscation`` is ``false``; the OpenAI-compatible servers do not."""
+    body = {"model": "fake-8k-openai", "messages": [{"role": "user", "content": "say a few words"}], "stream": True}
+    chunks = [json.loads(e.removeprefix("data: ")) for e in sse_events(post(url, body).text) if e != "data: [DONE]"]
+    pads = [c.get("obfuscation") for c in chunks]
+    assert len(chunks) > 2 and all(isinstance(p, str) and p for p in pads) and len(set(pads)) > 1
+    assert all(list(c)[-1] == "obfuscation" for c in chunks)  # (after the choices, as OpenAI sends it)
+    off = post(url, body | {"stream_options": {"include_obfuscation": False}}).text
+    assert "obfuscation" not in off and "chat.completion.chunk" in off and "[DONE]" in off
+    other = post(url, body | {"model": "fake-8k-vllm"}).text  # (an OpenAI-compatible server: no pad)
+    assert "obfuscation" not in other and "chat.completion.chunk" in other
