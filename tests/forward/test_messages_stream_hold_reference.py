@@ -1,10 +1,10 @@
 """``StreamStart.read`` splits a held chunk only up to the event that ends holding, and the relay
-reads the rest (``proxy.forward.messages_stream``): on random Anthropic streams cut at random
-places, the same held chunks and overflow as splitting every held chunk whole (``_old_start``, the
-way it was done before), the same relayed bytes in the same chunks, and the same logged reply as
-splitting the whole stream and reading each event (``_reference``); ``_round_events`` (the relay
-with the proxy's tools) gives the same events in the same order. Only the error that ends holding
-is classified, wherever the pieces are cut.
+reads the rest (``proxy.forward.messages_start``, ``proxy.forward.messages_stream``): on random
+Anthropic streams cut at random places, the same held chunks and overflow as splitting every
+held chunk whole (``_old_start``, the way it was done before), the same relayed bytes in the
+same chunks, and the same logged reply as splitting the whole stream and reading each event
+(``_reference``); ``_round_events`` (the relay with the proxy's tools) gives the same events in
+the same order. Only the error that ends holding is classified, wherever the pieces are cut.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ import pytest
 from proxy.compaction.overflow import Overflow, classify_stream_event
 from proxy.conversation.messages_codec import hash_view
 from proxy.errors import ProxyError, UpstreamUnreachable
-from proxy.forward import messages_stream
+from proxy.forward import messages_start, messages_stream
 from proxy.forward.messages_sse import MessagesAssembler
-from proxy.forward.messages_stream import MessagesStream, StreamStart, stream_error_event
+from proxy.forward.messages_start import StreamStart
+from proxy.forward.messages_stream import MessagesStream, stream_error_event
 from proxy.forward.sse import SSEEvent, SSESplitter
 from proxy.settings import Settings
 from tests.fakes.anthropic.wire import message_object, sse_event, stream_events
@@ -94,7 +95,7 @@ def _old_start(parts: list[bytes | BaseException]) -> tuple[int, Overflow | None
     the rule before, each held chunk split whole before its events are looked at."""
     splitter, size, held = SSESplitter(), 0, 0
     for part in [*parts, None]:
-        if size > messages_stream.HOLD_MAX_BYTES:
+        if size > messages_start.HOLD_MAX_BYTES:
             return held, None, False, False
         if part is None:
             return held, None, True, False
@@ -153,7 +154,7 @@ async def test_the_start_the_relay_and_the_log_are_those_of_splitting_each_chunk
     failure = UpstreamUnreachable("cut")
     templated = 0
     for _ in range(500):
-        monkeypatch.setattr(messages_stream, "HOLD_MAX_BYTES", rng.choice([1 << 20] * 6 + [200, 700]))
+        monkeypatch.setattr(messages_start, "HOLD_MAX_BYTES", rng.choice([1 << 20] * 6 + [200, 700]))
         monkeypatch.setattr(SSESplitter, "MAX_EVENT_BYTES", rng.choice([8 << 20] * 6 + [600]))
         max_bytes = rng.choice([1 << 20] * 6 + [400, 3_000])
         stream = _stream(rng)
@@ -241,7 +242,7 @@ async def test_a_held_chunk_that_ends_in_a_cr_keeps_the_next_chunk_s_lf_for_it(
     ``tail``; when that dropped the splitter's CR, the LF that opens the next chunk ended the
     event's name line twice: a ``content_block_delta`` without data, then its data as an unnamed
     event, both relayed so.)"""
-    monkeypatch.setattr(messages_stream, "HOLD_MAX_BYTES", hold_max_bytes)
+    monkeypatch.setattr(messages_start, "HOLD_MAX_BYTES", hold_max_bytes)
     message = message_object("msg_01", "m", _BLOCKS[0], "end_turn", None, _USAGE)
     stream = b"".join(sse_event(name, data) for name, data in stream_events(message)).replace(b"\n", b"\r\n")
     at = stream.index(b"event: content_block_delta") + len(b"event: content_block_delta\r")

@@ -16,7 +16,8 @@ from proxy.forward.answers import Streamed
 from proxy.forward.context import ChatContext
 from proxy.forward.db_health import DatabaseHealth
 from proxy.forward.log_writer import LogWriter
-from proxy.forward.messages_stream import MessagesStream, StreamStart
+from proxy.forward.messages_start import StreamStart
+from proxy.forward.messages_stream import MessagesStream
 from proxy.forward.session_log import SessionLog, new_id
 from proxy.settings import Settings
 from proxy.telemetry.metrics import Metrics
