@@ -1,0 +1,101 @@
+"""A session's log operations in one process run in the order they were started
+(``storage.session_order``), on SQLite and PostgreSQL: a read sees the writes started before it,
+and a message two writes carry is stored as the first sent it. Without the order, on PostgreSQL a
+client's next request (its moved cache breakpoints, an SDK's ``null`` fields) sometimes stored its
+form of a message the previous request's write was still storing (``tests/e2e/test_messages_log``
+failed about once in ten runs)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from proxy.conversation.canonical import digests_and_chain
+from storage.records import NewMessage
+from storage.session_order import SessionOrder
+from storage.store import Store
+from tests.storage.test_added_counts_alone import _record
+from tests.storage.test_store import T0, chain, conversation
+
+
+def _as(entry: NewMessage, message: dict[str, Any]) -> NewMessage:
+    """``entry`` carrying another form of its message (same chain hash: the log's identity)."""
+    return NewMessage(entry.chain_hash, entry.parent_hash, entry.seq, entry.role, message)
+
+
+async def test_a_read_sees_the_writes_started_before_it(store: Store) -> None:
+    for round_ in range(5):
+        session = await store.get_or_create_session("t", f"ryw{round_}", T0)
+        log = chain(conversation(8, f"r{round_}"))
+        write = store.append_and_record(session.pk, log, _record(f"req_{round_}", session.pk), T0, client_rows=8)
+        assert await store.stored_prefix_len(session.pk, [e.chain_hash for e in log]) == len(log)
+        assert await write == len(log)
+
+
+async def test_a_message_two_writes_carry_is_stored_as_the_first_sent_it(store: Store) -> None:
+    for round_ in range(5):
+        session = await store.get_or_create_session("t", f"first{round_}", T0)
+        log = chain(conversation(4, f"f{round_}"))
+        first = {**log[1].message, "content": [{"type": "text", "text": log[1].message["content"],
+                                                 "cache_control": {"type": "ephemeral"}}]}
+        write = store.append_and_record(session.pk, [log[0], _as(log[1], first)], _record(f"r{round_}", session.pk),
+                                        T0, client_rows=2)
+        added = await store.append_new_messages(session.pk, log, T0)  # the next request's, started after
+        assert await write == 2 and len(added) == 2  # (its own two; the first two were the first write's)
+        stored = await store.get_message_by_hash(session.pk, log[1].chain_hash)
+        assert stored is not None and stored.message == first
+
+
+async def test_sessions_are_ordered_apart(store: Store) -> None:
+    """Another session's write does not wait (nor is waited for)."""
+    a = await store.get_or_create_session("t", "apart-a", T0)
+    b = await store.get_or_create_session("t", "apart-b", T0)
+    log_a, log_b = chain(conversation(3, "a")), chain(conversation(3, "b"))
+    write = store.append_and_record(a.pk, log_a, _record("req_a", a.pk), T0)
+    assert await store.append_messages(b.pk, log_b, T0) == 3
+    assert await write == 3
+
+
+def test_the_digests_match() -> None:  # (the helpers above build one branch from the root)
+    log = chain(conversation(3))
+    assert [e.chain_hash for e in log] == digests_and_chain([e.message for e in log])[1]
+
+
+async def test_an_operation_waits_for_every_one_started_before_it() -> None:
+    order = SessionOrder()
+    ran: list[str] = []
+    gates = {name: asyncio.Event() for name in "abc"}
+
+    async def op(name: str) -> None:
+        before, mine = order.enter(7)
+        try:
+            await order.wait(before)
+            ran.append(name)
+            await gates[name].wait()
+        finally:
+            order.leave(before, mine)
+
+    tasks = [asyncio.create_task(op(n)) for n in "abc"]
+    await asyncio.sleep(0)
+    assert ran == ["a"] and len(order) == 1
+    tasks[1].cancel()  # b gives up while waiting for a: c must still wait for a
+    await asyncio.sleep(0.01)
+    assert ran == ["a"]
+    gates["a"].set()
+    await asyncio.sleep(0.01)
+    assert ran == ["a", "c"] and tasks[1].cancelled()
+    gates["c"].set()
+    await asyncio.gather(tasks[0], tasks[2])
+    assert len(order) == 0  # (bounded by the operations in flight)
+
+
+async def test_a_write_cancelled_before_it_starts_lets_the_next_run(store: Store) -> None:
+    """(On PostgreSQL the write's task leaves the order from its done callback: cancelled before
+    its first step, none of its code runs.)"""
+    session = await store.get_or_create_session("t", "cancelled", T0)
+    log = chain(conversation(4, "c"))
+    write = store.append_and_record(session.pk, log[:2], _record("req_c1", session.pk), T0)
+    write.cancel()  # before its first step (a SQLite file's queued write commits all the same)
+    stored = await asyncio.wait_for(store.stored_prefix_len(session.pk, [e.chain_hash for e in log]), 10)
+    assert stored == (2 if store._order is None else 0)
+    assert await store.append_messages(session.pk, log, T0) == 4 - stored
