@@ -109,10 +109,10 @@ class Store(LearnedLimitQueries, RefusedRequestQueries, ReadQueries, CompactionL
                 index_elements=[messages.c.session_pk, messages.c.chain_hash])
             self._end_write = SqliteEndWrite(sqlite_file, self._bump_session, insert_message, self._insert_request)
         self._writes: set[asyncio.Task[int]] = set()
+        """End-of-request writes running in tasks (``append_and_record``), awaited by ``close``."""
         self._order = SessionOrder() if sqlite_file is None else None
         """A session's operations in order (``SessionOrder``: PostgreSQL, SQLite in memory; a SQLite
         file orders its own)."""
-        """End-of-request writes running in tasks (``append_and_record``), awaited by ``close``."""
 
     @classmethod
     async def open(cls, database_url: str, *, pool_size: int = 20) -> Store:

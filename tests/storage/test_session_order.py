@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from proxy.conversation.canonical import digests_and_chain
+from storage.errors import StorageError
 from storage.records import NewMessage
 from storage.session_order import SessionOrder
 from storage.store import Store
@@ -99,3 +102,79 @@ async def test_a_write_cancelled_before_it_starts_lets_the_next_run(store: Store
     stored = await asyncio.wait_for(store.stored_prefix_len(session.pk, [e.chain_hash for e in log]), 10)
     assert stored == (2 if store._order is None else 0)
     assert await store.append_messages(session.pk, log, T0) == 4 - stored
+
+
+async def _held(store: Store, session_pk: int, gate: asyncio.Event, started: list[str], name: str) -> None:
+    """An operation of the session in the order (``Store._in_order``) that runs until ``gate`` is set."""
+
+    async def op() -> None:
+        started.append(name)
+        await gate.wait()
+
+    await store._in_order(session_pk, op)
+
+
+async def test_each_operation_waits_for_one_started_before_it_still_running(store: Store) -> None:
+    """The read, the append and the end-of-request write each wait (a SQLite file orders its own:
+    they run at once there). Each of the three waits removed fails this, as does the write's task
+    registering only once it runs."""
+    session = await store.get_or_create_session("t", "held", T0)
+    log = chain(conversation(6, "h"))
+    ordered = store._order is not None
+    started: list[str] = []
+    gate = asyncio.Event()
+    held = asyncio.create_task(_held(store, session.pk, gate, started, "held"))
+    await asyncio.sleep(0)
+    assert started == ["held"]
+    hashes = [e.chain_hash for e in log]
+    ops: list[asyncio.Future[Any]] = [asyncio.ensure_future(store.stored_prefix_len(session.pk, hashes))]
+    await asyncio.sleep(0)  # (a coroutine takes its place in the order as it starts to run)
+    ops.append(asyncio.ensure_future(store.append_new_messages(session.pk, log[:2], T0)))
+    await asyncio.sleep(0)
+    ops.append(store.append_and_record(session.pk, log[2:4], _record("req_held", session.pk), T0))
+    done, _ = await asyncio.wait(ops, timeout=1.0)
+    assert len(done) == (0 if ordered else 3)
+    gate.set()
+    await asyncio.wait_for(held, 10)
+    results = await asyncio.wait_for(asyncio.gather(*ops), 10)
+    if ordered:
+        assert results[0] == 0 and len(results[1]) == 2 and results[2] == 2
+    assert len(store._order or ()) == 0
+
+
+async def test_an_operation_waiting_holds_up_those_started_after_it(store: Store) -> None:
+    """An operation is in the order from when it starts, not once it may run: a write started while
+    an earlier operation still waits for the first runs after it (here held running), not alongside
+    it (fails if ``Store._in_order`` registers only after waiting)."""
+    session = await store.get_or_create_session("t", "queued", T0)
+    log = chain(conversation(4, "q"))
+    started: list[str] = []
+    first, second = asyncio.Event(), asyncio.Event()
+    held = asyncio.create_task(_held(store, session.pk, first, started, "first"))
+    await asyncio.sleep(0)
+    waiting = asyncio.create_task(_held(store, session.pk, second, started, "second"))  # waits for the first
+    await asyncio.sleep(0)
+    write = store.append_and_record(session.pk, log, _record("req_queued", session.pk), T0)
+    first.set()
+    await asyncio.wait_for(held, 10)
+    await asyncio.sleep(0.05)
+    assert started == ["first", "second"]
+    done, _ = await asyncio.wait([write], timeout=1.0)
+    assert not done if store._order is not None else done
+    second.set()
+    await asyncio.wait_for(waiting, 10)
+    assert await asyncio.wait_for(write, 10) == 4
+
+
+async def test_an_operation_that_failed_lets_the_next_run(store: Store) -> None:
+    """(Fails if ``Store._in_order`` leaves only when its operation succeeded: the session would stall.)"""
+    session = await store.get_or_create_session("t", "failed", T0)
+    log = chain(conversation(2, "x"))
+
+    async def fail() -> None:
+        raise StorageError("refused")
+
+    with pytest.raises(StorageError):
+        await store._in_order(session.pk, fail)
+    assert await asyncio.wait_for(store.append_messages(session.pk, log, T0), 10) == 2
+    assert len(store._order or ()) == 0
