@@ -16,6 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
+
+log = logging.getLogger("context_proxy.storage")
+
+ORDER_WAIT_S = 5.0
+"""How long an operation waits for the one started before it (seconds): past that it goes on
+unordered, as before there was an order (the inserts are idempotent; a message sent twice is
+then stored in whichever form commits first). A session's log write takes milliseconds; one
+stuck in the database (a lock held elsewhere, a connection that does not answer) must not hold
+up every later operation of the session, reads included, and through the log writer's bound on
+pending writes, the other sessions'."""
 
 
 class SessionOrder:
@@ -40,10 +51,14 @@ class SessionOrder:
 
     @staticmethod
     async def wait(before: asyncio.Future[None] | None) -> None:
-        """Until ``before`` has left (however it ended: its outcome is its caller's). Raises
-        ``CancelledError`` if the waiter is cancelled (``before`` is not)."""
+        """Until ``before`` has left (however it ended: its outcome is its caller's), or
+        ``ORDER_WAIT_S`` has passed (logged). Raises ``CancelledError`` if the waiter is
+        cancelled (``before`` is not)."""
         if before is not None and not before.done():
-            await asyncio.wait((before,))
+            await asyncio.wait((before,), timeout=ORDER_WAIT_S)
+            if not before.done():
+                log.warning("a log operation of this session has run for %.0f s: the next goes on without waiting "
+                            "for it", ORDER_WAIT_S)
 
     @staticmethod
     def leave(before: asyncio.Future[None] | None, mine: asyncio.Future[None]) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from proxy.conversation.canonical import digests_and_chain
+from storage import session_order
 from storage.errors import StorageError
 from storage.records import NewMessage
 from storage.session_order import SessionOrder
@@ -178,3 +179,24 @@ async def test_an_operation_that_failed_lets_the_next_run(store: Store) -> None:
         await store._in_order(session.pk, fail)
     assert await asyncio.wait_for(store.append_messages(session.pk, log, T0), 10) == 2
     assert len(store._order or ()) == 0
+
+
+async def test_an_operation_stuck_holds_up_the_next_for_order_wait_s_at_most(
+        store: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """An earlier operation that does not end (a lock held elsewhere, a connection that does not
+    answer) holds a later one of the session up for ``ORDER_WAIT_S``, then it goes on, logged
+    (fails without the bound: the read waits as long as the stuck one)."""
+    monkeypatch.setattr(session_order, "ORDER_WAIT_S", 0.2)
+    session = await store.get_or_create_session("t", "stuck", T0)
+    log = chain(conversation(3, "s"))
+    gate = asyncio.Event()
+    stuck = asyncio.create_task(_held(store, session.pk, gate, [], "stuck"))
+    await asyncio.sleep(0)
+    read = asyncio.ensure_future(store.stored_prefix_len(session.pk, [e.chain_hash for e in log]))
+    done, _ = await asyncio.wait([read], timeout=3.0)
+    assert done and read.result() == 0
+    if store._order is not None:
+        assert "without waiting" in caplog.text
+    gate.set()
+    await asyncio.wait_for(stuck, 10)
+    assert await asyncio.wait_for(store.append_messages(session.pk, log, T0), 10) == 3
