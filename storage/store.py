@@ -15,8 +15,9 @@ PostgreSQL use the async engine. See ``Store._transact`` and ``Store.append_and_
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -46,6 +47,7 @@ from storage.records import (
 )
 from storage.refused import RefusedRequestQueries, tracked
 from storage.rows import RecordItem, added_counts, message_rows, record_item, request_values
+from storage.session_order import SessionOrder
 from storage.sqlite.end_write import SqliteEndWrite
 from storage.sqlite.file import SqliteFile, small_rows
 from storage.tables import (
@@ -108,6 +110,9 @@ class Store(LearnedLimitQueries, RefusedRequestQueries, ReadQueries, CompactionL
             self._end_write = SqliteEndWrite(sqlite_file, self._bump_session, insert_message, self._insert_request)
         self._writes: set[asyncio.Task[int]] = set()
         """End-of-request writes running in tasks (``append_and_record``), awaited by ``close``."""
+        self._order = SessionOrder() if sqlite_file is None else None
+        """A session's operations in order (``SessionOrder``: PostgreSQL, SQLite in memory; a SQLite
+        file orders its own)."""
 
     @classmethod
     async def open(cls, database_url: str, *, pool_size: int = 20) -> Store:
@@ -147,6 +152,19 @@ class Store(LearnedLimitQueries, RefusedRequestQueries, ReadQueries, CompactionL
                 return await conn.run_sync(fn)
         async with self._read(operation) as conn:
             return await conn.run_sync(fn)
+
+    async def _in_order(self, session_pk: int, op: Callable[[], Awaitable[T]]) -> T:
+        """``op()`` once this process's operations of the session started before it have ended
+        (``SessionOrder``; a SQLite file: at once)."""
+        order = self._order
+        if order is None:
+            return await op()
+        before, mine = order.enter(session_pk)
+        try:
+            await order.wait(before)
+            return await op()
+        finally:
+            order.leave(before, mine)
 
     def _flush(self) -> None:
         """Commit deferred writes before anything else reads or writes (order, read-your-writes)."""
@@ -214,8 +232,10 @@ class Store(LearnedLimitQueries, RefusedRequestQueries, ReadQueries, CompactionL
         """How many leading ``chain_hashes`` are stored in the session (0..len).
 
         Relies on the log being prefix-closed (a message is stored only with or after its
-        parent). Cost: one point lookup when all are stored; else one ``IN`` query over the
-        last ``PREFIX_TAIL``; else a binary search of point lookups (about 13 for 5,000).
+        parent). Sees every write of the session this process started before it
+        (``SessionOrder``; a SQLite file flushes its queued writes first). Cost: one point
+        lookup when all are stored; else one ``IN`` query over the last ``PREFIX_TAIL``; else a
+        binary search of point lookups (about 13 for 5,000).
         """
         n = len(chain_hashes)
         if n == 0:
@@ -244,14 +264,16 @@ class Store(LearnedLimitQueries, RefusedRequestQueries, ReadQueries, CompactionL
                     hi = mid - 1
             return lo
 
-        return await self._transact("stored_prefix_len", run, write=False)
+        return await self._in_order(session_pk, lambda: self._transact("stored_prefix_len", run, write=False))
 
     async def append_messages(self, session_pk: int, new_messages: Sequence[NewMessage], now: datetime) -> int:
         """Append ``new_messages`` (parents first) to the session's log; return how many were new.
 
         One transaction: bump ``sessions.updated_at`` (its row lock orders concurrent appends of
         one session on PostgreSQL), then ``INSERT .. ON CONFLICT (session_pk, chain_hash) DO
-        NOTHING`` in batches. Overlapping concurrent appends never duplicate nor fail.
+        NOTHING`` in batches. Overlapping concurrent appends never duplicate nor fail; those of
+        this process commit in the order they were called (``SessionOrder``), so a message sent
+        twice is stored as first sent.
         """
         return len(await self.append_new_messages(session_pk, new_messages, now))
 
@@ -261,8 +283,8 @@ class Store(LearnedLimitQueries, RefusedRequestQueries, ReadQueries, CompactionL
         if not new_messages:
             return []
         rows = message_rows(session_pk, new_messages, now)
-        return await self._transact("append_messages", lambda conn: self._append(conn, session_pk, rows, now),
-                                    small=small_rows(new_messages))
+        return await self._in_order(session_pk, lambda: self._transact(
+            "append_messages", lambda conn: self._append(conn, session_pk, rows, now), small=small_rows(new_messages)))
 
     def _append(self, conn: sa.Connection, session_pk: int, rows: list[dict[str, Any]], now: datetime) -> list[int]:
         """Bump the session, insert ``rows``; the ids of the new ones (the ``RETURNING`` rows: a
@@ -292,18 +314,26 @@ class Store(LearnedLimitQueries, RefusedRequestQueries, ReadQueries, CompactionL
         queued in the file's deferred batch and committed with the others of the next
         ``DEFER_WRITE_S`` (``storage.sqlite.end_write``: no task, no thread hop); anything else
         (PostgreSQL, SQLite in memory, many or large messages) runs in a task of its own, which
-        ``close`` waits for. Either way it has started, whatever becomes of the caller, and it
+        ``close`` waits for, after the session's operations this process started before it
+        (``SessionOrder``). Either way it has started, whatever becomes of the caller, and it
         may read its arguments as it runs (on SQLite the rows are converted at the batch's
         commit): the caller changes none of them (nor the messages' dicts) afterwards."""
         if self._end_write is not None and small_rows(new_messages):
             return self._end_write.defer(session_pk, new_messages, record, now, client_rows)
         item = record_item(session_pk, new_messages, record, now, client_rows)
-        task = asyncio.get_running_loop().create_task(self._append_and_record(item))
+        loop, order = asyncio.get_running_loop(), self._order
+        if order is None:
+            task = loop.create_task(self._append_and_record(item))
+        else:  # in the session's order from now (``SessionOrder``), however the task ends, started or not
+            before, mine = order.enter(session_pk)
+            task = loop.create_task(self._append_and_record(item, before))
+            task.add_done_callback(functools.partial(_left, before, mine))
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
         return task
 
-    async def _append_and_record(self, item: RecordItem) -> int:
+    async def _append_and_record(self, item: RecordItem, before: asyncio.Future[None] | None = None) -> int:
+        await SessionOrder.wait(before)
         session_pk, rows, values, now, client_seqs = item
 
         def run(conn: sa.Connection) -> int:
@@ -387,3 +417,9 @@ class Store(LearnedLimitQueries, RefusedRequestQueries, ReadQueries, CompactionL
             "list_internal_messages", lambda conn: [MessageRecord(**r._mapping) for r in conn.execute(query)],
             write=False
         )
+
+
+def _left(before: asyncio.Future[None] | None, mine: asyncio.Future[None], _task: asyncio.Task[int]) -> None:
+    """``SessionOrder.leave`` once an ordered write's task has ended (a task cancelled before its
+    first step runs none of its code)."""
+    SessionOrder.leave(before, mine)
