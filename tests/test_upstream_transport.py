@@ -5,8 +5,10 @@ httpx's or an ``OSError``), with the library's exception as its cause."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import struct
+import types
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -231,10 +233,12 @@ def test_each_transport_maps_its_own_library() -> None:
     assert isinstance(aiohttp_error(aiohttp.ServerTimeoutError("read")), UpstreamTimeout)
 
 
-async def _keep_alive_server(reply: bytes, heads: list[bytes],
-                             connections: list[int]) -> tuple[asyncio.Server, yarl.URL]:
-    """A server answering each request of a connection with 200 and ``reply``; the requests (head
-    and body) go in ``heads``, each connection it accepts in ``connections``."""
+async def _keep_alive_server(reply: bytes, heads: list[bytes], connections: list[int],
+                             answer: bytes | None = None) -> tuple[asyncio.Server, yarl.URL]:
+    """A server answering each request of a connection with 200 and ``reply`` (or with the raw
+    ``answer``, head included); the requests (head and body) go in ``heads``, each connection it
+    accepts in ``connections``."""
+    answer = answer or b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(reply), reply)
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connections.append(id(writer))
@@ -246,7 +250,7 @@ async def _keep_alive_server(reply: bytes, heads: list[bytes],
             length = next((int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
                            if line.startswith(b"content-length:")), 0)
             heads.append(head + await reader.readexactly(length))
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(reply), reply))
+            writer.write(answer)
             await writer.drain()
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
@@ -373,3 +377,117 @@ async def test_the_transport_awaits_the_sessions_request_coroutine_and_gets_what
 
     for session in (Plain(), Without()):
         assert session_request(session) == session.request  # type: ignore[arg-type]
+
+
+async def _chunked_server(chunks: list[bytes]) -> tuple[asyncio.Server, yarl.URL]:
+    """A keep-alive server answering each request with ``chunks``, each an HTTP chunk of its own
+    (``transfer-encoding: chunked``), as providers stream SSE events."""
+    answer = b"".join([b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n",
+                       *(b"%x\r\n%s\r\n" % (len(chunk), chunk) for chunk in chunks), b"0\r\n\r\n"])
+    return await _keep_alive_server(b"", [], [], answer)
+
+
+async def _streamed(transport: object, url: yarl.URL, wait_s: float = 0.0) -> bytes:
+    """The body of one streamed answer read through ``transport.send`` and ``aiter_raw``; with
+    ``wait_s``, read only after that long (the upstream's bytes pile up in aiohttp's buffer)."""
+    resp = await transport.send("POST", url, headers=[("content-type", "application/json")],  # type: ignore[attr-defined]
+                                content=b'{"stream":true}')
+    await asyncio.sleep(wait_s)
+    body = b"".join([chunk async for chunk in resp.aiter_raw()])
+    await resp.aclose()
+    return body
+
+
+async def test_a_streamed_body_is_read_without_aiohttps_empty_resume_per_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The transport's connections resume reading only when something is paused
+    (``QuietResumeHandler``): a streamed answer of 300 HTTP chunks gives the same bytes as through
+    aiohttp's own ``ResponseHandler``, which feeds its parser an empty ``data_received`` after each
+    chunk it hands over; ours feeds none."""
+    from aiohttp.client_proto import ResponseHandler
+
+    from proxy.upstream.aiohttp_transport import AiohttpTransport, QuietResumeHandler
+
+    empty: list[type] = []
+    received = ResponseHandler.data_received
+
+    def counting(self: ResponseHandler, data: bytes) -> None:
+        if not data:
+            empty.append(type(self))
+        received(self, data)
+
+    monkeypatch.setattr(ResponseHandler, "data_received", counting)
+    events = [b'data: {"choices":[{"delta":{"content":"w%d "}}]}\n\n' % i for i in range(300)]
+    server, url = await _chunked_server(events)
+    ours = AiohttpTransport(pool_size=2, connect_timeout_s=5, read_timeout_s=5, keepalive_s=4)
+    plain = AiohttpTransport(pool_size=2, connect_timeout_s=5, read_timeout_s=5, keepalive_s=4)
+    connector = plain._session.connector
+    assert connector is not None and connector._factory.func is QuietResumeHandler  # type: ignore[attr-defined]
+    connector._factory = functools.partial(ResponseHandler, *connector._factory.args,  # type: ignore[attr-defined]
+                                           **connector._factory.keywords)  # type: ignore[attr-defined]
+    try:
+        bodies = [await _streamed(t, url, wait_s=0.05) for t in (ours, plain)]
+    finally:
+        await ours.aclose()
+        await plain.aclose()
+        server.close()
+    assert bodies[0] == bodies[1] == b"".join(events)
+    assert QuietResumeHandler not in empty  # the fast path: no empty feed on our connection
+    assert empty.count(ResponseHandler) >= 250  # aiohttp's: about one a chunk (all 300 were buffered)
+
+
+async def test_a_body_that_outruns_its_reader_is_paused_and_resumed_in_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A body larger than aiohttp's buffer, read only after it piled up: aiohttp pauses reading the
+    socket, and the connection's ``resume_reading`` (ours: paused, so aiohttp's own) starts it again;
+    every byte arrives (a resume skipped while paused would stall until the read timeout)."""
+    from aiohttp.client_proto import ResponseHandler
+
+    from proxy.upstream.aiohttp_transport import AiohttpTransport
+
+    paused: list[object] = []
+    pause = ResponseHandler.pause_reading
+
+    def counting(self: ResponseHandler) -> None:
+        paused.append(self)
+        pause(self)
+
+    monkeypatch.setattr(ResponseHandler, "pause_reading", counting)
+    chunks = [bytes([65 + i % 26]) * 16_384 for i in range(192)]  # 3 MiB in 16 KiB chunks
+    server, url = await _chunked_server(chunks)
+    transport = AiohttpTransport(pool_size=2, connect_timeout_s=5, read_timeout_s=2, keepalive_s=4)
+    try:
+        body = await asyncio.wait_for(_streamed(transport, url, wait_s=0.3), 20)
+        again = await asyncio.wait_for(_streamed(transport, url), 20)  # the same connection, after the pauses
+    finally:
+        await transport.aclose()
+        server.close()
+    assert body == again == b"".join(chunks)
+    assert paused  # the buffer did fill: aiohttp paused the socket at least once
+
+
+def test_quiet_resume_leaves_another_aiohttps_factory_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``quiet_resume`` changes a connector's protocol factory only when it is aiohttp 3.x's
+    ``partial(ResponseHandler, ...)`` making protocols with the flags the override reads."""
+    from aiohttp.client_proto import ResponseHandler
+
+    import proxy.upstream.aiohttp_transport as transport_module
+    from proxy.upstream.aiohttp_transport import quiet_resume
+
+    class Other(ResponseHandler):
+        pass
+
+    class Bare:  # a protocol without the flags (an older aiohttp's)
+        def __init__(self, loop: object) -> None:
+            self.loop = loop
+
+    for factory in (functools.partial(Other, loop=None), Other, functools.partial(Bare, loop=None)):
+        connector = types.SimpleNamespace(_factory=factory)
+        quiet_resume(connector)  # type: ignore[arg-type]
+        assert connector._factory is factory
+    aiohttps = functools.partial(ResponseHandler, loop=None)
+    monkeypatch.setattr(transport_module, "QuietResumeHandler", Bare)  # as if the flags were gone
+    connector = types.SimpleNamespace(_factory=aiohttps)
+    quiet_resume(connector)  # type: ignore[arg-type]
+    assert connector._factory is aiohttps
+    monkeypatch.undo()
+    quiet_resume(connector)  # type: ignore[arg-type]
+    assert connector._factory.func is transport_module.QuietResumeHandler  # this aiohttp's: replaced
