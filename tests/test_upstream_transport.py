@@ -491,3 +491,43 @@ def test_quiet_resume_leaves_another_aiohttps_factory_alone(monkeypatch: pytest.
     monkeypatch.undo()
     quiet_resume(connector)  # type: ignore[arg-type]
     assert connector._factory.func is transport_module.QuietResumeHandler  # this aiohttp's: replaced
+
+
+async def test_a_body_paused_on_its_chunk_count_at_a_read_boundary_ends_without_a_stall() -> None:
+    """aiohttp pauses on the count of buffered HTTP chunks (16,384 by default) from the chunk's end,
+    outside its body callback: at the end of a socket read the parser keeps that pause and takes
+    it at the first body of the next read, holding the rest of that read (here the last chunk's
+    CRLF and the terminating chunk) while nothing is marked paused. aiohttp's own
+    ``resume_reading`` (after the reader takes a chunk) feeds the parser and the body ends; a
+    resume skipped as a no-op leaves the end unread until the read timeout."""
+    from aiohttp.client_proto import ResponseHandler
+
+    from proxy.upstream.aiohttp_transport import AiohttpTransport
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
+                      if line.startswith(b"content-length:"))
+        await reader.readexactly(length)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + b"1\r\nx\r\n" * 16_385)
+        await writer.drain()
+        await asyncio.sleep(0.3)  # the client has read the first part and paused on its chunk count
+        writer.write(b"1\r\ny\r\n0\r\n\r\n")
+        await writer.drain()
+        await reader.read()  # keep-alive: the connection stays open until the client closes it
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    url = yarl.URL(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/")
+    ours = AiohttpTransport(pool_size=2, connect_timeout_s=5, read_timeout_s=2, keepalive_s=4)
+    plain = AiohttpTransport(pool_size=2, connect_timeout_s=5, read_timeout_s=2, keepalive_s=4)
+    connector = plain._session.connector
+    assert connector is not None
+    connector._factory = functools.partial(ResponseHandler, *connector._factory.args,  # type: ignore[attr-defined]
+                                           **connector._factory.keywords)  # type: ignore[attr-defined]
+    try:
+        bodies = [await asyncio.wait_for(_streamed(t, url, wait_s=0.15), 10) for t in (plain, ours)]
+    finally:
+        await ours.aclose()
+        await plain.aclose()
+        server.close()
+    assert bodies[0] == bodies[1] == b"x" * 16_385 + b"y"
