@@ -135,16 +135,27 @@ class QuietResumeHandler(ResponseHandler):
 
     aiohttp's body reader calls ``resume_reading`` after taking each buffered piece whenever its
     buffer is below the low-water mark, paused or not: once for every HTTP chunk of a streamed
-    body (a chunk an SSE event, as providers send them). Unpaused, aiohttp's own method changes
-    nothing: its parser holds unparsed bytes only after a pause (``pause_reading`` sets
-    ``_reading_paused`` with the parser's own pause, and only this method clears it), and the
-    socket is read already. It still runs ``data_received(b"")`` through the parser and the
-    transport's ``resume_reading``: about 4,000 instructions a chunk (callgrind, a streamed
-    request of 24 chunks: 1,909,191 to 1,809,686). Paused (flow control or a full buffer), or
-    with a WebSocket reader, it is aiohttp's own."""
+    body (a chunk an SSE event, as providers send them). Unpaused, and on a response whose parser
+    was never paused, aiohttp's own method changes nothing: the parser holds unparsed bytes only
+    after its own pause, and the socket is read already. It still runs ``data_received(b"")``
+    through the parser and the transport's ``resume_reading``: about 4,000 instructions a chunk
+    (callgrind, a streamed request of 24 chunks: 1,909,191 to 1,809,686). Once a response's
+    parser was paused it is aiohttp's own for the rest of that response: the parser's pause can
+    outlive ``_reading_paused`` (set at a chunk's end, on aiohttp's count of buffered chunks, it
+    is taken only at the next body bytes, maybe of the next socket read, whose rest the parser
+    then holds with no flag set, for this method's ``data_received(b"")`` to parse). Paused
+    (flow control or a full buffer), or with a WebSocket reader, it is aiohttp's own too."""
+
+    _paused_parser: object = None
+    """The parser (``_parser``) this connection last paused: aiohttp makes one a response."""
+
+    def pause_reading(self) -> None:
+        self._paused_parser = self._parser
+        super().pause_reading()
 
     def resume_reading(self, resume_parser: bool = True) -> None:
-        if self._reading_paused or self._buffer_paused or self._payload_parser is not None:
+        if (self._reading_paused or self._buffer_paused or self._payload_parser is not None
+                or self._paused_parser is self._parser):
             super().resume_reading(resume_parser)
 
 
