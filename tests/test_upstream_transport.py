@@ -475,9 +475,10 @@ def test_quiet_resume_leaves_another_aiohttps_factory_alone(monkeypatch: pytest.
     class Other(ResponseHandler):
         pass
 
-    class Bare:  # a protocol without the flags (an older aiohttp's)
+    class Bare:  # a protocol without one of the flags (an older aiohttp's)
         def __init__(self, loop: object) -> None:
             self.loop = loop
+            self._reading_paused = self._buffer_paused = False
 
     for factory in (functools.partial(Other, loop=None), Other, functools.partial(Bare, loop=None)):
         connector = types.SimpleNamespace(_factory=factory)
