@@ -273,7 +273,8 @@ class Store(LearnedLimitQueries, RefusedRequestQueries, ReadQueries, CompactionL
         one session on PostgreSQL), then ``INSERT .. ON CONFLICT (session_pk, chain_hash) DO
         NOTHING`` in batches. Overlapping concurrent appends never duplicate nor fail; those of
         this process commit in the order they were called (``SessionOrder``), so a message sent
-        twice is stored as first sent.
+        twice is stored as first sent; an earlier operation still running after ``ORDER_WAIT_S``
+        (5 s: a lock held elsewhere) is no longer waited for, and the wait is logged.
         """
         return len(await self.append_new_messages(session_pk, new_messages, now))
 
