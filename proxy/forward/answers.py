@@ -30,12 +30,16 @@ class Streamed:
 
     The HTTP layer awaits ``close()`` once the response is over, however it ended: a client gone
     before the relay's first step leaves ``chunks`` never started, and only ``close`` then logs the
-    request and releases the upstream response."""
+    request and releases the upstream response. ``closed()``, when given, is ``True`` when ``close()``
+    has nothing left to do (the relay ended, the request is logged, the upstream response released:
+    a stream relayed to its end); the HTTP layer then does not run it (a task of its own, shielded,
+    for nothing: about 35,000 instructions a stream). It only looks: it changes nothing."""
 
     status: int
     headers: dict[str, str]
     chunks: AsyncIterator[bytes]
     close: Callable[[], Awaitable[None]] | None = None
+    closed: Callable[[], bool] | None = None
 
 
 @dataclass(slots=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+import types
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
@@ -81,6 +82,12 @@ def context_headers(ctx: ChatContext, upstream: Mapping[str, str] | None, *, sha
     if ctx.degraded:
         out["x-context-proxy-warning"] = DEGRADED_WARNING
     return out
+
+
+def _over(gen: AsyncGenerator[Any, None]) -> bool:
+    """``gen`` (a Python async generator) ran its ``finally``: ended, or closed after it started
+    (no frame left). A generator never started keeps its frame until closed."""
+    return isinstance(gen, types.AsyncGeneratorType) and gen.ag_frame is None
 
 
 class ChatPipeline:
@@ -194,7 +201,13 @@ class ChatPipeline:
                 if turn.resp is not None:
                     await turn.resp.aclose()
 
-        return Streamed(turn.status, headers, relay, close)
+        def closed() -> bool:
+            # ``close`` would only await what already ended: the relay and the loop ran their
+            # ``finally`` (the loop's released ``turn.resp``; the relay's logged the request); a
+            # relay never started keeps its frame, and ``close`` logs the request then
+            return _over(relay) and _over(steps) and ctx.finished
+
+        return Streamed(turn.status, headers, relay, close, closed)
 
     def _client_headers(self, ctx: ChatContext, upstream: Mapping[str, str] | None) -> dict[str, str]:
         shared_key = self.settings.upstream_api_key is not None  # the operator's account headers stay here

@@ -109,7 +109,8 @@ async def send_whole(send: Send, status: int, headers: list[tuple[bytes, bytes]]
 
 async def send_stream(outcome: Streamed, receive: Receive, send: Send) -> None:
     """Relay ``outcome.chunks``; a client disconnect cancels the relay (and with it the upstream
-    request). ``outcome.close()`` runs however it ends."""
+    request). ``outcome.close()`` runs however it ends, unless ``outcome.closed()`` says it has
+    nothing left to do."""
     task = asyncio.current_task()
     assert task is not None
     disconnected = False
@@ -134,7 +135,7 @@ async def send_stream(outcome: Streamed, receive: Receive, send: Send) -> None:
         task.uncancel()
     finally:
         watcher.cancel()
-        if outcome.close is not None:
+        if outcome.close is not None and (outcome.closed is None or not outcome.closed()):
             # shielded: neither the watcher's late cancel nor a shutdown's stops the cleanup
             # halfway (it logs the request and releases the upstream response)
             try:
