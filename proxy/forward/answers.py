@@ -33,7 +33,7 @@ class Streamed:
     request and releases the upstream response. ``closed()``, when given, is ``True`` when ``close()``
     has nothing left to do (the relay ended, the request is logged, the upstream response released:
     a stream relayed to its end); the HTTP layer then does not run it (a task of its own, shielded,
-    for nothing: about 35,000 instructions a stream). It only looks: it changes nothing."""
+    for nothing: about 42,000 instructions a stream, callgrind). It only looks: it changes nothing."""
 
     status: int
     headers: dict[str, str]
