@@ -144,10 +144,48 @@ class QuietResumeHandler(ResponseHandler):
     outlive ``_reading_paused`` (set at a chunk's end, on aiohttp's count of buffered chunks, it
     is taken only at the next body bytes, maybe of the next socket read, whose rest the parser
     then holds with no flag set, for this method's ``data_received(b"")`` to parse). Paused
-    (flow control or a full buffer), or with a WebSocket reader, it is aiohttp's own too."""
+    (flow control or a full buffer), or with a WebSocket reader, it is aiohttp's own too.
+
+    Its read timeout keeps one timer while reads come (``_reschedule_timeout``, ``_on_read_timeout``)
+    where aiohttp's makes a new one at every read."""
 
     _paused_parser: object = None
     """The parser (``_parser``) this connection last paused: aiohttp makes one a response."""
+
+    _read_deadline: float = 0.0
+    """When the read timeout is due (``loop.time()``, seconds): the armed timer's time, moved on
+    by each read since it was armed (``_reschedule_timeout``)."""
+
+    _armed_for: float = 0.0
+    """When the armed timer (``_read_timeout_handle``) fires (``loop.time()``, seconds)."""
+
+    def _reschedule_timeout(self) -> None:
+        """aiohttp's, once a timer is armed: the read deadline moved on without a new timer.
+        aiohttp cancels the read timer and arms a new one at every read of a body (each a timer
+        made, started, stopped and closed in uvloop: about 1.6 us; a stream reads once an event as
+        a model writes it). Here the timer stays, and when it fires before the deadline it is armed
+        again for the rest (``_on_read_timeout``): the response still fails once ``read_timeout``
+        seconds pass without a read, as with aiohttp's. A new deadline before the armed timer (a
+        shorter ``read_timeout``) arms a new one, as aiohttp does."""
+        timeout = self._read_timeout
+        if timeout and self._read_timeout_handle is not None:
+            deadline = self._loop.time() + timeout
+            if deadline >= self._armed_for:
+                self._read_deadline = deadline
+                return
+        super()._reschedule_timeout()
+        if timeout and self._read_timeout_handle is not None:  # (armed by aiohttp, ``timeout`` from now)
+            self._read_deadline = self._armed_for = self._loop.time() + timeout
+
+    def _on_read_timeout(self) -> None:
+        """aiohttp's, once the deadline passed; else the timer armed again for what is left."""
+        left = self._read_deadline - self._loop.time()
+        if left > 0:  # read since it was armed
+            self._armed_for = self._read_deadline
+            self._read_timeout_handle = self._loop.call_later(left, self._on_read_timeout)
+            return
+        self._read_timeout_handle = None
+        super()._on_read_timeout()
 
     def pause_reading(self) -> None:
         self._paused_parser = self._parser
@@ -162,13 +200,14 @@ class QuietResumeHandler(ResponseHandler):
 def quiet_resume(connector: aiohttp.BaseConnector) -> None:
     """Make ``connector`` open its connections with ``QuietResumeHandler`` where its protocol
     factory is aiohttp 3.x's ``functools.partial(ResponseHandler, loop=...)`` and a protocol it
-    makes has the three flags the override reads; otherwise (another aiohttp) nothing changes."""
+    makes has the attributes the overrides read; otherwise (another aiohttp) nothing changes."""
     factory = getattr(connector, "_factory", None)
     if not (isinstance(factory, functools.partial) and factory.func is ResponseHandler):
         return
     quiet = functools.partial(QuietResumeHandler, *factory.args, **factory.keywords)
     probe = quiet()
-    if all(hasattr(probe, flag) for flag in ("_reading_paused", "_buffer_paused", "_payload_parser")):
+    if all(hasattr(probe, name) for name in ("_reading_paused", "_buffer_paused", "_payload_parser", "_parser",
+                                             "_loop", "_read_timeout", "_read_timeout_handle")):
         connector._factory = quiet  # type: ignore[assignment]
 
 
