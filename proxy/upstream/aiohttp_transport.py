@@ -180,8 +180,10 @@ class QuietResumeHandler(ResponseHandler):
     def _on_read_timeout(self) -> None:
         """aiohttp's, once the deadline passed; else the timer armed again for what is left."""
         left = self._read_deadline - self._loop.time()
-        if left > 0:  # read since it was armed
-            self._armed_for = self._read_deadline
+        if left > 0:  # read since it was armed (a millisecond at least: uvloop runs a shorter timer at
+            # once, and this would fire again and again until the clock's millisecond turns: review)
+            left = max(left, 0.001)
+            self._armed_for = self._loop.time() + left
             self._read_timeout_handle = self._loop.call_later(left, self._on_read_timeout)
             return
         self._read_timeout_handle = None
