@@ -141,19 +141,21 @@ class MessagesStream:
             # ``ctx.finished``), then the upstream response released (a cancel landing in the
             # release leaves ``logged`` false: ``close`` runs it again, idempotent)
             nonlocal logged
-            if not rounds and not began:  # gone before the first byte: the start as held is logged
-                start.add_held(client)
-            if not ctx.finished:
-                error = ended
-                if error == DISCONNECTED and client.done and not client.upstream_error:
-                    error = None  # gone after message_stop, before the end of the body: complete all the same
-                reply = hash_view(client.message()) if not client.empty else None
-                if client.truncated or splitter.dropped:  # (an event over SSESplitter's bound is not read)
-                    error = error or "the reply is longer than stream_log_max_bytes: logged as far as it fits"
-                self.writer.finish(ctx, resp.status_code, reply, client.usage, error=error,
-                                   partial=error is not None, finish_reason=client.stop_reason,
-                                   after_answer=after_answer and error is None)
-            await current[0].aclose()
+            try:
+                if not rounds and not began:  # gone before the first byte: the start as held is logged
+                    start.add_held(client)
+                if not ctx.finished:
+                    error = ended
+                    if error == DISCONNECTED and client.done and not client.upstream_error:
+                        error = None  # gone after message_stop, before the end of the body: complete all the same
+                    reply = hash_view(client.message()) if not client.empty else None
+                    if client.truncated or splitter.dropped:  # (an event over SSESplitter's bound is not read)
+                        error = error or "the reply is longer than stream_log_max_bytes: logged as far as it fits"
+                    self.writer.finish(ctx, resp.status_code, reply, client.usage, error=error,
+                                       partial=error is not None, finish_reason=client.stop_reason,
+                                       after_answer=after_answer and error is None)
+            finally:  # released even when logging raised (a reply nested deeper than ``hash_view`` recurses)
+                await current[0].aclose()
             logged = True
 
         async def chunks() -> AsyncGenerator[bytes, None]:
@@ -183,7 +185,10 @@ class MessagesStream:
                 # logged here, as the chat relay logs its reply: a stream relayed to its end leaves
                 # ``close`` nothing to do (``closed``); one complete is logged once its end is out
                 # (``LogWriter.finish``'s ``after_answer``: the server gets the end in this loop step)
-                await finished(ended is None)
+                try:
+                    await finished(ended is None)
+                except Exception:  # noqa: BLE001  (``logged`` false: ``close`` raises it again, after
+                    pass  # ``send_stream`` sent the body's end, as before: the client's stream is whole)
 
         relay = chunks()
 
