@@ -4,7 +4,8 @@ the complete upstream answer it ended with)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+import types
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,12 @@ class Streamed:
     chunks: AsyncIterator[bytes]
     close: Callable[[], Awaitable[None]] | None = None
     closed: Callable[[], bool] | None = None
+
+
+def generator_over(gen: AsyncGenerator[Any, None]) -> bool:
+    """``gen`` (a Python async generator) ran its ``finally``: ended, or closed after it started
+    (no frame left). A generator never started keeps its frame until closed (``Streamed.closed``'s)."""
+    return isinstance(gen, types.AsyncGeneratorType) and gen.ag_frame is None
 
 
 @dataclass(slots=True)

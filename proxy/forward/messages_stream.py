@@ -19,7 +19,7 @@ from proxy.compaction.overflow import classify_error
 from proxy.conversation.messages_codec import hash_view
 from proxy.conversation.messages_rounds import as_calls
 from proxy.errors import ProxyError, UpstreamUnreachable
-from proxy.forward.answers import DISCONNECTED, Streamed
+from proxy.forward.answers import DISCONNECTED, Streamed, generator_over
 from proxy.forward.context import ChatContext
 from proxy.forward.log_writer import LogWriter
 from proxy.forward.messages_sse import MessagesAssembler
@@ -134,36 +134,14 @@ class MessagesStream:
             for event in splitter.flush():
                 client.add(event)
 
-        async def chunks() -> AsyncGenerator[bytes, None]:
-            nonlocal ended
-            out = False
-            source = self._rounds(ctx, target, start, client, current) if rounds else plain()
-            try:
-                async with contextlib.aclosing(source):  # closed with the relay: its last chunk's events read
-                    async for chunk in source:
-                        yield chunk
-                        if not out:  # once the first byte is out (the write would delay it)
-                            out = True
-                            ctx.append_early(self.writer.spawn)  # a long stream: the turns committed meanwhile
-            except ProxyError as exc:  # the client has the stream's start: told in-band, as the API would
-                ended = f"the upstream failed mid-stream: {exc.message}"
-                yield stream_error_event(exc)
-                return
-            if client.upstream_error:
-                ended = "the upstream's stream carried an error event"
-            elif not client.done:
-                ended = "the upstream's stream ended before message_stop"
-                yield stream_error_event(UpstreamUnreachable("The upstream's stream ended before message_stop."))
-            else:
-                ended = None
+        logged = False  # ``finished`` ran to its end: the reply logged, the upstream response released
 
-        relay = chunks()
-
-        async def close() -> None:
+        async def finished(after_answer: bool) -> None:
+            # the start as held, when the client left before the first byte; the reply logged (once:
+            # ``ctx.finished``), then the upstream response released (a cancel landing in the
+            # release leaves ``logged`` false: ``close`` runs it again, idempotent)
+            nonlocal logged
             try:
-                await relay.aclose()
-            finally:
-                await current[0].aclose()
                 if not rounds and not began:  # gone before the first byte: the start as held is logged
                     start.add_held(client)
                 if not ctx.finished:
@@ -174,9 +152,57 @@ class MessagesStream:
                     if client.truncated or splitter.dropped:  # (an event over SSESplitter's bound is not read)
                         error = error or "the reply is longer than stream_log_max_bytes: logged as far as it fits"
                     self.writer.finish(ctx, resp.status_code, reply, client.usage, error=error,
-                                       partial=error is not None, finish_reason=client.stop_reason)
+                                       partial=error is not None, finish_reason=client.stop_reason,
+                                       after_answer=after_answer and error is None)
+            finally:  # released even when logging raised (a reply nested deeper than ``hash_view`` recurses)
+                await current[0].aclose()
+            logged = True
 
-        return Streamed(resp.status_code, headers, relay, close)
+        async def chunks() -> AsyncGenerator[bytes, None]:
+            nonlocal ended
+            out = False
+            source = self._rounds(ctx, target, start, client, current) if rounds else plain()
+            try:
+                try:
+                    async with contextlib.aclosing(source):  # closed with the relay: its last chunk's events read
+                        async for chunk in source:
+                            yield chunk
+                            if not out:  # once the first byte is out (the write would delay it)
+                                out = True
+                                ctx.append_early(self.writer.spawn)  # a long stream: the turns committed meanwhile
+                except ProxyError as exc:  # the client has the stream's start: told in-band, as the API would
+                    ended = f"the upstream failed mid-stream: {exc.message}"
+                    yield stream_error_event(exc)
+                    return
+                if client.upstream_error:
+                    ended = "the upstream's stream carried an error event"
+                elif not client.done:
+                    ended = "the upstream's stream ended before message_stop"
+                    yield stream_error_event(UpstreamUnreachable("The upstream's stream ended before message_stop."))
+                else:
+                    ended = None
+            finally:
+                # logged here, as the chat relay logs its reply: a stream relayed to its end leaves
+                # ``close`` nothing to do (``closed``); one complete is logged once its end is out
+                # (``LogWriter.finish``'s ``after_answer``: the server gets the end in this loop step)
+                try:
+                    await finished(ended is None)
+                except Exception:  # noqa: BLE001  (``logged`` false: ``close`` raises it again, after
+                    pass  # ``send_stream`` sent the body's end, as before: the client's stream is whole)
+
+        relay = chunks()
+
+        async def close() -> None:
+            try:
+                await relay.aclose()
+            finally:
+                if not logged:  # (a relay never started, or stopped before its ``finally`` ended)
+                    await finished(False)
+
+        def closed() -> bool:
+            return logged and generator_over(relay)
+
+        return Streamed(resp.status_code, headers, relay, close, closed)
 
     async def _rounds(self, ctx: ChatContext, target: str, start: StreamStart, client: MessagesAssembler,
                       current: list[HeldResponse]) -> AsyncGenerator[bytes, None]:

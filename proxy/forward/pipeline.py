@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import time
-import types
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
@@ -29,7 +28,7 @@ from proxy.conversation.body_memo import BodyMemo
 from proxy.conversation.canonical import digests_now, digests_off_loop
 from proxy.conversation.chat_request import is_too_deep, parse_chat_request, too_deep
 from proxy.conversation.digest_memo import DigestMemo
-from proxy.forward.answers import DISCONNECTED, Buffered, Reply, Streamed, Turn
+from proxy.forward.answers import DISCONNECTED, Buffered, Reply, Streamed, Turn, generator_over
 from proxy.forward.context import ChatContext
 from proxy.forward.db_health import DatabaseHealth
 from proxy.forward.entropy import EntropyPool
@@ -82,12 +81,6 @@ def context_headers(ctx: ChatContext, upstream: Mapping[str, str] | None, *, sha
     if ctx.degraded:
         out["x-context-proxy-warning"] = DEGRADED_WARNING
     return out
-
-
-def _over(gen: AsyncGenerator[Any, None]) -> bool:
-    """``gen`` (a Python async generator) ran its ``finally``: ended, or closed after it started
-    (no frame left). A generator never started keeps its frame until closed."""
-    return isinstance(gen, types.AsyncGeneratorType) and gen.ag_frame is None
 
 
 class ChatPipeline:
@@ -205,7 +198,7 @@ class ChatPipeline:
             # ``close`` would only await what already ended: the relay and the loop ran their
             # ``finally`` (the loop's released ``turn.resp``; the relay's logged the request); a
             # relay never started keeps its frame, and ``close`` logs the request then
-            return _over(relay) and _over(steps) and ctx.finished
+            return generator_over(relay) and generator_over(steps) and ctx.finished
 
         return Streamed(turn.status, headers, relay, close, closed)
 

@@ -6,6 +6,7 @@ httpx's exceptions never leave this module: they become ``UpstreamError``s (``ht
 
 from __future__ import annotations
 
+import asyncio
 import http.cookiejar
 from collections.abc import AsyncIterator
 
@@ -51,6 +52,13 @@ class HttpxResponse:
             raise httpx_error(exc) from exc
 
     async def aclose(self) -> None:
+        """Close the response (a body read to its end: httpx closed it then, nothing to do). Shielded:
+        httpx marks its response closed before it closes the stream, so a close a cancel cut
+        halfway is never done by a second ``aclose`` (a relay's own cleanup runs unshielded)."""
+        if not self._resp.is_closed:
+            await asyncio.shield(self._close())
+
+    async def _close(self) -> None:
         try:
             await self._resp.aclose()
         except TRANSPORT_ERRORS:
