@@ -5,6 +5,7 @@ timer is kept across the connection's requests (uvicorn's own makes one a reques
 
 from __future__ import annotations
 
+import functools
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -12,14 +13,16 @@ from typing import Any
 
 import orjson
 import pytest
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from proxy.app import create_app
+from proxy.server import http_guard
 from proxy.server.http_guard import GuardedHttpToolsProtocol, server_options
 from proxy.settings import Settings
 from tests.conftest import SHARED_DIR
 from tests.e2e.conftest import CLIENT_KEY, Upstream
 from tests.fakes.server import UvicornServer
-from tests.support.sockets import read_response
+from tests.support.sockets import read_response, recv_until
 
 HEALTH = b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n"
 
@@ -125,3 +128,90 @@ def test_a_connection_keeps_one_keep_alive_timer_across_its_requests(
             break
         time.sleep(0.02)
     assert timers[0].cancelled()
+
+
+def _responses(sock: socket.socket, count: int, timeout_s: float = 10.0) -> list[int]:
+    """Statuses of the next ``count`` responses on ``sock`` (each framed by ``content-length``)."""
+    def parsed(got: bytes) -> list[int] | None:
+        statuses = []
+        while got:
+            head, sep, rest = got.partition(b"\r\n\r\n")
+            if not sep:
+                return None
+            length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")[1:]
+                           if line.lower().startswith(b"content-length:")), 0)
+            if len(rest) < length:
+                return None
+            statuses.append(int(head.split(b" ")[1]))
+            got = rest[length:]
+        return statuses if len(statuses) >= count else None
+
+    return parsed(recv_until(sock, lambda got: parsed(got) is not None, timeout_s)) or []
+
+
+def _uvicorn_0_46_on_response_complete(self: HttpToolsProtocol) -> None:
+    """uvicorn 0.29 to 0.46's ``HttpToolsProtocol.on_response_complete`` (pyproject admits
+    ``uvicorn>=0.29``): it starts a pipelined request itself; ``_start_asgi_task`` came in 0.47."""
+    self.server_state.total_requests += 1
+    if self.transport.is_closing():
+        return
+    self._unset_keepalive_if_required()
+    self.flow.resume_reading()
+    if self.pipeline:
+        cycle, app = self.pipeline.pop()
+        task = self.loop.create_task(cycle.run_asgi(app))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+    else:
+        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
+
+def _as_uvicorn_0_46(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The installed ``HttpToolsProtocol`` made to start requests as uvicorn 0.29 to 0.46's does:
+    no ``_start_asgi_task`` method (``on_headers_complete`` started a request's task inline: the
+    installed one is given the method for that call only), ``on_response_complete`` 0.46's; the
+    same where the proxy keeps uvicorn's functions (``http_guard``'s module names)."""
+    start = HttpToolsProtocol._start_asgi_task
+    headers_complete = HttpToolsProtocol.on_headers_complete
+    response_complete = HttpToolsProtocol.on_response_complete
+
+    def on_headers_complete(self: HttpToolsProtocol) -> None:
+        self._start_asgi_task = functools.partial(start, self)  # type: ignore[method-assign]
+        try:
+            headers_complete(self)
+        finally:
+            del self._start_asgi_task
+
+    monkeypatch.delattr(HttpToolsProtocol, "_start_asgi_task")
+    monkeypatch.setattr(HttpToolsProtocol, "on_headers_complete", on_headers_complete)
+    monkeypatch.setattr(HttpToolsProtocol, "on_response_complete", _uvicorn_0_46_on_response_complete)
+    for name, installed, old in (("_on_headers_complete", headers_complete, on_headers_complete),
+                                 ("_on_response_complete", response_complete, _uvicorn_0_46_on_response_complete)):
+        if getattr(http_guard, name) is installed:
+            monkeypatch.setattr(http_guard, name, old)
+
+
+@pytest.mark.parametrize("uvicorn_version", ["installed", "0.29-0.46"])
+def test_pipelined_requests_are_all_answered_and_the_connection_then_closes_when_idle(
+        serve: Callable[..., UvicornServer], monkeypatch: pytest.MonkeyPatch, uvicorn_version: str) -> None:
+    """Three requests sent back to back before any answer (HTTP pipelining: uvicorn queues the
+    second and third and starts each when the one before it is answered) are all answered on the
+    connection, which closes about 1 s (the keep-alive timeout) after the last answer; with the
+    installed uvicorn and with the oldest the project admits (its ``on_response_complete`` in
+    place of the installed one's, no ``_start_asgi_task``: with uvicorn 0.44 itself, a copy of
+    0.47+'s ``on_response_complete`` that calls it raised AttributeError and the second request
+    was never answered)."""
+    if uvicorn_version != "installed":
+        if not hasattr(HttpToolsProtocol, "_start_asgi_task"):
+            pytest.skip("the installed uvicorn is older than 0.47 (its own case is the other one)")
+        _as_uvicorn_0_46(monkeypatch)
+    server = serve(http_keep_alive_s=1.0)
+    sock = socket.create_connection((server.host, server.port), timeout=10)
+    try:
+        sock.sendall(HEALTH * 3)
+        statuses = _responses(sock, 3, timeout_s=5.0)
+        closed = _closed_after(sock, 5.0)
+    finally:
+        sock.close()
+    assert statuses == [200, 200, 200]
+    assert closed is not None and 0.6 <= closed <= 2.5, closed
