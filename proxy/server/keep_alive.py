@@ -30,16 +30,17 @@ class KeepAliveTimer(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         """uvicorn's (``HttpToolsProtocol.on_response_complete``: the request count, reading
-        resumed, a pipelined request started), the keep-alive timer armed only when none is."""
+        resumed), the keep-alive timer armed only when none is. A pipelined request waiting:
+        uvicorn's own, which starts it (how differs across the versions pyproject admits:
+        ``_start_asgi_task`` came in 0.47) and arms no timer (``_unset_keepalive_if_required``
+        here: not idle)."""
+        if self.pipeline:
+            HttpToolsProtocol.on_response_complete(self)
+            return
         self.server_state.total_requests += 1
         if self.transport.is_closing():
             return
-        self._idle_since = None
         self.flow.resume_reading()
-        if self.pipeline:
-            cycle, app = self.pipeline.pop()
-            self._start_asgi_task(cycle, app)
-            return
         self._idle_since = self.loop.time()
         if self.timeout_keep_alive_task is None:
             self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self._keep_alive_due)
