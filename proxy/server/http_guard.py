@@ -42,6 +42,7 @@ import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from proxy.server.header_names import install_header_name_check
+from proxy.server.keep_alive import KeepAliveTimer
 from proxy.settings import Settings
 
 log = logging.getLogger("context_proxy.http")
@@ -69,9 +70,9 @@ def _response(status: int, reason: bytes, message: str, code: str, extra: bytes 
             % (status, reason, len(body), extra)) + body
 
 
-class GuardedHttpToolsProtocol(HttpToolsProtocol):
+class GuardedHttpToolsProtocol(KeepAliveTimer):
     """``HttpToolsProtocol`` with the bounds of the module docstring (class attributes, set by
-    ``guarded_protocol``)."""
+    ``guarded_protocol``), its keep-alive timer kept across requests (``KeepAliveTimer``)."""
 
     max_header_bytes: ClassVar[int] = 64 * 1024
     max_headers: ClassVar[int] = 100
@@ -377,7 +378,7 @@ _on_header = HttpToolsProtocol.on_header
 _on_headers_complete = HttpToolsProtocol.on_headers_complete
 _on_body = HttpToolsProtocol.on_body
 _on_message_complete = HttpToolsProtocol.on_message_complete
-_on_response_complete = HttpToolsProtocol.on_response_complete
+_on_response_complete = KeepAliveTimer.on_response_complete
 
 
 def guarded_protocol(settings: Settings) -> type[GuardedHttpToolsProtocol]:
