@@ -20,33 +20,11 @@ from proxy.settings import Settings
 from proxy.upstream.client import HeldResponse
 from proxy.upstream.httpx_transport import HttpxResponse
 from tests.fakes.anthropic.wire import message_object, sse_event, stream_events
+from tests.forward.test_messages_stream_hold_reference import _Context, _Writer
 from tests.test_streaming import Parts
 
 _USAGE = {"input_tokens": 10, "output_tokens": 3}
 _SENT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-
-
-class _Context:
-    """What the plain relay reads of a ``ChatContext``."""
-
-    prepared = None
-    finished = False
-
-    def append_early(self, spawn: Any) -> None:
-        pass
-
-
-class _Writer:
-    """A ``LogWriter`` that keeps what ``finish`` was given."""
-
-    spawn = None
-
-    def __init__(self) -> None:
-        self.finished: list[dict[str, Any]] = []
-
-    def finish(self, ctx: Any, status: int, reply: Any, usage: Any, **kwargs: Any) -> None:
-        ctx.finished = True
-        self.finished.append({"reply": reply, "usage": usage, **kwargs})
 
 
 class _Sent(list):  # type: ignore[type-arg]

@@ -137,15 +137,16 @@ class _Context:
 
 
 class _Writer:
-    """A ``LogWriter`` that keeps what ``finish`` was given."""
+    """A ``LogWriter`` that keeps what each ``finish`` was given and marks the request finished."""
 
     spawn = None
 
     def __init__(self) -> None:
-        self.finished: dict[str, Any] = {}
+        self.finished: list[dict[str, Any]] = []
 
     def finish(self, ctx: Any, status: int, reply: Any, usage: Any, **kwargs: Any) -> None:
-        self.finished = {"reply": reply, "usage": usage, **kwargs}
+        ctx.finished = True
+        self.finished.append({"reply": reply, "usage": usage, **kwargs})
 
 
 async def test_the_start_the_relay_and_the_log_are_those_of_splitting_each_chunk_whole(
@@ -198,7 +199,7 @@ async def test_the_start_the_relay_and_the_log_are_those_of_splitting_each_chunk
         else:
             assert got == [*ok, stream_error_event(UpstreamUnreachable("The upstream's stream ended before message_stop."))]
         assert (_outcome(client), start.splitter.dropped) == (_outcome(ref), splitter.dropped), context
-        logged = writer.finished
+        [logged] = writer.finished  # (once)
         assert (logged["reply"], logged["usage"], logged["finish_reason"]) == (
             hash_view(ref.message()) if not ref.empty else None, ref.usage, ref.stop_reason), context
         complete = not (whole and failing) and ref.done and not ref.upstream_error and not ref.truncated \

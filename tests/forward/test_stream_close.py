@@ -95,30 +95,22 @@ async def _streamed(proxy: InProcessProxy, session_id: str) -> Streamed:
     return outcome
 
 
-async def test_a_stream_left_at_a_chunk_needs_its_cleanup_which_logs_it_partial(inprocess_proxy: InProcessProxy) -> None:
-    """The relay stopped at a chunk it handed over (the client gone while the server sent it):
-    ``closed()`` is false until ``close`` ran, which logs the request as far as it came."""
-    outcome = await _streamed(inprocess_proxy, "left")
+@pytest.mark.parametrize("chunks_read", [0, 1])
+async def test_a_stream_left_before_its_end_needs_its_cleanup_which_logs_it_partial(
+        inprocess_proxy: InProcessProxy, chunks_read: int) -> None:
+    """The relay never started (the client gone before the first byte), or stopped at a chunk it
+    handed over (gone while the server sent it): ``closed()`` is false until ``close`` ran, which
+    logs the request as far as it came."""
+    session_id = f"left-after-{chunks_read}"
+    outcome = await _streamed(inprocess_proxy, session_id)
     assert outcome.closed is not None and outcome.close is not None
-    assert not outcome.closed()  # not started: only ``close`` would log it
-    first = await anext(aiter(outcome.chunks))
-    assert first.startswith(b"data: ")
-    assert not outcome.closed()  # at a chunk: the relay's ``finally`` has not run
+    for _ in range(chunks_read):
+        assert (await anext(aiter(outcome.chunks))).startswith(b"data: ")
+    assert not outcome.closed()  # not started, or at a chunk: the relay's ``finally`` has not run
     await outcome.close()
     assert outcome.closed()
-    await inprocess_proxy.wait_logged("left", requests=1)
-    [record] = await _records(inprocess_proxy, "left")
-    assert record["error"] == "client disconnected"
-
-
-async def test_a_stream_never_started_needs_its_cleanup(inprocess_proxy: InProcessProxy) -> None:
-    outcome = await _streamed(inprocess_proxy, "never")
-    assert outcome.closed is not None and outcome.close is not None
-    assert not outcome.closed()
-    await outcome.close()
-    assert outcome.closed()
-    await inprocess_proxy.wait_logged("never", requests=1)
-    [record] = await _records(inprocess_proxy, "never")
+    await inprocess_proxy.wait_logged(session_id, requests=1)
+    [record] = await _records(inprocess_proxy, session_id)
     assert record["error"] == "client disconnected"
 
 

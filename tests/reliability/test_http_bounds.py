@@ -12,40 +12,19 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
-import pytest
 
-from proxy.app import create_app
-from proxy.server.http_guard import server_options
-from proxy.settings import Settings
 from tests.conftest import REPO_DIR, SHARED_DIR
 from tests.e2e.conftest import Upstream
 from tests.fakes.server import UvicornServer
 from tests.support.ports import free_port
 
 KEY = {"authorization": "Bearer sk-test-bounds-0123456789"}
-
-
-@pytest.fixture
-def bounded(upstream: Upstream, sqlite_database_url: str) -> Iterator[Callable[..., UvicornServer]]:
-    """``bounded(**settings)``: the proxy with those settings under uvicorn with ``server_options``."""
-    started: list[UvicornServer] = []
-
-    def make(**overrides: Any) -> UvicornServer:
-        settings = Settings(upstream_url=upstream.url, database_url=sqlite_database_url,
-                            tiktoken_cache_dir=str(SHARED_DIR / "tiktoken"), **overrides)
-        server = UvicornServer(create_app(settings), **server_options(settings)).start()
-        started.append(server)
-        return server
-
-    yield make
-    for server in started:
-        server.stop()
 
 
 def _connect(server: UvicornServer) -> socket.socket:

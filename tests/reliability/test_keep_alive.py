@@ -8,39 +8,20 @@ from __future__ import annotations
 import functools
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 import pytest
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from proxy.app import create_app
 from proxy.server import http_guard
-from proxy.server.http_guard import GuardedHttpToolsProtocol, server_options
-from proxy.settings import Settings
-from tests.conftest import SHARED_DIR
+from proxy.server.http_guard import GuardedHttpToolsProtocol
 from tests.e2e.conftest import CLIENT_KEY, Upstream
 from tests.fakes.server import UvicornServer
 from tests.support.sockets import read_response, recv_until
 
 HEALTH = b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n"
-
-
-@pytest.fixture
-def serve(upstream: Upstream, sqlite_database_url: str) -> Iterator[Callable[..., UvicornServer]]:
-    started: list[UvicornServer] = []
-
-    def make(**overrides: Any) -> UvicornServer:
-        settings = Settings(upstream_url=upstream.url, database_url=sqlite_database_url,
-                            tiktoken_cache_dir=str(SHARED_DIR / "tiktoken"), **overrides)
-        server = UvicornServer(create_app(settings), **server_options(settings)).start()
-        started.append(server)
-        return server
-
-    yield make
-    for server in started:
-        server.stop()
 
 
 def _closed_after(sock: socket.socket, within_s: float) -> float | None:
@@ -54,11 +35,11 @@ def _closed_after(sock: socket.socket, within_s: float) -> float | None:
 
 
 def test_a_busy_connection_outlives_the_keep_alive_timeout_and_closes_once_idle_that_long(
-        serve: Callable[..., UvicornServer]) -> None:
+        bounded: Callable[..., UvicornServer]) -> None:
     """Keep-alive 1 s: requests 0.3 s apart for 2.4 s are all answered on one connection (the
     timer, fired while the connection was busy or idle for less, did not close it); once idle,
     it closes about 1 s after the last answer."""
-    server = serve(http_keep_alive_s=1.0)
+    server = bounded(http_keep_alive_s=1.0)
     sock = socket.create_connection((server.host, server.port), timeout=10)
     try:
         for _ in range(8):
@@ -73,11 +54,11 @@ def test_a_busy_connection_outlives_the_keep_alive_timeout_and_closes_once_idle_
 
 
 def test_a_request_longer_than_the_keep_alive_timeout_is_answered_on_its_connection(
-        serve: Callable[..., UvicornServer], upstream: Upstream) -> None:
+        bounded: Callable[..., UvicornServer], upstream: Upstream) -> None:
     """Keep-alive 1 s, a chat request whose upstream answers after 2 s, sent 0.2 s after an
     answer on the same connection: the timer armed by that answer fires while the request is in
     progress and leaves the connection open; it closes about 1 s after the chat answer."""
-    server = serve(http_keep_alive_s=1.0)
+    server = bounded(http_keep_alive_s=1.0)
     body = orjson.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Slowly, please."}]})
     chat = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
             b"authorization: Bearer " + CLIENT_KEY.encode() + b"\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
@@ -100,7 +81,7 @@ def test_a_request_longer_than_the_keep_alive_timeout_is_answered_on_its_connect
 
 
 def test_a_connection_keeps_one_keep_alive_timer_across_its_requests(
-        serve: Callable[..., UvicornServer], monkeypatch: pytest.MonkeyPatch) -> None:
+        bounded: Callable[..., UvicornServer], monkeypatch: pytest.MonkeyPatch) -> None:
     timers: list[Any] = []  # (the handles themselves: ids of freed ones would be reused)
     complete = GuardedHttpToolsProtocol.on_response_complete
 
@@ -109,7 +90,7 @@ def test_a_connection_keeps_one_keep_alive_timer_across_its_requests(
         timers.append(self.timeout_keep_alive_task)
 
     monkeypatch.setattr(GuardedHttpToolsProtocol, "on_response_complete", recorded)
-    server = serve(http_keep_alive_s=30.0)
+    server = bounded(http_keep_alive_s=30.0)
     sock = socket.create_connection((server.host, server.port), timeout=10)
     try:
         for _ in range(10):
@@ -193,7 +174,7 @@ def _as_uvicorn_0_46(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("uvicorn_version", ["installed", "0.29-0.46"])
 def test_pipelined_requests_are_all_answered_and_the_connection_then_closes_when_idle(
-        serve: Callable[..., UvicornServer], monkeypatch: pytest.MonkeyPatch, uvicorn_version: str) -> None:
+        bounded: Callable[..., UvicornServer], monkeypatch: pytest.MonkeyPatch, uvicorn_version: str) -> None:
     """Three requests sent back to back before any answer (HTTP pipelining: uvicorn queues the
     second and third and starts each when the one before it is answered) are all answered on the
     connection, which closes about 1 s (the keep-alive timeout) after the last answer; with the
@@ -205,7 +186,7 @@ def test_pipelined_requests_are_all_answered_and_the_connection_then_closes_when
         if not hasattr(HttpToolsProtocol, "_start_asgi_task"):
             pytest.skip("the installed uvicorn is older than 0.47 (its own case is the other one)")
         _as_uvicorn_0_46(monkeypatch)
-    server = serve(http_keep_alive_s=1.0)
+    server = bounded(http_keep_alive_s=1.0)
     sock = socket.create_connection((server.host, server.port), timeout=10)
     try:
         sock.sendall(HEALTH * 3)
