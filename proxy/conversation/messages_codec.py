@@ -24,8 +24,6 @@ from collections.abc import Mapping, Sequence
 from operator import is_not
 from typing import Any
 
-import orjson
-
 from proxy.conversation.blocks import (
     block_text,
     block_with_text,
@@ -60,6 +58,7 @@ from proxy.conversation.model import (
     Piece,
 )
 from proxy.conversation.pricing import price_message, price_part, tool_schemas
+from proxy.json_depth import dumps
 
 _SIGNED = frozenset({"thinking", "redacted_thinking"})
 _MEDIA = frozenset({"image", "document"})
@@ -327,7 +326,7 @@ class MessagesCodec:
         forwarded["messages"] = rest
         if extra:
             forwarded.update(extra)
-        return orjson.dumps(forwarded), forwarded
+        return dumps(forwarded), forwarded
 
 
 def _str(value: Any) -> str | None:

@@ -35,6 +35,7 @@ from proxy.forward.streaming import (
     start_stream,
 )
 from proxy.forward.tool_rounds import KEEPALIVE, ToolRounds, own_only
+from proxy.json_depth import dumps
 from proxy.json_text import parse_json
 from proxy.settings import Settings
 from proxy.telemetry.metrics import Metrics
@@ -84,7 +85,7 @@ class Recovery:
                 raise
             self.metrics.database_error("fail_open")
             ctx.degraded = True
-            ctx.prepared = Prepared(orjson.dumps(ctx.body | {"messages": ctx.messages}) if ctx.expanded else ctx.raw)
+            ctx.prepared = Prepared(dumps(ctx.body | {"messages": ctx.messages}) if ctx.expanded else ctx.raw)
 
     async def retry(self, ctx: ChatContext, overflow: Overflow, *, keep_rounds: bool, escalate: bool) -> bool:
         """After an overflow: learn from it; when a retry is left (``max_overflow_retries``, and
@@ -118,7 +119,7 @@ class Recovery:
         await self.prepare(ctx, overflow)
         assert ctx.prepared is not None
         if ctx.internal:
-            ctx.prepared = dataclasses.replace(ctx.prepared, body=orjson.dumps(sent_with_rounds(ctx)))
+            ctx.prepared = dataclasses.replace(ctx.prepared, body=dumps(sent_with_rounds(ctx)))
 
     def _unrecovered(self, ctx: ChatContext, overflow: Overflow) -> bool:
         ctx.unrecovered = overflow
