@@ -24,7 +24,6 @@ import orjson
 
 from proxy.compaction.base import Compactor, Prepared
 from proxy.compaction.overflow import Overflow, classify_error
-from proxy.conversation.chat_request import is_too_deep, too_deep
 from proxy.errors import UpstreamUnreachable
 from proxy.forward.answers import Reply, Turn
 from proxy.forward.context import ChatContext
@@ -71,14 +70,10 @@ class Recovery:
         """Set ``ctx.prepared``: what to forward (this compactor's defenses; forced after an
         ``overflow``). A database failure with ``database_failure_mode`` open marks ``ctx.degraded``
         and forwards the request as it came; closed, it raises (``storage.errors.StorageError``).
-        Raises the 400 of a body nested too deep to serialize, and ``proxy.errors.CannotFit``. The
-        one way a request of either API is prepared (chat's round loop, the Messages pipeline)."""
+        Raises ``proxy.errors.CannotFit``. The one way a request of either API is prepared (chat's
+        round loop, the Messages pipeline)."""
         try:
             ctx.prepared = await self.compactor.prepare(ctx, overflow=overflow)
-        except orjson.JSONEncodeError as exc:  # ``TypeError`` itself: only the depth limit is the client's
-            if not is_too_deep(exc):
-                raise
-            raise too_deep() from None
         except StorageError as exc:
             self.health.saw(exc)
             if self.settings.database_failure_mode != "open":

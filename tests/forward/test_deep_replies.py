@@ -1,27 +1,107 @@
 """A reply the provider nested deeper than the proxy's recursive helpers go (orjson writes 254
-levels; the stdlib's writer recurses about 1,000): logged as it came and readable through the
-read API. In process, against the strict fake, on SQLite.
+levels; ``hash_view`` and the stdlib recurse about 500): the client gets it as the provider sent
+it, the log keeps it, readable through the read API as it came, and the client's echo of it on
+the next turn continues the same branch (the logged reply and the echo hash alike). In process,
+against the strict fakes, on SQLite.
 
-Before: a chat stream's tool call whose ``arguments`` came as a JSON value that deep was logged
-without them; a logged turn that deep could not be read back (a 500, a cut archive)."""
+Before: a Messages reply (streamed or whole) was never logged (``hash_view``'s
+``RecursionError``; a whole one cost the client its answer too: a 500), nor a chat reply
+carrying such a field (orjson's depth error: the request's record and turns lost with it); a
+chat stream's tool call whose ``arguments`` came as a JSON value that deep was logged without
+them."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
+import pytest
 
 from storage.records import NewMessage
+from tests.fakes.anthropic import create_fake_anthropic, reply, tool_use
 from tests.support.inprocess import (
     CLIENT_KEY,
     FakeProvider,
     InProcessProxy,
     session_messages,
+    start_messages_inprocess,
 )
-from tests.support.values import nested, nested_text
+from tests.support.values import nested, nested_text, same
 
 DEPTH = 600
+TOOLS = [{"name": "f", "input_schema": {"type": "object"}}]
+
+
+def deep_input() -> Any:
+    return {"path": "a.txt", "tree": nested(DEPTH, {"leaf": 1.5, "flag": True})}
+
+
+def streamed_input(body: bytes) -> Any:
+    """The ``tool_use`` input of a Messages event stream, joined from its ``partial_json``."""
+    pieces = []
+    for event in body.split(b"\n\n"):
+        data = next((line[6:] for line in event.split(b"\n") if line.startswith(b"data: ")), None)
+        delta = json.loads(data).get("delta", {}) if data else {}
+        if delta.get("type") == "input_json_delta":
+            pieces.append(delta["partial_json"])
+    return json.loads("".join(pieces))
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+async def test_a_deep_messages_reply_is_relayed_logged_and_its_echo_continues_the_branch(
+        tmp_path: Path, sqlite_template: Path, stream: bool) -> None:
+    shutil.copyfile(sqlite_template, tmp_path / "log.db")
+    provider, state = create_fake_anthropic()
+    state.script.extend([reply(tool_use("f", deep_input(), id="toolu_01")), reply("Done.")])
+    first: Any = {"role": "user", "content": "go"}
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 4096, "tools": TOOLS, "stream": stream}
+    headers = {"x-session-id": "deep"}
+    async with start_messages_inprocess(f"sqlite:///{tmp_path}/log.db", provider) as http:
+        resp = await http.post("/v1/messages", json=body | {"messages": [first]}, headers=headers)
+        assert resp.status_code == 200, resp.text
+        if stream:
+            assert same(streamed_input(resp.content), deep_input())
+        else:
+            assert resp.json() == state.message_requests[-1].response  # the provider's Message
+        logged = await session_messages(http, "deep")
+        assert [m["role"] for m in logged] == ["user", "assistant"]
+        block = logged[1]["content"][0]
+        assert block["id"] == "toolu_01" and same(block["input"], deep_input())
+        echo = {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_01", "name": "f",
+                                                  "input": deep_input()}]}
+        result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01", "content": "ok"}]}
+        raw = json.dumps(body | {"messages": [first, echo, result]}).encode()
+        again = await http.post("/v1/messages", content=raw, headers=headers | {"content-type": "application/json"})
+        assert again.status_code == 200, again.text
+        assert state.message_requests[-1].raw == raw
+        logged = await session_messages(http, "deep", requests=2)
+        session = (await http.get("/sessions/deep")).json()
+    assert [m["role"] for m in logged] == ["user", "assistant", "user", "assistant"]
+    assert session["branch_count"] == 1  # the echo is the logged reply: one branch
+
+
+async def test_a_deep_chat_reply_is_logged_and_its_echo_continues_the_branch(
+        inprocess_proxy: InProcessProxy, fake_provider: FakeProvider) -> None:
+    fake_provider.state.script.append({"role": "assistant", "content": "hi", "vendor_state": deep_input()})
+    first = {"role": "user", "content": "hello"}
+    headers = {"x-session-id": "deep"}
+    resp = await inprocess_proxy.chat({"model": "gpt-4o", "messages": [first]}, headers=headers)
+    assert resp.status_code == 200, resp.text
+    message = resp.json()["choices"][0]["message"]
+    assert same(message["vendor_state"], deep_input())
+    logged = await session_messages(inprocess_proxy.http, "deep")
+    assert [m["role"] for m in logged] == ["user", "assistant"] and same(logged[1]["vendor_state"], deep_input())
+    again = await inprocess_proxy.chat({"model": "gpt-4o", "messages": [first, message, {"role": "user", "content": "so?"}]},
+                                       headers=headers)
+    assert again.status_code == 200, again.text
+    assert len(await session_messages(inprocess_proxy.http, "deep", requests=2)) == 4
+    assert (await inprocess_proxy.http.get("/sessions/deep")).json()["branch_count"] == 1
+
 
 _CHUNK = b'data: {"id":"chatcmpl-deep","object":"chat.completion.chunk","created":1,"model":"gpt-4o","choices":'
 
