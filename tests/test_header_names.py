@@ -129,3 +129,28 @@ def test_the_proxys_server_answers_valid_names_and_refuses_invalid_ones_as_uvico
         assert _outcomes(server.url) == with_check
     finally:
         server.stop()
+
+
+async def _echo_peer(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    body = f"{scope['client'][0]} {scope['scheme']}".encode()
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/plain"), (b"content-length", b"%d" % len(body))]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def test_the_proxys_server_leaves_the_client_address_and_scheme_as_the_socket_s() -> None:
+    """Under uvicorn with ``server_options``: a request from loopback (uvicorn's default trusted
+    address) naming another client and scheme in ``X-Forwarded-For``/``-Proto`` is seen as the
+    socket's, not rewritten (the proxy uses neither, so it does not pay uvicorn's
+    ``ProxyHeadersMiddleware`` on every request); under uvicorn's defaults it would be rewritten."""
+    forwarded = {"x-forwarded-for": "203.0.113.9", "x-forwarded-proto": "https"}
+    seen = []
+    for options in (server_options(Settings()), {}):
+        server = UvicornServer(_echo_peer, **options).start()
+        try:
+            seen.append(httpx.get(server.url + "/", headers=forwarded).text)
+        finally:
+            server.stop()
+    assert seen == ["127.0.0.1 http", "203.0.113.9 https"]
