@@ -38,6 +38,7 @@ from proxy.routes.errors import client_error
 from proxy.routes.messages import speaks_anthropic
 from proxy.routes.ui import router as ui_router
 from proxy.routes.ui import ui_app
+from proxy.server.forwarded import forwarded_headers
 from proxy.settings import Settings
 from proxy.telemetry.metrics import Metrics, MetricsMiddleware
 from proxy.tokens.counter import TokenCounter, load_counter
@@ -214,6 +215,10 @@ class ProxyApp(FastAPI):
         super().__init__(**kwargs)
         self.chat = ChatEndpoint()
         self.messages = messages.MessagesEndpoint()
+        self._forwarded = forwarded_headers(super().__call__)
+        """FastAPI's path behind uvicorn's ``X-Forwarded-*`` handling (``proxy.server.forwarded``;
+        uvicorn's own is off: ``server_options``). The chat and Messages endpoints, which read
+        neither the client's address nor the scheme, skip it unless traced (``__call__``)."""
 
     def chat_traced(self) -> bool:
         """Whether FastAPI's own OpenTelemetry instrumentation is on, as FastAPI decides it for a
@@ -245,9 +250,11 @@ class ProxyApp(FastAPI):
         """Every HTTP request with a body counted against ``max_held_body_bytes`` while it runs
         (``BodyBudget.hold``; the chat and Messages endpoints' ``counted`` counts it as their body
         is read); the chat and Messages routes straight to their endpoints' ``counted``
-        unless traced (class docstring), the rest through FastAPI. (``state["..."]``, not
-        ``state.X``: Starlette's ``State`` finds an attribute through ``__getattr__`` after a failed
-        lookup, an ``AttributeError`` raised and caught inside the interpreter for each access.)"""
+        unless traced (class docstring), the rest through FastAPI behind uvicorn's ``X-Forwarded-*``
+        handling (``self._forwarded``: its redirects and telemetry name the client's scheme).
+        (``state["..."]``, not ``state.X``: Starlette's ``State`` finds an attribute through
+        ``__getattr__`` after a failed lookup, an ``AttributeError`` raised and caught inside the
+        interpreter for each access.)"""
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
@@ -261,7 +268,7 @@ class ProxyApp(FastAPI):
                 scope["app"] = self
                 await endpoint.counted(scope, receive, send, budget)  # (the budget held as ``budget.hold`` holds it)
                 return
-        await budget.hold(super().__call__, scope, receive, send)
+        await budget.hold(self._forwarded, scope, receive, send)
 
 
 def _render(exc: ProxyError, request: Request) -> Response:

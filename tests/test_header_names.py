@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.routing import Route
 from uvicorn.protocols.http import httptools_impl
 
 from proxy.routes.answer import KNOWN_NAMES
@@ -129,3 +130,73 @@ def test_the_proxys_server_answers_valid_names_and_refuses_invalid_ones_as_uvico
         assert _outcomes(server.url) == with_check
     finally:
         server.stop()
+
+
+async def _echo_peer(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    body = f"{scope['client'][0]} {scope['scheme']}".encode()
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/plain"), (b"content-length", b"%d" % len(body))]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def test_the_proxys_server_leaves_the_client_address_and_scheme_as_the_socket_s() -> None:
+    """Under uvicorn with ``server_options``: a request from loopback (uvicorn's default trusted
+    address) naming another client and scheme in ``X-Forwarded-For``/``-Proto`` is seen as the
+    socket's, not rewritten by uvicorn (its ``ProxyHeadersMiddleware`` is not paid on every request;
+    the app applies it where the scope's scheme is read: the next test); under uvicorn's defaults it
+    would be rewritten."""
+    forwarded = {"x-forwarded-for": "203.0.113.9", "x-forwarded-proto": "https"}
+    seen = []
+    for options in (server_options(Settings()), {}):
+        server = UvicornServer(_echo_peer, **options).start()
+        try:
+            seen.append(httpx.get(server.url + "/", headers=forwarded).text)
+        finally:
+            server.stop()
+    assert seen == ["127.0.0.1 http", "203.0.113.9 https"]
+
+
+async def test_the_app_reads_forwarded_headers_off_the_chat_and_messages_endpoints() -> None:
+    """uvicorn's ``X-Forwarded-*`` handling off (``server_options``), the app applies it itself
+    (``proxy.server.forwarded``) where Starlette builds URLs from the scope (a route's answer sees
+    the forwarded client and scheme, as under uvicorn's defaults); the chat and Messages endpoints,
+    which read neither, are reached without it."""
+    from proxy.app import create_app
+
+    app = create_app(Settings(upstream_url="http://127.0.0.1:9/v1", database_url="sqlite:///unused.db"))
+    seen: dict[str, tuple[str, str]] = {}
+
+    async def echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        seen[scope["path"]] = (scope["client"][0], scope["scheme"])
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def counted(scope: dict[str, Any], receive: Any, send: Any, budget: Any) -> None:
+        await echo(scope, receive, send)
+
+    class Echo:  # (an ASGI app: Starlette gives a plain function a request instead)
+        __call__ = staticmethod(echo)
+
+    app.router.routes.insert(0, Route("/echo", Echo(), methods=["GET"]))
+    app.chat.counted = counted  # type: ignore[method-assign]
+    app.messages.counted = counted  # type: ignore[method-assign]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    for method, path in (("GET", "/echo"), ("POST", "/v1/chat/completions"), ("POST", "/v1/messages")):
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "path": path,
+                 "raw_path": path.encode(), "root_path": "", "query_string": b"", "scheme": "http",
+                 "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000),
+                 "headers": [(b"host", b"proxy.example"), (b"x-forwarded-proto", b"https"),
+                             (b"x-forwarded-for", b"203.0.113.9")]}
+        await app(scope, receive, send)
+    assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [204, 204, 204]
+    assert seen == {"/echo": ("203.0.113.9", "https"), "/v1/chat/completions": ("127.0.0.1", "http"),
+                    "/v1/messages": ("127.0.0.1", "http")}

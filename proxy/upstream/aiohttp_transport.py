@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import os
 import ssl
 import zlib
@@ -130,6 +131,10 @@ class RawChunks:
         return chunk
 
 
+PARKED = math.inf
+"""``QuietResumeHandler._read_deadline`` when its timer awaits no read (``_drop_timeout``)."""
+
+
 class QuietResumeHandler(ResponseHandler):
     """aiohttp's connection protocol whose ``resume_reading`` does nothing when nothing is paused.
 
@@ -147,14 +152,16 @@ class QuietResumeHandler(ResponseHandler):
     (flow control or a full buffer), or with a WebSocket reader, it is aiohttp's own too.
 
     Its read timeout keeps one timer while reads come (``_reschedule_timeout``, ``_on_read_timeout``)
-    where aiohttp's makes a new one at every read."""
+    where aiohttp's makes a new one at every read, and across the requests of a pooled connection
+    (``_drop_timeout``) where aiohttp's makes one a request."""
 
     _paused_parser: object = None
     """The parser (``_parser``) this connection last paused: aiohttp makes one a response."""
 
     _read_deadline: float = 0.0
     """When the read timeout is due (``loop.time()``, seconds): the armed timer's time, moved on
-    by each read since it was armed (``_reschedule_timeout``)."""
+    by each read since it was armed (``_reschedule_timeout``); ``PARKED`` while no read is awaited
+    (``_drop_timeout``)."""
 
     def _reschedule_timeout(self) -> None:
         """aiohttp's, once a timer is armed: the read deadline moved on without a new timer.
@@ -175,8 +182,35 @@ class QuietResumeHandler(ResponseHandler):
         if timeout and self._read_timeout_handle is not None:  # (armed by aiohttp, ``timeout`` from now)
             self._read_deadline = self._loop.time() + timeout
 
+    def _drop_timeout(self) -> None:
+        """aiohttp's (the timer cancelled) when the connection is going away (closed, lost, failed:
+        no transport, ``_should_close``); otherwise the timer is kept, parked: it awaits no read
+        (``_read_deadline`` is ``PARKED``), and when it fires it is dropped and does nothing. aiohttp
+        drops the timer at a body's end, and at a pause of reading, then arms a new one at the
+        next request on the connection (or the resume): each a timer made and cancelled (about 2
+        us, ``_reschedule_timeout``). Parked, the next request's start moves its deadline instead.
+        A connection in the pool holds one parked timer at most, until it fires (``read_timeout``
+        after it was armed) or the connection closes."""
+        if self._read_timeout_handle is None:
+            return
+        if self.transport is None or self._should_close or getattr(self, "_connection_lost_called", False):
+            super()._drop_timeout()
+            return
+        self._read_deadline = PARKED
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        super().connection_lost(exc)
+        handle = self._read_timeout_handle  # (an aiohttp that drops it before it notes the loss: parked)
+        if handle is not None:
+            handle.cancel()
+            self._read_timeout_handle = None
+
     def _on_read_timeout(self) -> None:
-        """aiohttp's, once the deadline passed; else the timer armed again for what is left."""
+        """aiohttp's, once the deadline passed; else the timer armed again for what is left, or
+        dropped when parked (``_drop_timeout``)."""
+        if self._read_deadline == PARKED:
+            self._read_timeout_handle = None
+            return
         left = self._read_deadline - self._loop.time()
         if left > 0:  # read since it was armed (a millisecond at least: uvloop runs a shorter timer at
             # once, and this would fire again and again until the clock's millisecond turns: review)
@@ -205,7 +239,8 @@ def quiet_resume(connector: aiohttp.BaseConnector) -> None:
     quiet = functools.partial(QuietResumeHandler, *factory.args, **factory.keywords)
     probe = quiet()
     if all(hasattr(probe, name) for name in ("_reading_paused", "_buffer_paused", "_payload_parser", "_parser",
-                                             "_loop", "_read_timeout", "_read_timeout_handle")):
+                                             "_loop", "_read_timeout", "_read_timeout_handle", "_should_close",
+                                             "transport")):
         connector._factory = quiet  # type: ignore[assignment]
 
 

@@ -188,7 +188,7 @@ def test_a_short_pattern_neither_blocks_nor_exhausts_the_proxy(pattern: str, pro
     upstream.state.responders.insert(1, many_calls(3, {"query": pattern, "regex": True}))
     proxy = proxy_factory(models_file=windows_file)
     waits: list[float] = []
-    stop = threading.Event()
+    stop, probing = threading.Event(), threading.Event()
 
     def probe() -> None:
         with httpx.Client(base_url=proxy.url, timeout=60) as h:
@@ -196,11 +196,14 @@ def test_a_short_pattern_neither_blocks_nor_exhausts_the_proxy(pattern: str, pro
                 started = time.monotonic()
                 h.get("/healthz")
                 waits.append(time.monotonic() - started)
+                probing.set()
                 time.sleep(0.02)
 
     thread = threading.Thread(target=probe)
     thread.start()
     try:
+        assert probing.wait(30)  # (the probe runs before the chat starts: a chat faster than the
+        # thread's start left ``waits`` empty, review)
         reply = proxy.client().chat.completions.create(model=MODEL, messages=history_with_offload("FACT: b=1"), tools=TOOLS)
     finally:
         stop.set()
