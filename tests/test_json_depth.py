@@ -65,3 +65,29 @@ def test_any_other_refusal_is_orjson_s() -> None:
         dumps({"a": nested(300), 1: "b"})
     with pytest.raises(orjson.JSONEncodeError, match="64-bit"):
         dumps(2**64)  # (shallow: orjson's own error, as it raised it)
+
+
+def test_members_orjson_writes_are_written_in_runs_not_one_call_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deep value with many shallow members (``[]`` beside a deep one, a client's body): orjson
+    is called per run of members, not per member. Each result of orjson holds a buffer of about
+    4 KB however short: one call per ``[]`` made 3 MB of ``[],`` beside a deep member take 4 GB."""
+    import proxy.json_depth as json_depth
+
+    calls = 0
+    real = orjson.dumps
+
+    def counted(*args: Any, **kwargs: Any) -> bytes:
+        nonlocal calls
+        calls += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(json_depth.orjson, "dumps", counted)
+    wide: list[Any] = [[] for _ in range(20_000)]
+    value = {"a": [*wide, nested(300), *wide, 1, "x"], "b": {str(i): [i] for i in range(20_000)}, "c": nested(300)}
+    for sort_keys in (False, True):
+        calls = 0
+        text = dumps(value, sort_keys=sort_keys)
+        assert calls < 200
+        monkeypatch.setattr(json_depth.orjson, "dumps", real)
+        assert orjson.loads(text) == value
+        monkeypatch.setattr(json_depth.orjson, "dumps", counted)
