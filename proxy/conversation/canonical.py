@@ -19,6 +19,8 @@ from typing import Any, Protocol
 
 import orjson
 
+from proxy.json_depth import write_deep
+
 
 class HashMemo(Protocol):
     """A memo of digests and chain hashes (``proxy.conversation.digest_memo.DigestMemo``)."""
@@ -92,8 +94,13 @@ def canonical(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def canonical_bytes(message: dict[str, Any]) -> bytes:
-    """Canonical JSON bytes of ``message``: sorted keys, compact, UTF-8."""
-    return orjson.dumps(canonical(message), option=orjson.OPT_SORT_KEYS)
+    """Canonical JSON bytes of ``message``: sorted keys, compact, UTF-8 (orjson's, at any depth:
+    ``proxy.json_depth``)."""
+    c = canonical(message)
+    try:
+        return orjson.dumps(c, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError as exc:  # nested deeper than orjson writes: the bytes it would write
+        return write_deep(exc, c, sort_keys=True)
 
 
 def message_digest(message: dict[str, Any]) -> str:
@@ -116,8 +123,10 @@ def digests_and_chain(messages: list[dict[str, Any]], memo: HashMemo | None = No
     The same values as ``message_digest``/``chain_hash`` applied in order; with ``memo`` (the
     caller's ``DigestMemo``, e.g. the pipeline's) reusing what it hashed before: a client resends
     its whole history every turn, and hashing it again cost 3 ms per MB (measured by
-    ``tests/benchmarks``, pipeline section). Raises ``orjson.JSONEncodeError`` for a message
-    orjson cannot serialize (nested deeper than 254).
+    ``tests/benchmarks``, pipeline section). A message nested deeper than orjson writes is hashed
+    all the same (``canonical_bytes``); raises ``orjson.JSONEncodeError`` for one orjson refuses
+    for another reason (a lone surrogate, an integer beyond 64 bits: neither comes out of
+    ``proxy.json_text.parse_json``).
     """
     if memo is None:
         return _hash_all(messages)

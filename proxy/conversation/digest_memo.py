@@ -18,6 +18,7 @@ import orjson
 
 from proxy.cache import MEMO_IDLE_S
 from proxy.conversation.canonical import canonical, chain_hash
+from proxy.json_depth import write_deep
 
 MEMO_MAX_BYTES = 16 * 1024 * 1024
 """Accounted bytes of the message lists ``DigestMemo`` keeps (canonical bytes plus
@@ -159,13 +160,18 @@ class DigestMemo:
                 last, parent, i = run, chain[-1], j
                 continue
             c = canonical(msgs[i])
-            raw = orjson.dumps(c, option=orjson.OPT_SORT_KEYS)
+            try:
+                raw = orjson.dumps(c, option=orjson.OPT_SORT_KEYS)
+                plain = _plain(c)
+            except orjson.JSONEncodeError as exc:  # nested deeper than orjson writes (``canonical_bytes``'s
+                raw = write_deep(exc, c, sort_keys=True)  # bytes): never compared, as deep as ``==`` would recurse
+                plain = False
             d = hashlib.sha256(raw).hexdigest()
             parent = chain_hash(parent, d)
             digests.append(d)
             chain.append(parent)
             sizes.append(len(raw))
-            (fresh if _plain(c) else unsafe).append(i)
+            (fresh if plain else unsafe).append(i)
             self.hashed += 1
             i += 1
         now = time.monotonic()

@@ -24,8 +24,6 @@ from collections.abc import Mapping, Sequence
 from operator import is_not
 from typing import Any
 
-import orjson
-
 from proxy.conversation.blocks import (
     block_text,
     block_with_text,
@@ -60,6 +58,7 @@ from proxy.conversation.model import (
     Piece,
 )
 from proxy.conversation.pricing import price_message, price_part, tool_schemas
+from proxy.json_depth import dumps
 
 _SIGNED = frozenset({"thinking", "redacted_thinking"})
 _MEDIA = frozenset({"image", "document"})
@@ -132,7 +131,45 @@ def _hash_value(value: Any) -> Any:
 def _hash_block(block: Any) -> Any:
     if isinstance(block, dict) and not HASH_DROPPED.isdisjoint(block):
         block = {k: v for k, v in block.items() if k not in HASH_DROPPED}
-    return _hash_value(block)
+    try:
+        return _hash_value(block)
+    except RecursionError:  # nested deeper than Python recurses (a tool's input 500 deep): the same value
+        return _hash_value_deep(block)
+
+
+def _hash_value_deep(value: Any) -> Any:
+    """``_hash_value(value)`` without recursion, for a value nested too deep for it: the same value
+    (``value`` itself when nothing changes, as there). Its containers depth first, each rebuilt once
+    its children are (a container met twice, as a value the proxy built may share one, is rebuilt
+    once); raises ``RecursionError``, as ``_hash_value`` would, for a cycle."""
+    done: dict[int, Any] = {}  # a container's id -> its ``_hash_value``
+    open_ids: set[int] = set()
+    if not isinstance(value, dict | list):
+        return _hash_value(value)
+    stack: list[tuple[Any, bool]] = [(value, False)]
+    while stack:
+        node, ready = stack.pop()
+        if ready:
+            done[id(node)] = _rebuilt(node, done)
+            open_ids.discard(id(node))
+        elif id(node) not in done:
+            if id(node) in open_ids:
+                raise RecursionError("a cycle in a value to hash")
+            open_ids.add(id(node))
+            stack.append((node, True))
+            stack.extend((child, False) for child in (node.values() if isinstance(node, dict) else node)
+                         if isinstance(child, dict | list))
+    return done[id(value)]
+
+
+def _rebuilt(node: dict[str, Any] | list[Any], done: dict[int, Any]) -> Any:
+    """``_hash_value(node)`` from its children's, in ``done`` (a leaf's is taken here: no depth)."""
+    if isinstance(node, dict):
+        out = {k: done[id(v)] if isinstance(v, dict | list) else _hash_value(v) for k, v in node.items()
+               if v is not None}
+        return node if len(out) == len(node) and all(out[k] is node[k] for k in out) else out
+    items = [done[id(v)] if isinstance(v, dict | list) else _hash_value(v) for v in node]
+    return items if any(map(is_not, items, node)) else node
 
 
 def hash_view(piece: Piece) -> Piece:
@@ -327,7 +364,7 @@ class MessagesCodec:
         forwarded["messages"] = rest
         if extra:
             forwarded.update(extra)
-        return orjson.dumps(forwarded), forwarded
+        return dumps(forwarded), forwarded
 
 
 def _str(value: Any) -> str | None:

@@ -161,7 +161,7 @@ class MessagesPipeline:
             views = [hash_view(p) for p in pieces]
             digests, chain = (digests_now(views, len(raw), self.digest_memo)  # (a small body: no coroutine)
                               or await digests_off_loop(views, len(raw), self.digest_memo))
-        except (orjson.JSONEncodeError, RecursionError):  # nested deeper than it hashes: the provider judges it
+        except orjson.JSONEncodeError:  # a value orjson refuses, not for its depth (none ``parse_json`` makes)
             return await self._forward_unlogged(raw, target, forward_headers, tenant, warn=False)
         self.log.follow(chain)  # a regenerate's write is then known stored, not read again
         session_id = session_id_of(headers) or self.log.derive_session_id(tenant, pieces, chain)
@@ -208,7 +208,7 @@ class MessagesPipeline:
             return raw
         try:
             digests, chain = await digests_off_loop([hash_view(p) for p in pieces], len(raw), self.digest_memo)
-        except (orjson.JSONEncodeError, RecursionError):
+        except orjson.JSONEncodeError:  # (as ``handle``)
             return raw
         session_id = session_id_of(headers) or self.log.derive_session_id(tenant, pieces, chain)
         try:
@@ -222,7 +222,7 @@ class MessagesPipeline:
         except StorageError as exc:
             self.health.saw(exc)
             return raw
-        except orjson.JSONEncodeError:  # (nested deeper than it serializes: counted as sent)
+        except orjson.JSONEncodeError:  # (a value orjson refuses: counted as sent)
             return raw
 
     async def _run(self, ctx: ChatContext, target: str) -> Buffered | Streamed:

@@ -154,7 +154,7 @@ class MessagesStream:
                     self.writer.finish(ctx, resp.status_code, reply, client.usage, error=error,
                                        partial=error is not None, finish_reason=client.stop_reason,
                                        after_answer=after_answer and error is None)
-            finally:  # released even when logging raised (a reply nested deeper than ``hash_view`` recurses)
+            finally:  # released even when logging raised
                 await current[0].aclose()
             logged = True
 

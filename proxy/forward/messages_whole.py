@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from proxy.conversation.messages_codec import hash_view
 from proxy.conversation.messages_rounds import as_calls, merged, split_uses, without
 from proxy.forward.context import ChatContext
 from proxy.forward.log_writer import LogWriter
 from proxy.forward.messages_tools import has_text
 from proxy.forward.tool_rounds import ToolRounds
+from proxy.json_depth import dumps
 from proxy.json_text import parse_json
 
 
@@ -47,7 +46,7 @@ async def own_calls(ctx: ChatContext, data: bytes, tools: ToolRounds) -> tuple[b
         if message.get("stop_reason") == "tool_use":
             message["stop_reason"] = "end_turn"
     message["content"] = merged(ctx.internal, content)
-    return orjson.dumps(message), message
+    return dumps(message), message
 
 
 def finish_whole(ctx: ChatContext, status: int, data: bytes, writer: LogWriter, *, shared_key: bool,

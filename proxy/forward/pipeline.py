@@ -21,12 +21,10 @@ import time
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
-import orjson
-
 from proxy.compaction.base import Compactor
 from proxy.conversation.body_memo import BodyMemo
 from proxy.conversation.canonical import digests_now, digests_off_loop
-from proxy.conversation.chat_request import is_too_deep, parse_chat_request, too_deep
+from proxy.conversation.chat_request import parse_chat_request
 from proxy.conversation.digest_memo import DigestMemo
 from proxy.forward.answers import DISCONNECTED, Buffered, Reply, Streamed, Turn, generator_over
 from proxy.forward.context import ChatContext
@@ -117,13 +115,8 @@ class ChatPipeline:
             await self.writer.wait_for_room()
         body = parse_chat_request(raw, self.body_memo, tenant)
         messages: list[dict[str, Any]] = body["messages"]
-        try:
-            digests, chain = (digests_now(messages, len(raw), self.digest_memo)  # (a small body: no coroutine)
-                              or await digests_off_loop(messages, len(raw), self.digest_memo))
-        except orjson.JSONEncodeError as exc:  # ``TypeError`` itself: only the depth limit is the client's
-            if not is_too_deep(exc):
-                raise
-            raise too_deep() from None
+        digests, chain = (digests_now(messages, len(raw), self.digest_memo)  # (a small body: no coroutine)
+                          or await digests_off_loop(messages, len(raw), self.digest_memo))
         session_id = (client_session_id(headers.get("x-session-id"))
                       or self.log.derive_session_id(tenant, messages, chain))
         try:
