@@ -17,6 +17,8 @@ here); bounded by the request body's size, as the value is, in memory too (``_me
 
 from __future__ import annotations
 
+import asyncio
+from contextvars import ContextVar
 from operator import itemgetter
 from typing import Any
 
@@ -24,6 +26,92 @@ import orjson
 
 MAX_ORJSON_DEPTH = 254
 """The deepest nesting orjson writes (its parser reads up to 1024)."""
+
+DEEP_BUDGET_CONTAINERS = 25_000
+"""Containers each deep fallback of one request's hashing may walk, all of its messages together:
+``messages_codec._hash_value_deep`` (a Messages turn's hash view, for a block deeper than Python
+recurses) and the ``write_deep`` of ``canonical._hash_all``/``DigestMemo.digests_and_chain`` (its
+digests), each its own account of this many. Measured on the development machine (2 cores, another
+test run beside it): about 1.4 us a container for either walk, so 25,000 cost 30-35 ms each (tool
+inputs 300-600 deep). A request whose deep content is over it is forwarded unlogged as it came
+(``DeepBudgetExceeded``), as before the deep fallbacks existed, having cost at most this many
+containers walked. One under it was walked once whole: its later stages (projection, apply, token
+counting, storage) walk the same content, each at about the same cost, unbudgeted (the hashing's
+own functions, called again on it, are capped one walk at a time: never reached). A reply's hash
+view (``messages_codec.reply_view``) spends the request's account too, or its own when the request
+had no deep content."""
+
+DEEP_REPLY_ERROR = "the reply is nested too deep to log within the request's budget: logged without its content"
+"""The error a reply is logged with when its deep content is past the budget (``messages_codec.reply_view``)."""
+
+
+class DeepBudgetExceeded(Exception):
+    """A request's hashing met more deep content than ``DEEP_BUDGET_CONTAINERS``: the request is
+    forwarded unlogged (a reply's hashing: the reply logged without its content)."""
+
+
+class DeepBudget:
+    """One request's accounts of containers walked by the deep fallbacks (``deep_budget``): the
+    hash views' (``views``) and the digests'."""
+
+    __slots__ = ("decided", "left", "left_views", "task", "unbounded")
+
+    walked_total = 0
+    """Containers walked by every deep fallback of the process (tests read it)."""
+
+    def __init__(self, task: object) -> None:
+        self.left = self.left_views = DEEP_BUDGET_CONTAINERS
+        self.decided = False
+        """The request's hashing finished under budget: its later walks are capped one by one."""
+        self.task = task
+        self.unbounded = False
+        """Walks not capped at all (``messages_codec.round_view``: a round the proxy must serve)."""
+
+    def limit(self, *, views: bool = False) -> int | None:
+        """How many containers the next budgeted walk may visit (``None``: any): what is left of
+        the request's hashing (of its ``views`` or its digests); once it is decided,
+        ``DEEP_BUDGET_CONTAINERS`` a walk (a later walk of content the hashing walked whole, a
+        message or a block of it, never meets that)."""
+        if self.unbounded:
+            return None
+        if self.decided:
+            return DEEP_BUDGET_CONTAINERS
+        return self.left_views if views else self.left
+
+    def spend(self, walked: int, *, views: bool = False) -> None:
+        DeepBudget.walked_total += walked
+        if self.decided:
+            return
+        if views:
+            self.left_views -= walked
+        else:
+            self.left -= walked
+
+
+_BUDGET: ContextVar[DeepBudget | None] = ContextVar("deep_budget", default=None)
+
+
+def deep_budget() -> DeepBudget:
+    """The current request's ``DeepBudget``, made on its first use (only the deep fallbacks' except
+    paths call this: nothing is set on an ordinary request). A request is its asyncio task; a
+    worker thread hashing for one (``asyncio.to_thread``) sees the task's account in the context it
+    was given; code outside any task (a script, a synchronous test) gets a new account each call."""
+    try:
+        task: object = asyncio.current_task()
+    except RuntimeError:  # no event loop in this thread
+        task = None
+    budget = _BUDGET.get()
+    if task is None:  # a worker thread: the task's account when it has one, else one for this call
+        return budget if budget is not None and budget.task is not None else DeepBudget(None)
+    if budget is None or budget.task is not task:
+        budget = DeepBudget(task)
+        _BUDGET.set(budget)
+    return budget
+
+
+def count_walked(walked: int) -> None:
+    """Count containers an unbudgeted deep walk visited (``DeepBudget.walked_total``)."""
+    DeepBudget.walked_total += walked
 
 _CONTAINERS = (dict, list, tuple)
 _KEY = itemgetter(0)
@@ -48,15 +136,21 @@ def dumps(value: Any, *, sort_keys: bool = False) -> bytes:
 
 
 def write_deep(exc: orjson.JSONEncodeError, value: Any, *, sort_keys: bool = False,
-               limit: int = MAX_ORJSON_DEPTH) -> bytes:
+               limit: int = MAX_ORJSON_DEPTH, budget: DeepBudget | None = None) -> bytes:
     """The bytes ``orjson.dumps(value)`` would write had it no depth limit, after it raised
     ``exc`` for ``value``: ``exc`` itself is raised again unless it is the depth limit
     (``is_too_deep``), or when ``value`` holds a cycle. Subtrees at most ``limit`` deep are written
-    by orjson (a test lowers it to compare with orjson's own bytes)."""
+    by orjson (a test lowers it to compare with orjson's own bytes). With ``budget``, raises
+    ``DeepBudgetExceeded`` once more containers than it has left are met (before any is written)."""
     if not is_too_deep(exc):
         raise exc
     option = orjson.OPT_SORT_KEYS if sort_keys else None
-    heights = _heights(value, exc)
+    cap = budget.limit() if budget is not None else None
+    heights = _heights(value, exc, cap)
+    if budget is not None:
+        budget.spend(len(heights))
+    else:
+        count_walked(len(heights))
     out: list[bytes] = []
     stack: list[Any] = [value]
     while stack:
@@ -113,15 +207,19 @@ def _members(item: Any, heights: dict[int, int], limit: int, sort_keys: bool, op
     return parts
 
 
-def _heights(value: Any, exc: BaseException) -> dict[int, int]:
+def _heights(value: Any, exc: BaseException, cap: int | None = None) -> dict[int, int]:
     """The height of every container in ``value`` (1: one holding no container) by ``id``;
     raises ``exc`` for a cycle. Iterative: the containers in breadth-first order, then their
     heights from the last (a tree's children come after their parent); a container reached twice
-    (a value the proxy built, sharing one) may break that order: ``_dag_heights`` then."""
+    (a value the proxy built, sharing one) may break that order: ``_dag_heights`` then. Raises
+    ``DeepBudgetExceeded`` past ``cap`` containers (``DeepBudget.walked_total`` counts them)."""
     order = [value] if isinstance(value, _CONTAINERS) else []
     seen = {id(value)}
     i = 0
     while i < len(order):
+        if cap is not None and i > cap:
+            DeepBudget.walked_total += i
+            raise DeepBudgetExceeded(f"more than {cap} deep containers")
         node = order[i]
         i += 1
         for child in node.values() if node.__class__ is dict else node:
@@ -137,17 +235,20 @@ def _heights(value: Any, exc: BaseException) -> dict[int, int]:
                     height = heights[id(child)]
             heights[id(node)] = height + 1
     except KeyError:
-        return _dag_heights(value, exc)
+        return _dag_heights(value, exc, cap)
     return heights
 
 
-def _dag_heights(value: Any, exc: BaseException) -> dict[int, int]:
+def _dag_heights(value: Any, exc: BaseException, cap: int | None = None) -> dict[int, int]:
     """``_heights`` of a value that holds a container more than once, or a cycle (``exc`` raised):
     depth first, a container's height once its children's are known."""
     heights: dict[int, int] = {}
     open_ids: set[int] = set()  # containers whose children are still being measured
     stack: list[tuple[Any, bool]] = [(value, False)]
     while stack:
+        if cap is not None and len(heights) > cap:
+            DeepBudget.walked_total += len(heights)
+            raise DeepBudgetExceeded(f"more than {cap} deep containers")
         node, measured = stack.pop()
         children = node.values() if isinstance(node, dict) else node
         if measured:

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from proxy.json_depth import write_deep
+from proxy.json_depth import DeepBudget, deep_budget, write_deep
 
 
 class HashMemo(Protocol):
@@ -129,7 +129,7 @@ def digests_and_chain(messages: list[dict[str, Any]], memo: HashMemo | None = No
     ``proxy.json_text.parse_json``).
     """
     if memo is None:
-        return _hash_all(messages)
+        return _hash_all(messages, budgeted=False)  # (no request's: an offline replay's whole session)
     return memo.digests_and_chain(messages)
 
 
@@ -164,15 +164,28 @@ def digests_now(messages: list[dict[str, Any]], body_bytes: int,
     return None
 
 
-def _hash_all(messages: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+def _hash_all(messages: list[dict[str, Any]], *, budgeted: bool = True) -> tuple[list[str], list[str]]:
+    """``message_digest``/``chain_hash`` of ``messages`` in order: a request's hashing, the first
+    walk of its content, so its deep fallback is budgeted (``json_depth.deep_budget``: raises
+    ``DeepBudgetExceeded`` past it) and, once done under it, the budget's decision is made; not
+    ``budgeted``, any depth is hashed whatever it costs (no request waits on it)."""
     digests: list[str] = []
     chain: list[str] = []
     parent: str | None = None
+    budget: DeepBudget | None = None
     for message in messages:
-        d = message_digest(message)
+        c = canonical(message)
+        try:
+            raw = orjson.dumps(c, option=orjson.OPT_SORT_KEYS)
+        except orjson.JSONEncodeError as exc:  # nested deeper than orjson writes (``canonical_bytes``)
+            budget = budget or (deep_budget() if budgeted else None)
+            raw = write_deep(exc, c, sort_keys=True, budget=budget)
+        d = hashlib.sha256(raw).hexdigest()
         parent = chain_hash(parent, d)
         digests.append(d)
         chain.append(parent)
+    if budget is not None:
+        budget.decided = True
     return digests, chain
 
 

@@ -20,6 +20,7 @@ its other fields). ``apply`` puts the leading system piece back as the top-level
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from operator import is_not
 from typing import Any
@@ -58,7 +59,7 @@ from proxy.conversation.model import (
     Piece,
 )
 from proxy.conversation.pricing import price_message, price_part, tool_schemas
-from proxy.json_depth import dumps
+from proxy.json_depth import DeepBudget, DeepBudgetExceeded, deep_budget, dumps
 
 _SIGNED = frozenset({"thinking", "redacted_thinking"})
 _MEDIA = frozenset({"image", "document"})
@@ -100,6 +101,8 @@ def messages_item(piece: Piece) -> Item:
 UNSIGNED_PLACEHOLDER = "[context-proxy] (this turn's thinking was left out)"
 """The text of a turn that held nothing but signed thinking once that is left out."""
 
+_log = logging.getLogger("context_proxy.messages")
+
 HASH_DROPPED = frozenset({"cache_control"})
 """Block keys the Messages hash view leaves out: a client moves its cache breakpoints from turn to
 turn (Claude Code marks the newest turn), and the turn is the same turn with or without one."""
@@ -134,20 +137,26 @@ def _hash_block(block: Any) -> Any:
     try:
         return _hash_value(block)
     except RecursionError:  # nested deeper than Python recurses (a tool's input 500 deep): the same value
-        return _hash_value_deep(block)
+        return _hash_value_deep(block, deep_budget())
 
 
-def _hash_value_deep(value: Any) -> Any:
+def _hash_value_deep(value: Any, budget: DeepBudget | None = None) -> Any:
     """``_hash_value(value)`` without recursion, for a value nested too deep for it: the same value
     (``value`` itself when nothing changes, as there). Its containers depth first, each rebuilt once
     its children are (a container met twice, as a value the proxy built may share one, is rebuilt
-    once); raises ``RecursionError``, as ``_hash_value`` would, for a cycle."""
+    once); raises ``RecursionError``, as ``_hash_value`` would, for a cycle, and
+    ``DeepBudgetExceeded`` once it meets more containers than ``budget`` has left (the request's:
+    ``json_depth.DEEP_BUDGET_CONTAINERS``)."""
     done: dict[int, Any] = {}  # a container's id -> its ``_hash_value``
     open_ids: set[int] = set()
     if not isinstance(value, dict | list):
         return _hash_value(value)
+    cap = budget.limit(views=True) if budget is not None else None
     stack: list[tuple[Any, bool]] = [(value, False)]
     while stack:
+        if cap is not None and len(open_ids) + len(done) > cap:
+            DeepBudget.walked_total += len(open_ids) + len(done)
+            raise DeepBudgetExceeded(f"more than {cap} deep containers")
         node, ready = stack.pop()
         if ready:
             done[id(node)] = _rebuilt(node, done)
@@ -159,6 +168,11 @@ def _hash_value_deep(value: Any) -> Any:
             stack.append((node, True))
             stack.extend((child, False) for child in (node.values() if isinstance(node, dict) else node)
                          if isinstance(child, dict | list))
+    walked = len(done)
+    if budget is not None:
+        budget.spend(walked, views=True)
+    else:
+        DeepBudget.walked_total += walked
     return done[id(value)]
 
 
@@ -187,6 +201,30 @@ def hash_view(piece: Piece) -> Piece:
         return piece
     blocks = [_hash_block(b) for b in content]
     return {**piece, "content": blocks} if any(map(is_not, blocks, content)) else piece
+
+
+def reply_view(piece: Piece) -> Piece | None:
+    """``hash_view`` of a reply to log, or ``None`` when its deep content is past the request's
+    budget (``json_depth.DEEP_BUDGET_CONTAINERS``): the reply is then logged without its content
+    (a warning says so; the client has the provider's bytes whatever this answers)."""
+    try:
+        return hash_view(piece)
+    except DeepBudgetExceeded:
+        _log.warning("reply nested too deep past its budget (json_depth.DEEP_BUDGET_CONTAINERS): "
+                     "logged without its content")
+        return None
+
+
+def round_view(piece: Piece) -> Piece:
+    """``hash_view`` of a round the proxy serves (its own tool calls): a round is served and logged
+    whole, so deep content past the request's budget is walked all the same (the provider's, not
+    the client's: as long as the provider's answer), the request's budget then lifted."""
+    try:
+        return hash_view(piece)
+    except DeepBudgetExceeded:
+        budget = deep_budget()
+        budget.unbounded = True
+        return hash_view(piece)
 
 
 class MessagesCodec:

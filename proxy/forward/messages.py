@@ -66,6 +66,7 @@ from proxy.forward.rounds import Recovery, sent_with_rounds
 from proxy.forward.session_ids import client_session_id
 from proxy.forward.session_log import SessionLog, new_id
 from proxy.forward.tool_rounds import ToolRounds
+from proxy.json_depth import DeepBudgetExceeded
 from proxy.json_text import parse_json
 from proxy.settings import Settings
 from proxy.telemetry.logs import bind_request
@@ -163,6 +164,11 @@ class MessagesPipeline:
                               or await digests_off_loop(views, len(raw), self.digest_memo))
         except orjson.JSONEncodeError:  # a value orjson refuses, not for its depth (none ``parse_json`` makes)
             return await self._forward_unlogged(raw, target, forward_headers, tenant, warn=False)
+        except DeepBudgetExceeded:  # more deep content than a request may cost the loop: as sent, unlogged
+            self.metrics.deep_over_budget("request")
+            log.warning("request nested too deep past its budget (json_depth.DEEP_BUDGET_CONTAINERS): "
+                        "forwarded unlogged")
+            return await self._forward_unlogged(raw, target, forward_headers, tenant, warn=False)
         self.log.follow(chain)  # a regenerate's write is then known stored, not read again
         session_id = session_id_of(headers) or self.log.derive_session_id(tenant, pieces, chain)
         try:
@@ -208,7 +214,7 @@ class MessagesPipeline:
             return raw
         try:
             digests, chain = await digests_off_loop([hash_view(p) for p in pieces], len(raw), self.digest_memo)
-        except orjson.JSONEncodeError:  # (as ``handle``)
+        except (orjson.JSONEncodeError, DeepBudgetExceeded):  # (as ``handle``)
             return raw
         session_id = session_id_of(headers) or self.log.derive_session_id(tenant, pieces, chain)
         try:

@@ -36,6 +36,7 @@ from proxy.forward.session_ids import client_session_id, header_value
 from proxy.forward.session_log import SessionLog, new_id
 from proxy.forward.streaming import Segment, relay_turn, relay_unlogged
 from proxy.forward.tool_rounds import ToolRounds
+from proxy.json_depth import DeepBudgetExceeded
 from proxy.settings import Settings
 from proxy.telemetry.logs import bind_request
 from proxy.telemetry.metrics import Metrics
@@ -115,8 +116,14 @@ class ChatPipeline:
             await self.writer.wait_for_room()
         body = parse_chat_request(raw, self.body_memo, tenant)
         messages: list[dict[str, Any]] = body["messages"]
-        digests, chain = (digests_now(messages, len(raw), self.digest_memo)  # (a small body: no coroutine)
-                          or await digests_off_loop(messages, len(raw), self.digest_memo))
+        try:
+            digests, chain = (digests_now(messages, len(raw), self.digest_memo)  # (a small body: no coroutine)
+                              or await digests_off_loop(messages, len(raw), self.digest_memo))
+        except DeepBudgetExceeded:  # more deep content than a request may cost the loop: as sent, unlogged
+            self.metrics.deep_over_budget("request")
+            log.warning("request nested too deep past its budget (json_depth.DEEP_BUDGET_CONTAINERS): "
+                        "forwarded unlogged")
+            return await self._forward_unlogged(raw, bool(body.get("stream")), header_items, tenant, degraded=False)
         session_id = (client_session_id(headers.get("x-session-id"))
                       or self.log.derive_session_id(tenant, messages, chain))
         try:
@@ -200,14 +207,18 @@ class ChatPipeline:
         return context_headers(ctx, upstream, shared_key=shared_key)
 
     async def _forward_unlogged(self, raw: bytes, stream: bool, header_items: list[tuple[str, str]],
-                                tenant: str) -> Buffered | Streamed:
-        """Fail open: relay the request as sent, without logging or compaction (database down)."""
-        self.metrics.database_error("fail_open")
-        log.warning("database unavailable: forwarding without logging or compaction (database_failure_mode=open)")
+                                tenant: str, *, degraded: bool = True) -> Buffered | Streamed:
+        """Relay the request as sent, without logging or compaction: fail open (the database down:
+        ``degraded``, said in ``x-context-proxy-warning``), or a body the proxy does not log (deep
+        content past its budget: ``json_depth.DEEP_BUDGET_CONTAINERS``)."""
+        if degraded:
+            self.metrics.database_error("fail_open")
+            log.warning("database unavailable: forwarding without logging or compaction (database_failure_mode=open)")
         headers = forward_request_headers(header_items, upstream_api_key=self.settings.upstream_api_key, identity=True)
         resp = await self.upstream.send("POST", UPSTREAM_CHAT_PATH, headers=headers, content=raw, tenant=tenant)
         out = response_headers(resp.headers, keep_encoding=False, shared_key=self.settings.upstream_api_key is not None)
-        out["x-context-proxy-warning"] = DEGRADED_WARNING
+        if degraded:
+            out["x-context-proxy-warning"] = DEGRADED_WARNING
         out.pop("content-length", None)
         if stream and resp.status_code < 400:
             return Streamed(resp.status_code, out, relay_unlogged(resp), resp.aclose)

@@ -211,6 +211,10 @@ class Metrics:
                                  ("outcome",), registry=r)
         self.database_errors = Counter("context_proxy_database_errors", "Database errors, by where they surfaced.",
                                        ("where",), registry=r)
+        self.deep_unlogged = Counter(
+            "context_proxy_deep_unlogged", "Requests forwarded unlogged, or replies logged without their content, "
+            "for content nested past orjson's depth beyond the per-request budget (json_depth.DEEP_BUDGET_CONTAINERS).",
+            ("what",), registry=r)
         self.tokenizer_exact = Gauge("context_proxy_tokenizer_exact",
                                      "1 if the tiktoken encoding is loaded (exact counts), 0 if counts are estimated.",
                                      ("encoding",), registry=r)
@@ -302,6 +306,11 @@ class Metrics:
     def database_error(self, where: str) -> None:
         """A ``StorageError`` surfaced at ``where`` (``request``, ``log``, ``artifacts``, ``events``...)."""
         self._child(self.database_errors, where).inc()
+
+    def deep_over_budget(self, what: str) -> None:
+        """A ``request`` forwarded unlogged, or a ``reply`` logged without its content: nested deeper
+        than orjson writes, past ``json_depth.DEEP_BUDGET_CONTAINERS``."""
+        self._child(self.deep_unlogged, what).inc()
 
     def tokenizer(self, encoding: str, exact: bool) -> None:
         """Whether ``encoding`` is counted exactly (tiktoken loaded) or estimated."""
