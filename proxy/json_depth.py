@@ -12,7 +12,9 @@ The hot path stays orjson's: a caller tries ``orjson.dumps`` and calls ``write_d
 ``except`` (``dumps`` does both, for callers off the hot path). Cost of the fallback: linear in the
 value (one pass over its containers for their heights, then every subtree orjson can write is
 written by orjson whole, a run of them by one call: only the containers above them are written
-here); bounded by the request body's size, as the value is, in memory too (``_members``).
+here); bounded by the request body's size, as the value is, in memory too (``_members``), and for
+a request's hashing by ``DEEP_BUDGET_CONTAINERS`` (``deep_budget``; past it the request is
+forwarded unlogged: ``DeepBudgetExceeded``).
 """
 
 from __future__ import annotations

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 from typing import Any
 
 import orjson
 import pytest
 
-from proxy.json_depth import MAX_ORJSON_DEPTH, dumps, is_too_deep, write_deep
-from tests.support.values import nested, random_value
+from proxy.json_depth import (
+    DEEP_BUDGET_CONTAINERS,
+    MAX_ORJSON_DEPTH,
+    DeepBudget,
+    DeepBudgetExceeded,
+    deep_budget,
+    dumps,
+    is_too_deep,
+    write_deep,
+)
+from tests.support.values import nested, nested_text, random_value
 
 DEPTH_ERROR = orjson.JSONEncodeError("Recursion limit reached")
 
@@ -91,3 +101,32 @@ def test_members_orjson_writes_are_written_in_runs_not_one_call_each(monkeypatch
         monkeypatch.setattr(json_depth.orjson, "dumps", real)
         assert orjson.loads(text) == value
         monkeypatch.setattr(json_depth.orjson, "dumps", counted)
+
+
+def test_a_budgeted_walk_stops_past_the_budget_having_walked_no_more() -> None:
+    """``write_deep`` with a budget raises ``DeepBudgetExceeded`` once it meets more containers than
+    the budget has left, before writing anything (``DeepBudget.walked_total`` counts the walk)."""
+    value = [nested(300) for _ in range(DEEP_BUDGET_CONTAINERS // 100)]  # 3x the budget
+    try:
+        orjson.dumps(value)
+    except orjson.JSONEncodeError as exc:
+        error = exc
+    budget = DeepBudget(None)
+    before = DeepBudget.walked_total
+    with pytest.raises(DeepBudgetExceeded):
+        write_deep(error, value, budget=budget)
+    assert DeepBudget.walked_total - before <= DEEP_BUDGET_CONTAINERS + 1
+    small = [nested(300)]
+    budget.decided = True  # once the request's hashing is done: a walk at a time
+    assert write_deep(error, small, budget=budget) == b"[" + nested_text(300).encode() + b"]"
+
+
+async def test_each_request_task_has_its_own_budget() -> None:
+    """``deep_budget`` is the running task's (one request's), made on first use; outside a task,
+    a new one each call (a script's walks do not add up)."""
+    async def twice() -> tuple[object, object]:
+        return deep_budget(), deep_budget()
+
+    (a1, a2), (b1, _) = await asyncio.gather(asyncio.create_task(twice()), asyncio.create_task(twice()))
+    assert a1 is a2 and a1 is not b1
+    assert await asyncio.to_thread(deep_budget) is not await asyncio.to_thread(deep_budget)
