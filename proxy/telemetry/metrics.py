@@ -212,8 +212,8 @@ class Metrics:
         self.database_errors = Counter("context_proxy_database_errors", "Database errors, by where they surfaced.",
                                        ("where",), registry=r)
         self.deep_unlogged = Counter(
-            "context_proxy_deep_unlogged", "Requests forwarded unlogged, or replies logged without their content, "
-            "for content nested past orjson's depth beyond the per-request budget (json_depth.DEEP_BUDGET_CONTAINERS).",
+            "context_proxy_deep_unlogged", "Requests forwarded unlogged for content nested past orjson's depth "
+            "beyond the per-request budget (json_depth.DEEP_BUDGET_CONTAINERS).",
             ("what",), registry=r)
         self.tokenizer_exact = Gauge("context_proxy_tokenizer_exact",
                                      "1 if the tiktoken encoding is loaded (exact counts), 0 if counts are estimated.",
@@ -308,8 +308,9 @@ class Metrics:
         self._child(self.database_errors, where).inc()
 
     def deep_over_budget(self, what: str) -> None:
-        """A ``request`` forwarded unlogged, or a ``reply`` logged without its content: nested deeper
-        than orjson writes, past ``json_depth.DEEP_BUDGET_CONTAINERS``."""
+        """A ``request`` forwarded unlogged: nested deeper than orjson writes, past
+        ``json_depth.DEEP_BUDGET_CONTAINERS`` (a reply logged without its content is a warning in
+        the log: ``messages_codec.reply_view``)."""
         self._child(self.deep_unlogged, what).inc()
 
     def tokenizer(self, encoding: str, exact: bool) -> None:
