@@ -20,6 +20,7 @@ forwarded unlogged: ``DeepBudgetExceeded``).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection, Mapping
 from contextvars import ContextVar
 from operator import itemgetter
 from typing import Any
@@ -109,6 +110,30 @@ def deep_budget() -> DeepBudget:
         budget = DeepBudget(task)
         _BUDGET.set(budget)
     return budget
+
+
+def budget_fields(body: Mapping[str, Any], hashed: Collection[str]) -> None:
+    """Spend the request's budget on its body's fields other than ``hashed`` (its turns, hashed
+    already) nested deeper than orjson writes: the tool schemas (token counting writes them
+    twice: ``CodecCounter.count_tools``), any other field (``apply``'s body): one walk of their
+    containers here, within ``deep_budget()`` (raises ``DeepBudgetExceeded`` past it), so that a
+    later stage's walk of them is as bounded as the turns'. One ``orjson.dumps`` a container field
+    on the hot path (a 40 KB tool list: 14 us); a field orjson refuses for another reason is left
+    to the stages that write it (as before)."""
+    budget: DeepBudget | None = None
+    for key, value in body.items():
+        if key in hashed or not isinstance(value, dict | list):
+            continue
+        try:
+            orjson.dumps(value)
+        except orjson.JSONEncodeError as exc:
+            if not is_too_deep(exc):
+                continue
+            budget = budget or deep_budget()
+            try:
+                budget.spend(len(_heights(value, exc, budget.limit())))
+            except TypeError:  # (a cycle: none in a parsed body)
+                continue
 
 
 def count_walked(walked: int) -> None:

@@ -66,7 +66,7 @@ from proxy.forward.rounds import Recovery, sent_with_rounds
 from proxy.forward.session_ids import client_session_id
 from proxy.forward.session_log import SessionLog, new_id
 from proxy.forward.tool_rounds import ToolRounds
-from proxy.json_depth import DeepBudgetExceeded
+from proxy.json_depth import DeepBudgetExceeded, budget_fields
 from proxy.json_text import parse_json
 from proxy.settings import Settings
 from proxy.telemetry.logs import bind_request
@@ -81,6 +81,10 @@ log = logging.getLogger("context_proxy.messages")
 
 CLAUDE_CODE_SESSION_HEADER = "x-claude-code-session-id"
 """Claude Code names its session in every request; the first choice for the proxy's session id."""
+
+
+TURNS = ("messages", "system")
+"""The body's fields ``MESSAGES.pieces`` makes its turns of (hashed: ``hash_view``)."""
 
 
 def parse_messages_body(raw: bytes) -> dict[str, Any] | None:
@@ -162,6 +166,7 @@ class MessagesPipeline:
             views = [hash_view(p) for p in pieces]
             digests, chain = (digests_now(views, len(raw), self.digest_memo)  # (a small body: no coroutine)
                               or await digests_off_loop(views, len(raw), self.digest_memo))
+            budget_fields(body, TURNS)  # (its tool schemas, nested deeper than orjson writes)
         except orjson.JSONEncodeError:  # a value orjson refuses, not for its depth (none ``parse_json`` makes)
             return await self._forward_unlogged(raw, target, forward_headers, tenant, warn=False)
         except DeepBudgetExceeded:  # more deep content than a request may cost the loop: as sent, unlogged
@@ -214,6 +219,7 @@ class MessagesPipeline:
             return raw
         try:
             digests, chain = await digests_off_loop([hash_view(p) for p in pieces], len(raw), self.digest_memo)
+            budget_fields(body, TURNS)
         except (orjson.JSONEncodeError, DeepBudgetExceeded):  # (as ``handle``)
             return raw
         session_id = session_id_of(headers) or self.log.derive_session_id(tenant, pieces, chain)

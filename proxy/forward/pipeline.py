@@ -36,7 +36,7 @@ from proxy.forward.session_ids import client_session_id, header_value
 from proxy.forward.session_log import SessionLog, new_id
 from proxy.forward.streaming import Segment, relay_turn, relay_unlogged
 from proxy.forward.tool_rounds import ToolRounds
-from proxy.json_depth import DeepBudgetExceeded
+from proxy.json_depth import DeepBudgetExceeded, budget_fields
 from proxy.settings import Settings
 from proxy.telemetry.logs import bind_request
 from proxy.telemetry.metrics import Metrics
@@ -119,6 +119,7 @@ class ChatPipeline:
         try:
             digests, chain = (digests_now(messages, len(raw), self.digest_memo)  # (a small body: no coroutine)
                               or await digests_off_loop(messages, len(raw), self.digest_memo))
+            budget_fields(body, ("messages",))  # (its tool schemas, nested deeper than orjson writes)
         except DeepBudgetExceeded:  # more deep content than a request may cost the loop: as sent, unlogged
             self.metrics.deep_over_budget("request")
             log.warning("request nested too deep past its budget (json_depth.DEEP_BUDGET_CONTAINERS): "

@@ -150,3 +150,52 @@ async def test_a_messages_reply_over_the_budget_reaches_the_client_and_is_logged
     assert session["request_count"] == 1
     assert [m["role"] for m in logged] == ["user"]  # the client's turn; the reply left out
     assert requests[0]["error"] == DEEP_REPLY_ERROR
+
+
+def deep_tools(n: int) -> list[dict[str, Any]]:
+    return [{"name": f"f{i}", "description": "d", "input_schema": {"type": "object", "x": deep_input()}}
+            for i in range(n)]
+
+
+async def test_a_messages_request_whose_tools_are_deep_past_the_budget_is_forwarded_unlogged(
+        tmp_path: Path, sqlite_template: Path) -> None:
+    """Deep content outside the turns (the tool schemas, any other field) was walked by the
+    fallbacks of token counting (``count_tools``: twice) and ``apply`` unbudgeted: 100 schemas
+    600 deep, 120,000 containers on the event loop (3,000 of them: 3.6 M, 9 s)."""
+    shutil.copyfile(sqlite_template, tmp_path / "log.db")
+    provider, state = create_fake_anthropic()
+    state.script.extend([reply("Done."), reply("Fine.")])
+    raw = json.dumps({"model": "claude-sonnet-4-5", "max_tokens": 256, "tools": deep_tools(20),
+                      "messages": [{"role": "user", "content": "go"}]}).encode()
+    async with start_messages_inprocess(f"sqlite:///{tmp_path}/log.db", provider) as http:
+        before = DeepBudget.walked_total
+        resp = await http.post("/v1/messages", content=raw, headers=JSON | {"x-session-id": "deep"})
+        walked = DeepBudget.walked_total - before
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["content"][0]["text"] == "Done."
+        assert state.message_requests[-1].raw == raw
+        assert walked <= 2 * (BUDGET + 1), walked
+
+
+async def test_a_chat_request_whose_tools_are_deep_past_the_budget_is_forwarded_unlogged(
+        inprocess_proxy: InProcessProxy, fake_provider: FakeProvider) -> None:
+    tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object", "x": deep_input()}}}
+             for i in range(20)]
+    raw = json.dumps({"model": "gpt-4o", "tools": tools, "messages": [{"role": "user", "content": "go"}]}).encode()
+    before = DeepBudget.walked_total
+    resp = await inprocess_proxy.http.post("/v1/chat/completions", content=raw, headers=JSON | {"x-session-id": "deep"})
+    walked = DeepBudget.walked_total - before
+    assert resp.status_code == 200, resp.text
+    assert fake_provider.state.chat_requests[-1].body == raw
+    assert walked <= BUDGET + 1, walked
+
+
+async def test_a_chat_request_with_deep_tools_under_the_budget_is_logged(
+        inprocess_proxy: InProcessProxy, fake_provider: FakeProvider) -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "x": deep_input()}}}]
+    raw = json.dumps({"model": "gpt-4o", "tools": tools, "messages": [{"role": "user", "content": "go"}]}).encode()
+    resp = await inprocess_proxy.http.post("/v1/chat/completions", content=raw, headers=JSON | {"x-session-id": "deep"})
+    assert resp.status_code == 200, resp.text
+    assert fake_provider.state.chat_requests[-1].body == raw
+    logged = await session_messages(inprocess_proxy.http, "deep")
+    assert [m["role"] for m in logged] == ["user", "assistant"]
