@@ -18,6 +18,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from proxy.conversation.messages_codec import hash_view
+from proxy.json_depth import DeepBudgetExceeded
 
 Block = dict[str, Any]
 
@@ -86,6 +87,11 @@ def after_rounds(run: Sequence[dict[str, Any]], message: dict[str, Any]) -> dict
         return message
     prefix = shown(run)
     n = len(prefix)
-    if not prefix or len(content) <= n or hash_view({"content": content[:n]}) != hash_view({"content": prefix}):
+    if not prefix or len(content) <= n:
+        return message
+    try:
+        if hash_view({"content": content[:n]}) != hash_view({"content": prefix}):
+            return message
+    except DeepBudgetExceeded:  # rounds nested deeper than the request's budget walks: not compared
         return message
     return {**message, "content": content[n:]}

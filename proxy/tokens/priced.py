@@ -17,6 +17,7 @@ import orjson
 
 from proxy.conversation.codec import Codec, PartCounter
 from proxy.conversation.model import Piece
+from proxy.json_depth import dumps
 
 if TYPE_CHECKING:
     from proxy.conversation.prefix import PrefixState
@@ -112,7 +113,7 @@ class CodecCounter:
                 self.counter.memo_hits += 1
                 return known
         schemas = self.codec.tool_schemas(tools)
-        raw = orjson.dumps(schemas, option=orjson.OPT_SORT_KEYS)
+        raw = dumps(schemas, sort_keys=True)
         n = self.counter.count_tool_schemas((self._name, "t:" + hashlib.blake2b(raw, digest_size=16).hexdigest()),
                                             schemas)
         self._recent_tools = [*self._recent_tools[-(RECENT_TOOL_LISTS - 1):], (tools, n)]
