@@ -8,7 +8,8 @@ lock: if another connection holds it, the transaction goes to the store threads 
 (writes on a single writer thread, in arrival order; reads on their own threads).
 
 Also here: WAL checkpoints on the writer thread (the inline connection never checkpoints
-itself). The file's deferred batch (``storage.sqlite.batch``) commits through it.
+itself); while one is pending, writes queue behind it there instead of running inline. The
+file's deferred batch (``storage.sqlite.batch``) commits through it.
 """
 
 from __future__ import annotations
@@ -96,6 +97,8 @@ class SqliteFile:
         self._threaded = threaded
         self._inline = inline
         self._inline_writes = 0
+        self._checkpoint_pending = False
+        """A checkpoint is queued or running on the writer thread: writes go there, behind it."""
         self._driver: sqlite3.Connection | None = None
         """The inline connection's ``sqlite3`` connection, for ``commit_driver`` (its engine's
         ``StaticPool`` keeps that one connection; ``None``: not looked up yet, or dropped)."""
@@ -136,9 +139,14 @@ class SqliteFile:
     async def run(self, operation: str, fn: Callable[[sa.Connection], T], *, write: bool, small: bool) -> T:
         """Run ``fn(connection)`` in one transaction (committed if ``write``); inline when
         ``small`` and the database is not locked, else on a store thread (see the module
-        docstring). A caller cancelled while a threaded transaction waits does not stop it."""
+        docstring). A caller cancelled while a threaded transaction waits does not stop it.
+
+        While a checkpoint is pending, writes run on the writer thread, after it: inline writes
+        one after the other leave the database unlocked only between two of them, and a
+        checkpoint waiting for the lock could miss every such moment (each try polls it a few
+        times in ``CHECKPOINT_BUSY_TIMEOUT_MS``), and the WAL grew without end."""
         self.batch.flush()  # what was deferred goes first: order and read-your-writes hold
-        if small:
+        if small and not (write and self._checkpoint_pending):
             try:
                 result = _transaction(self._inline, operation, fn, write, inline=True)
             except _Busy:
@@ -182,29 +190,46 @@ class SqliteFile:
     def wrote_inline(self) -> None:
         """An inline write was committed: every ``CHECKPOINT_EVERY_WRITES``, checkpoint."""
         self._inline_writes += 1
-        if self._inline_writes % CHECKPOINT_EVERY_WRITES == 0:
+        if self._inline_writes % CHECKPOINT_EVERY_WRITES == 0 and not self._checkpoint_pending:
             self._checkpoint()
 
     def _checkpoint(self) -> None:
         """Checkpoint the WAL on the writer thread, in RESTART mode: it holds off writers until
         the whole WAL is copied, so the next write starts the WAL over (a PASSIVE checkpoint
         never catches up while writes go on, and the WAL grows without end). Meanwhile the
-        loop's writes find the lock taken and queue on the writer thread behind it."""
+        loop's writes queue on the writer thread behind it (``run``). When every try is busy
+        (a reader kept an old snapshot throughout: a backup, a long read), it logs a warning and
+        gives up until the next ``CHECKPOINT_EVERY_WRITES``; the WAL grows meanwhile."""
 
-        def run(conn: sa.Connection) -> None:
+        def run(conn: sa.Connection) -> bool:
             conn.exec_driver_sql(f"PRAGMA busy_timeout = {CHECKPOINT_BUSY_TIMEOUT_MS}")
             try:
-                for _ in range(CHECKPOINT_ATTEMPTS):  # busy: a reader or the loop's write was in the way
+                for attempt in range(CHECKPOINT_ATTEMPTS):  # busy: a reader was in the way
+                    if attempt:
+                        time.sleep(CHECKPOINT_BUSY_TIMEOUT_MS / 2000)
                     busy = conn.exec_driver_sql("PRAGMA wal_checkpoint(RESTART)").first()
                     if busy is None or not busy[0]:
-                        return
-                    time.sleep(CHECKPOINT_BUSY_TIMEOUT_MS / 2000)
+                        return True
+                return False
             finally:
                 conn.exec_driver_sql(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
 
+        self._checkpoint_pending = True
         future = asyncio.get_running_loop().run_in_executor(
             self._writer, _transaction, self._threaded, "checkpoint", run, False)
-        future.add_done_callback(_log_checkpoint_failure)
+        future.add_done_callback(self._checkpoint_done)
+
+    def _checkpoint_done(self, future: asyncio.Future[bool]) -> None:
+        """Writes run inline again; a checkpoint that failed or stayed busy is logged."""
+        self._checkpoint_pending = False
+        if future.cancelled():
+            return
+        if future.exception() is not None:
+            log.warning("WAL checkpoint failed: %s", future.exception())
+        elif not future.result():
+            log.warning("WAL checkpoint busy %d times (a reader kept an older snapshot); the WAL grows "
+                        "until a later checkpoint, after %d more writes, finishes",
+                        CHECKPOINT_ATTEMPTS, CHECKPOINT_EVERY_WRITES)
 
 
 def _transaction(engine: Engine, operation: str, fn: Callable[[sa.Connection], T], write: bool, *,
@@ -223,8 +248,3 @@ def _transaction(engine: Engine, operation: str, fn: Callable[[sa.Connection], T
         raise translate_error(exc, operation) from exc
     except FOREIGN_ERRORS as exc:
         raise translate_error(exc, operation) from exc
-
-
-def _log_checkpoint_failure(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        log.warning("WAL checkpoint failed: %s", future.exception())
