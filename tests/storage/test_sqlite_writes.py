@@ -431,3 +431,33 @@ async def test_a_batch_whose_rollback_fails_leaves_nothing_for_the_next_transact
         assert (summary.message_count, summary.request_count) == (3, 2)
     finally:
         await store.close()
+
+
+async def test_while_a_checkpoint_is_pending_a_read_sees_the_writes_started_before_it(tmp_path: Any) -> None:
+    """A write queued behind a pending checkpoint (on the writer thread) has been started: a read of
+    the session started after it sees it (``stored_prefix_len``: "sees every write of the session
+    this process started before it"), as when that write runs inline. (Reads run inline at once.)"""
+    import sqlite3
+
+    from storage.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path}/order.db"
+    await upgrade(url)
+    store = await Store.open(url)
+    try:
+        session = await store.get_or_create_session("t", "s", T0)
+        await store.append_messages(session.pk, chain([{"role": "user", "content": "first"}]), T0)
+        reader = sqlite3.connect(tmp_path / "order.db", isolation_level=None)
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM messages").fetchone()  # keeps the checkpoint busy a while
+        assert store._sqlite is not None
+        store._sqlite._checkpoint()
+        log = chain([{"role": "user", "content": "first"}, {"role": "user", "content": "second"}])
+        queued = asyncio.create_task(store.append_new_messages(session.pk, log[1:], T0))
+        await asyncio.sleep(0)  # started: queued behind the checkpoint
+        assert await store.stored_prefix_len(session.pk, [m.chain_hash for m in log]) == 2
+        reader.execute("COMMIT")
+        reader.close()
+        await queued
+    finally:
+        await store.close()
