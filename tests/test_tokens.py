@@ -12,6 +12,7 @@ import struct
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -159,6 +160,18 @@ def test_a_message_nested_deeper_than_orjson_writes_is_counted_as_its_json(count
     assert counter.bind(CHAT).count_message(deep) > counter.count_text(nested_text(600)) > 0
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "x": nested(600)}}}]
     assert counter.bind(CHAT).count_tools(tools) > counter.count_text(nested_text(600))
+
+
+def test_a_tool_list_nested_deeper_than_equality_recurses_is_counted_again(counter: TokenCounter) -> None:
+    """The same tool list sent again, nested past the levels Python's ``==`` recurses (orjson reads
+    1,024): compared with the list remembered, it raised ``RecursionError`` out of the request's
+    projection (the proxy's own 500 at the second request; 940 levels in process). Now it is
+    counted anew, to the same count."""
+    def tools() -> list[dict[str, Any]]:
+        return [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "x": nested(1000)}}}]
+
+    first = counter.bind(CHAT).count_tools(tools())
+    assert counter.bind(CHAT).count_tools(tools()) == first > counter.count_text(nested_text(1000))
 
 
 def test_an_equal_tool_list_is_remembered_and_a_changed_one_counted_anew() -> None:
