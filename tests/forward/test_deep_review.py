@@ -100,3 +100,54 @@ async def test_a_messages_stream_text_delta_with_a_deep_field_is_relayed_and_log
         assert resp.status_code == 200 and got == b"".join(events), got[-300:]
         logged = await session_messages(http, "deep")
     assert logged[1]["content"] == [{"type": "text", "text": "Hello"}]
+
+
+class ScriptedMessagesProvider:
+    """An Anthropic upstream answering each request with the next whole JSON body of ``replies``
+    (bytes, as they are), the last one again once they run out."""
+
+    def __init__(self, replies: list[bytes]) -> None:
+        self.replies = replies
+        self.bodies: list[bytes] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        self.bodies.append(body)
+        out = self.replies[min(len(self.bodies), len(self.replies)) - 1]
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": out})
+
+
+def whole(content: bytes, stop: str) -> bytes:
+    return (b'{"id":"msg_01","type":"message","role":"assistant","model":"claude-sonnet-4-5","content":' + content
+            + b',"stop_reason":"' + stop.encode() + b'","stop_sequence":null,"usage":{"input_tokens":5,"output_tokens":2}}')
+
+
+async def test_the_proxy_s_own_read_tool_called_with_a_deep_input_is_answered(
+        tmp_path: Path, sqlite_template: Path) -> None:
+    """The model calls the proxy's read tool (offered: a tool result was offloaded) with an
+    ``input`` nested 1,000 deep: ``round_view`` walks it, then ``as_calls`` wrote it with the
+    stdlib's ``json.dumps``, which recurses."""
+    shutil.copyfile(sqlite_template, tmp_path / "log.db")
+    call = (b'[{"type":"tool_use","id":"toolu_r1","name":"context_proxy_read","input":{"query":"x","deep":'
+            + nested_text(1000).encode() + b"}}]")
+    provider = ScriptedMessagesProvider([whole(call, "tool_use"), whole(b'[{"type":"text","text":"Done."}]', "end_turn")])
+    big = "\n".join(f"line {i}: " + "word " * 20 for i in range(400))
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 64,
+            "tools": [{"name": "read_file", "input_schema": {"type": "object"}}],
+            "messages": [{"role": "user", "content": "go"},
+                         {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "read_file",
+                                                            "input": {"path": "a"}}]},
+                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": big}]}]}
+    async with start_messages_inprocess(f"sqlite:///{tmp_path}/log.db", provider, offload_tool_tokens=200) as http:
+        resp = await http.post("/v1/messages", json=body, headers={"x-session-id": "deep"})
+        assert b"context_proxy_read" in provider.bodies[0]  # (offered)
+        assert resp.status_code == 200, resp.text[-300:]
+        assert resp.json()["content"] == [{"type": "text", "text": "Done."}]
