@@ -11,7 +11,13 @@ from typing import Any
 
 import orjson
 
-from tests.support.inprocess import FakeProvider, InProcessProxy, session_messages, start_messages_inprocess
+from tests.support.inprocess import (
+    FakeProvider,
+    InProcessProxy,
+    session_messages,
+    start_messages_inprocess,
+    wait_session,
+)
 from tests.support.values import nested_text
 
 DEPTH = 1015
@@ -151,3 +157,36 @@ async def test_the_proxy_s_own_read_tool_called_with_a_deep_input_is_answered(
         assert b"context_proxy_read" in provider.bodies[0]  # (offered)
         assert resp.status_code == 200, resp.text[-300:]
         assert resp.json()["content"] == [{"type": "text", "text": "Done."}]
+
+
+async def test_the_echo_of_a_served_round_nested_deeper_than_equality_recurses_is_forwarded(
+        tmp_path: Path, sqlite_template: Path) -> None:
+    """A served round whose shown block is nested 1,012 deep (a ``server_tool_use`` input, beside
+    the proxy's read call): on the next request ``after_rounds`` compares the client's echo of it
+    with the stored round by ``!=``, which recurses as deep (the budget's ``DeepBudgetExceeded``
+    is caught there, ``RecursionError`` was not)."""
+    shutil.copyfile(sqlite_template, tmp_path / "log.db")
+    block = (b'{"type":"server_tool_use","id":"srvtoolu_1","name":"web_search","input":{"q":'
+             + nested_text(1012).encode() + b"}}")
+    call = b'[' + block + b',{"type":"tool_use","id":"toolu_r1","name":"context_proxy_read","input":{"query":"x"}}]'
+    provider = ScriptedMessagesProvider([whole(call, "tool_use"), whole(b'[{"type":"text","text":"Done."}]', "end_turn"),
+                                         whole(b'[{"type":"text","text":"Fine."}]', "end_turn")])
+    big = "\n".join(f"line {i}: " + "word " * 20 for i in range(400))
+    turns = [{"role": "user", "content": "go"},
+             {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "read_file",
+                                                "input": {"path": "a"}}]},
+             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": big}]}]
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 64, "tools": [{"name": "read_file", "input_schema": {"type": "object"}}]}
+    headers = {"x-session-id": "deep", "content-type": "application/json"}
+    async with start_messages_inprocess(f"sqlite:///{tmp_path}/log.db", provider, offload_tool_tokens=200) as http:
+        resp = await http.post("/v1/messages", json=body | {"messages": turns}, headers=headers)
+        assert resp.status_code == 200, resp.text[-300:]
+        assert b"server_tool_use" in resp.content and b"Done." in resp.content
+        await wait_session(http, "deep", 1)
+        echo = resp.content[resp.content.index(b'"content":') + 10:resp.content.index(b',"stop_reason"')]
+        raw = json.dumps(body | {"messages": [*turns, {"role": "assistant", "content": "ECHO"},
+                                              {"role": "user", "content": "and?"}]}).encode()
+        raw = raw.replace(b'"ECHO"', echo)
+        again = await http.post("/v1/messages", content=raw, headers=headers)
+        assert again.status_code == 200, again.text[-300:]
+        assert again.json()["content"] == [{"type": "text", "text": "Fine."}]
