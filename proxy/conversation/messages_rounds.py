@@ -101,6 +101,6 @@ def after_rounds(run: Sequence[dict[str, Any]], message: dict[str, Any]) -> dict
     try:
         if hash_view({"content": content[:n]}) != hash_view({"content": prefix}):
             return message
-    except DeepBudgetExceeded:  # rounds nested deeper than the request's budget walks: not compared
-        return message
+    except (DeepBudgetExceeded, RecursionError):  # rounds nested deeper than the request's budget walks, or
+        return message  # than ``!=`` recurses (about 950 levels; orjson reads 1,024): not compared
     return {**message, "content": content[n:]}
