@@ -20,6 +20,17 @@ whole end-of-request transaction (issue 16, item 11):
   stdlib and undoes the escapes, so it reads back equal (orjson would read a big integer as a
   float). Integers orjson reads beyond 64 bits come in as floats already: they are stored as
   such floats.
+- **JSON nested deeper than orjson writes** (254 arrays or objects; it reads up to 1024): a
+  tool call's ``input`` the provider nested 500 deep. ``dumps_json`` then writes
+  ``DEEP_JSON_MARK`` and the value as a table of its containers (``_flattened``): every container
+  is a row (the value's first), whose container members are written as ``[row]``, so no row is
+  nested deeper than two and orjson writes (and reads) the table; ``loads_json`` rebuilds the
+  value from it (``_unflattened``): equal, key order kept, at any depth. The table goes through
+  ``dumps_json`` itself (its lone surrogates or wide integers as above). Lossless but not the
+  value's own JSON text: nothing reads these columns but ``loads_json`` (no SQL looks into them,
+  ``storage.columns``), and orjson, the one JSON reader here, reads no deeper than 1024 (a reply
+  reassembled from a stream may pass it by the levels around the tool's ``input``). Written
+  without recursion, in time and memory linear in the value.
 - **Counts beyond the column.** ``clamp_count`` bounds the integers of our records.
 """
 
@@ -39,6 +50,9 @@ _HEX = "0123456789abcdef"
 
 JSON_FALLBACK_MARK = "#"
 """First character of a JSON value written by the stdlib (``dumps_json``): no JSON text starts with it."""
+DEEP_JSON_MARK = "&"
+"""First character of a value nested deeper than orjson writes, stored as a table of its containers
+(``dumps_json``): no JSON text starts with it either."""
 
 COUNT_MAX = 2**31 - 1
 """Largest value stored in an ``INTEGER`` column (PostgreSQL's is 32-bit): statuses, message
@@ -131,11 +145,15 @@ def _has_surrogate(value: str) -> bool:
 
 def dumps_json(value: Any) -> bytes:
     """``value`` as the UTF-8 JSON a column stores: orjson's, or, for a value orjson refuses
-    (an integer beyond 64 bits, a lone surrogate), ``JSON_FALLBACK_MARK`` and the stdlib's.
-    Raises ``TypeError`` for a value that is not JSON (neither writer takes it)."""
+    (an integer beyond 64 bits, a lone surrogate), ``JSON_FALLBACK_MARK`` and the stdlib's, or
+    for one nested deeper than orjson writes, ``DEEP_JSON_MARK`` and its table (module
+    docstring). Raises ``TypeError`` for a value that is not JSON (neither writer takes it; a
+    cycle)."""
     try:
         return orjson.dumps(value)
-    except orjson.JSONEncodeError:
+    except orjson.JSONEncodeError as exc:
+        if str(exc) == "Recursion limit reached":  # (orjson's depth limit, or a cycle: ``_flattened`` tells)
+            return DEEP_JSON_MARK.encode() + dumps_json(_flattened(value))
         try:
             text = json.dumps(_strings(value, escape_text), ensure_ascii=True, separators=(",", ":"), allow_nan=False)
         except ValueError as exc:  # (orjson would have written NaN as null: it does not get here)
@@ -151,7 +169,51 @@ def loads_json(data: str | bytes) -> Any:
         text = data.decode() if isinstance(data, bytes | bytearray | memoryview) else data
         if text.startswith(JSON_FALLBACK_MARK):
             return _strings(json.loads(text[1:]), unescape_text)
+        if text.startswith(DEEP_JSON_MARK):
+            return _unflattened(loads_json(text[1:]))
         raise
+
+
+_CONTAINERS = (dict, list, tuple)
+
+
+def _flattened(value: Any) -> list[Any]:
+    """The table ``DEEP_JSON_MARK`` stands for (module docstring): ``value``'s containers as rows,
+    depth first, a row's container members as ``[row]`` (a row's index is above its parent's); a
+    container met twice is written twice, as JSON would. Raises ``TypeError`` for a cycle."""
+    table: list[Any] = [None]
+    open_ids: set[int] = set()  # the containers around the one being written
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        node, row = stack.pop()
+        if row < 0:  # (its members all written)
+            open_ids.discard(id(node))
+            continue
+        if id(node) in open_ids:
+            raise TypeError("not storable as JSON: a value that holds itself")
+        open_ids.add(id(node))
+        stack.append((node, -1))
+        pairs = node.items() if isinstance(node, dict) else enumerate(node)
+        out: dict[Any, Any] | list[Any] = {} if isinstance(node, dict) else [None] * len(node)
+        for key, member in pairs:
+            if isinstance(member, _CONTAINERS):
+                stack.append((member, len(table)))
+                out[key] = [len(table)]
+                table.append(None)
+            else:
+                out[key] = member
+        table[row] = out
+    return table
+
+
+def _unflattened(table: list[Any]) -> Any:
+    """The value ``_flattened`` made ``table`` of: the rows from the last, each ``[row]`` member
+    replaced by that row (built already: its index is above)."""
+    for row in reversed(table):
+        for key, member in list(row.items() if isinstance(row, dict) else enumerate(row)):
+            if member.__class__ is list:
+                row[key] = table[member[0]]
+    return table[0]
 
 
 def _strings(value: Any, convert: Callable[[str], str]) -> Any:

@@ -246,8 +246,8 @@ def test_request_path_metrics_are_exposed_as_prometheus_client_exposes_its_own()
         lines = exposition.decode().splitlines()
         return [re.sub(r"(_created\{.*\}) \S+$", r"\1 T", line) for line in lines if "context_proxy_" in line]
 
-    others = ("compactions", "overflows", "artifacts_stored", "database_errors", "tokenizer_exact", "learned_limits",
-              "token_estimate_ratio")  # not these kinds
+    others = ("compactions", "overflows", "artifacts_stored", "database_errors", "deep_unlogged", "tokenizer_exact",
+              "learned_limits", "token_estimate_ratio")  # not these kinds
     mine = [line for line in text(ours.render()[0]) if not any(f"context_proxy_{name}" in line for name in others)]
     assert mine == text(generate_latest(reference))
     # ``request_served``'s remembered series: one per (route, model, status), the repeated one found again

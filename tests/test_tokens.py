@@ -12,6 +12,7 @@ import struct
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -28,6 +29,7 @@ from proxy.tokens.counter import (
 )
 from proxy.tokens.encodings import cache_file_for
 from tests.support.shared import NO_ENCODINGS_REASON, needs_exact_encodings
+from tests.support.values import nested, nested_text
 
 CACHE_DIR = os.environ.get("TIKTOKEN_CACHE_DIR") or str(Path(__file__).resolve().parents[2] / "shared" / "tiktoken")
 
@@ -147,6 +149,29 @@ def test_tool_calls_count_name_and_arguments(counter: TokenCounter) -> None:
     # framing + "assistant" + per-call framing + name + arguments (ids are not shown to the model)
     assert small == 3 + 1 + 3 + counter.count_text("write_file") + counter.count_text("{}")
     assert large - small >= 500
+
+
+def test_a_message_nested_deeper_than_orjson_writes_is_counted_as_its_json(counter: TokenCounter) -> None:
+    """Priced as the text orjson would write for it (before: orjson's ``TypeError``, which the
+    pipeline answered with a 400 the provider would not give); deep tool schemas too."""
+    deep = {"role": "assistant", "content": "x", "state": nested(600)}
+    text = '{"role":"assistant","content":"x","state":' + nested_text(600) + "}"
+    assert counter.count_json(deep) == counter.count_text(text)
+    assert counter.bind(CHAT).count_message(deep) > counter.count_text(nested_text(600)) > 0
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "x": nested(600)}}}]
+    assert counter.bind(CHAT).count_tools(tools) > counter.count_text(nested_text(600))
+
+
+def test_a_tool_list_nested_deeper_than_equality_recurses_is_counted_again(counter: TokenCounter) -> None:
+    """The same tool list sent again, nested past the levels Python's ``==`` recurses (orjson reads
+    1,024): compared with the list remembered, it raised ``RecursionError`` out of the request's
+    projection (the proxy's own 500 at the second request; 940 levels in process). Now it is
+    counted anew, to the same count."""
+    def tools() -> list[dict[str, Any]]:
+        return [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "x": nested(1000)}}}]
+
+    first = counter.bind(CHAT).count_tools(tools())
+    assert counter.bind(CHAT).count_tools(tools()) == first > counter.count_text(nested_text(1000))
 
 
 def test_an_equal_tool_list_is_remembered_and_a_changed_one_counted_anew() -> None:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-import orjson
+from proxy.json_depth import dumps
 
 if TYPE_CHECKING:
     from proxy.compaction.overflow import Overflow
@@ -123,10 +123,10 @@ class Compactor:
     async def prepare(self, ctx: CompactionInput, *, overflow: Overflow | None) -> Prepared:
         """What to forward (after an ``overflow``: compacted even below the trigger). Raises
         ``proxy.errors.CannotFit`` (an operator's limit the request cannot fit),
-        ``storage.errors.StorageError``, and ``TypeError`` for a body nested too deep to serialize."""
+        and ``storage.errors.StorageError``."""
         if ctx.expanded:
             forwarded = ctx.body | {"messages": ctx.messages}
-            return Prepared(orjson.dumps(forwarded), forwarded=forwarded)
+            return Prepared(dumps(forwarded), forwarded=forwarded)
         return Prepared(ctx.raw)
 
     async def counted(self, ctx: CompactionInput) -> bytes:

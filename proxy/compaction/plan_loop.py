@@ -182,7 +182,7 @@ class PlanLoop:
         ``False`` plans no compaction (the client's own compaction request); ``own_tools``: ``False``
         adds none of the proxy's tools (that request too); ``reserved``: the request's reserved
         output tokens when the caller has them (``reserved_output_tokens(req.body)``). Raises what
-        ``effects`` raise (``StorageError``) and ``TypeError`` for a body too deep to serialize."""
+        ``effects`` raise (``StorageError``)."""
         offer = self.offer.offerable(req.body, req.compact_tool) if own_tools else NO_OFFER
         cfg = self.config(window, offer.has(self.settings.read_tool_name))
         client_tools = req.body.get("tools") or None

@@ -12,8 +12,6 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-import orjson
-
 from proxy.compaction.apis import ProviderApi, UnusableReply
 from proxy.compaction.overflow import classify_error
 from proxy.conversation.codec import Codec
@@ -24,6 +22,7 @@ from proxy.defenses.summarize import (
     summary_chunks,
 )
 from proxy.errors import ProxyError
+from proxy.json_depth import dumps
 from proxy.settings import Settings
 from proxy.tokens.protocol import TextCounter
 from proxy.upstream.client import Upstream
@@ -77,7 +76,7 @@ class UpstreamSummaryModel:
                                 reply_tokens)
         try:
             resp = await self.upstream.send("POST", api.summary_path, headers=self.headers,
-                                            content=orjson.dumps(body), tenant=self.tenant)
+                                            content=dumps(body), tenant=self.tenant)
             try:
                 data = await resp.aread()
             finally:

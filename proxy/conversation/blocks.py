@@ -21,6 +21,7 @@ import re
 from typing import Any
 
 from proxy.conversation.model import Piece
+from proxy.json_depth import dumps
 
 
 def block_text(native: object) -> str | None:
@@ -130,8 +131,12 @@ def content_count(piece: Piece) -> int:
 
 
 def json_text(value: object) -> str:
-    """``value`` as deterministic JSON text for a transcript (keys sorted, non-ASCII kept)."""
-    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+    """``value`` as deterministic JSON text for a transcript (keys sorted, non-ASCII kept); one
+    nested deeper than the stdlib's writer recurses, as orjson's compact text (``proxy.json_depth``)."""
+    try:
+        return json.dumps(value, ensure_ascii=False, sort_keys=True)
+    except RecursionError:
+        return dumps(value, sort_keys=True).decode()
 
 
 def render_block(native: object) -> str:

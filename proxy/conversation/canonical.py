@@ -19,6 +19,8 @@ from typing import Any, Protocol
 
 import orjson
 
+from proxy.json_depth import DeepBudget, deep_budget, write_deep
+
 
 class HashMemo(Protocol):
     """A memo of digests and chain hashes (``proxy.conversation.digest_memo.DigestMemo``)."""
@@ -92,8 +94,13 @@ def canonical(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def canonical_bytes(message: dict[str, Any]) -> bytes:
-    """Canonical JSON bytes of ``message``: sorted keys, compact, UTF-8."""
-    return orjson.dumps(canonical(message), option=orjson.OPT_SORT_KEYS)
+    """Canonical JSON bytes of ``message``: sorted keys, compact, UTF-8 (orjson's, at any depth:
+    ``proxy.json_depth``)."""
+    c = canonical(message)
+    try:
+        return orjson.dumps(c, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError as exc:  # nested deeper than orjson writes: the bytes it would write
+        return write_deep(exc, c, sort_keys=True)
 
 
 def message_digest(message: dict[str, Any]) -> str:
@@ -116,11 +123,13 @@ def digests_and_chain(messages: list[dict[str, Any]], memo: HashMemo | None = No
     The same values as ``message_digest``/``chain_hash`` applied in order; with ``memo`` (the
     caller's ``DigestMemo``, e.g. the pipeline's) reusing what it hashed before: a client resends
     its whole history every turn, and hashing it again cost 3 ms per MB (measured by
-    ``tests/benchmarks``, pipeline section). Raises ``orjson.JSONEncodeError`` for a message
-    orjson cannot serialize (nested deeper than 254).
+    ``tests/benchmarks``, pipeline section). A message nested deeper than orjson writes is hashed
+    all the same (``canonical_bytes``); raises ``orjson.JSONEncodeError`` for one orjson refuses
+    for another reason (a lone surrogate, an integer beyond 64 bits: neither comes out of
+    ``proxy.json_text.parse_json``).
     """
     if memo is None:
-        return _hash_all(messages)
+        return _hash_all(messages, budgeted=False)  # (no request's: an offline replay's whole session)
     return memo.digests_and_chain(messages)
 
 
@@ -155,15 +164,28 @@ def digests_now(messages: list[dict[str, Any]], body_bytes: int,
     return None
 
 
-def _hash_all(messages: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+def _hash_all(messages: list[dict[str, Any]], *, budgeted: bool = True) -> tuple[list[str], list[str]]:
+    """``message_digest``/``chain_hash`` of ``messages`` in order: a request's hashing, the first
+    walk of its content, so its deep fallback is budgeted (``json_depth.deep_budget``: raises
+    ``DeepBudgetExceeded`` past it) and, once done under it, the budget's decision is made; not
+    ``budgeted``, any depth is hashed whatever it costs (no request waits on it)."""
     digests: list[str] = []
     chain: list[str] = []
     parent: str | None = None
+    budget: DeepBudget | None = None
     for message in messages:
-        d = message_digest(message)
+        c = canonical(message)
+        try:
+            raw = orjson.dumps(c, option=orjson.OPT_SORT_KEYS)
+        except orjson.JSONEncodeError as exc:  # nested deeper than orjson writes (``canonical_bytes``)
+            budget = budget or (deep_budget() if budgeted else None)
+            raw = write_deep(exc, c, sort_keys=True, budget=budget)
+        d = hashlib.sha256(raw).hexdigest()
         parent = chain_hash(parent, d)
         digests.append(d)
         chain.append(parent)
+    if budget is not None:
+        budget.decided = True
     return digests, chain
 
 

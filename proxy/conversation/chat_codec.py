@@ -26,8 +26,6 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-import orjson
-
 from proxy.conversation.blocks import (
     block_text,
     block_with_text,
@@ -63,6 +61,7 @@ from proxy.conversation.model import (
     Piece,
 )
 from proxy.conversation.pricing import price_message, price_part, price_tool_call, tool_schemas
+from proxy.json_depth import dumps
 
 _ANSWER_ROLES = frozenset({"tool", "function"})
 _SYSTEM_ROLES = frozenset({"system", "developer"})
@@ -310,15 +309,14 @@ class ChatCodec:
               extra: Mapping[str, Any] | None = None) -> tuple[bytes, dict[str, Any] | None]:
         """``(bytes to forward, the body they encode or None)``: ``raw`` itself when ``messages`` is (or
         equals) the body's own list and no ``extra`` field is set; else ``body`` with ``messages``
-        replaced and ``extra`` set, serialized by orjson (raises ``TypeError`` for a body nested
-        deeper than ``chat_request.MAX_JSON_DEPTH``, as before the codec)."""
+        replaced and ``extra`` set, serialized by orjson (at any depth: ``proxy.json_depth``)."""
         native = body.get("messages")
         if not extra and (messages is native or messages == native):
             return raw, None
         forwarded = {**body, "messages": messages}  # ``messages`` keeps its place in the key order
         if extra:
             forwarded.update(extra)
-        return orjson.dumps(forwarded), forwarded
+        return dumps(forwarded), forwarded
 
 
 _RENDERED_FIELDS = frozenset({"role", "name", "tool_call_id", "content", "tool_calls", "function_call"})

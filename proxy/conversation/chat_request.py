@@ -23,23 +23,6 @@ from proxy.conversation.body_memo import BodyMemo
 from proxy.errors import BadRequest
 from proxy.json_text import parse_json
 
-MAX_JSON_DEPTH = 254
-"""Nesting the proxy can re-serialize (orjson's encoder limit; its parser stops at 1024). A body
-nested deeper is refused with a 400 where it is first serialized (``proxy.forward.pipeline``), instead of
-walking every body in Python (measured at 1.5 ms per MB by ``tests/benchmarks``)."""
-
-
-def is_too_deep(exc: BaseException) -> bool:
-    """True when ``exc`` is orjson's encoder refusing a value nested deeper than
-    ``MAX_JSON_DEPTH``. ``orjson.JSONEncodeError`` *is* ``TypeError``: any other ``TypeError`` is a
-    bug of ours, never the client's nesting."""
-    return exc.__class__ is TypeError and str(exc) == "Recursion limit reached"
-
-
-def too_deep() -> BadRequest:
-    """The 400 for a body nested deeper than ``MAX_JSON_DEPTH`` (see ``is_too_deep``)."""
-    return BadRequest(f"The request body is nested deeper than {MAX_JSON_DEPTH} levels.")
-
 
 def parse_chat_request(raw: bytes, memo: BodyMemo | None = None, tenant: str = "") -> dict[str, Any]:
     """Parse and check a chat-completions body.

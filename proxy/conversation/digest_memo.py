@@ -18,6 +18,7 @@ import orjson
 
 from proxy.cache import MEMO_IDLE_S
 from proxy.conversation.canonical import canonical, chain_hash
+from proxy.json_depth import DeepBudget, deep_budget, write_deep
 
 MEMO_MAX_BYTES = 16 * 1024 * 1024
 """Accounted bytes of the message lists ``DigestMemo`` keeps (canonical bytes plus
@@ -148,6 +149,7 @@ class DigestMemo:
         unsafe: list[int] = []
         last: _Run | None = None  # the run of the last reused stretch
         parent: str | None = None
+        budget: DeepBudget | None = None  # the request's, once a message is too deep for orjson
         i = 0
         while i < n:
             run, j = self._match(msgs, i, parent)
@@ -159,15 +161,23 @@ class DigestMemo:
                 last, parent, i = run, chain[-1], j
                 continue
             c = canonical(msgs[i])
-            raw = orjson.dumps(c, option=orjson.OPT_SORT_KEYS)
+            try:
+                raw = orjson.dumps(c, option=orjson.OPT_SORT_KEYS)
+                plain = _plain(c)
+            except orjson.JSONEncodeError as exc:  # nested deeper than orjson writes (``canonical_bytes``'s
+                budget = budget or deep_budget()  # bytes, within the request's budget: raises past it)
+                raw = write_deep(exc, c, sort_keys=True, budget=budget)  # never compared: as deep as ``==`` recurses
+                plain = False
             d = hashlib.sha256(raw).hexdigest()
             parent = chain_hash(parent, d)
             digests.append(d)
             chain.append(parent)
             sizes.append(len(raw))
-            (fresh if _plain(c) else unsafe).append(i)
+            (fresh if plain else unsafe).append(i)
             self.hashed += 1
             i += 1
+        if budget is not None:  # hashed whole under the budget: the request's later walks are not capped
+            budget.decided = True
         now = time.monotonic()
         if fresh or unsafe:
             self._keep(msgs, digests, chain, sizes, fresh, unsafe, last, now)

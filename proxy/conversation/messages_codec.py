@@ -20,11 +20,10 @@ its other fields). ``apply`` puts the leading system piece back as the top-level
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from operator import is_not
 from typing import Any
-
-import orjson
 
 from proxy.conversation.blocks import (
     block_text,
@@ -60,6 +59,7 @@ from proxy.conversation.model import (
     Piece,
 )
 from proxy.conversation.pricing import price_message, price_part, tool_schemas
+from proxy.json_depth import DeepBudget, DeepBudgetExceeded, deep_budget, dumps
 
 _SIGNED = frozenset({"thinking", "redacted_thinking"})
 _MEDIA = frozenset({"image", "document"})
@@ -101,6 +101,8 @@ def messages_item(piece: Piece) -> Item:
 UNSIGNED_PLACEHOLDER = "[context-proxy] (this turn's thinking was left out)"
 """The text of a turn that held nothing but signed thinking once that is left out."""
 
+_log = logging.getLogger("context_proxy.messages")
+
 HASH_DROPPED = frozenset({"cache_control"})
 """Block keys the Messages hash view leaves out: a client moves its cache breakpoints from turn to
 turn (Claude Code marks the newest turn), and the turn is the same turn with or without one."""
@@ -132,7 +134,56 @@ def _hash_value(value: Any) -> Any:
 def _hash_block(block: Any) -> Any:
     if isinstance(block, dict) and not HASH_DROPPED.isdisjoint(block):
         block = {k: v for k, v in block.items() if k not in HASH_DROPPED}
-    return _hash_value(block)
+    try:
+        return _hash_value(block)
+    except RecursionError:  # nested deeper than Python recurses (a tool's input 500 deep): the same value
+        return _hash_value_deep(block, deep_budget())
+
+
+def _hash_value_deep(value: Any, budget: DeepBudget | None = None) -> Any:
+    """``_hash_value(value)`` without recursion, for a value nested too deep for it: the same value
+    (``value`` itself when nothing changes, as there). Its containers depth first, each rebuilt once
+    its children are (a container met twice, as a value the proxy built may share one, is rebuilt
+    once); raises ``RecursionError``, as ``_hash_value`` would, for a cycle, and
+    ``DeepBudgetExceeded`` once it meets more containers than ``budget`` has left (the request's:
+    ``json_depth.DEEP_BUDGET_CONTAINERS``)."""
+    done: dict[int, Any] = {}  # a container's id -> its ``_hash_value``
+    open_ids: set[int] = set()
+    if not isinstance(value, dict | list):
+        return _hash_value(value)
+    cap = budget.limit(views=True) if budget is not None else None
+    stack: list[tuple[Any, bool]] = [(value, False)]
+    while stack:
+        if cap is not None and len(open_ids) + len(done) > cap:
+            DeepBudget.walked_total += len(open_ids) + len(done)
+            raise DeepBudgetExceeded(f"more than {cap} deep containers")
+        node, ready = stack.pop()
+        if ready:
+            done[id(node)] = _rebuilt(node, done)
+            open_ids.discard(id(node))
+        elif id(node) not in done:
+            if id(node) in open_ids:
+                raise RecursionError("a cycle in a value to hash")
+            open_ids.add(id(node))
+            stack.append((node, True))
+            stack.extend((child, False) for child in (node.values() if isinstance(node, dict) else node)
+                         if isinstance(child, dict | list))
+    walked = len(done)
+    if budget is not None:
+        budget.spend(walked, views=True)
+    else:
+        DeepBudget.walked_total += walked
+    return done[id(value)]
+
+
+def _rebuilt(node: dict[str, Any] | list[Any], done: dict[int, Any]) -> Any:
+    """``_hash_value(node)`` from its children's, in ``done`` (a leaf's is taken here: no depth)."""
+    if isinstance(node, dict):
+        out = {k: done[id(v)] if isinstance(v, dict | list) else _hash_value(v) for k, v in node.items()
+               if v is not None}
+        return node if len(out) == len(node) and all(out[k] is node[k] for k in out) else out
+    items = [done[id(v)] if isinstance(v, dict | list) else _hash_value(v) for v in node]
+    return items if any(map(is_not, items, node)) else node
 
 
 def hash_view(piece: Piece) -> Piece:
@@ -150,6 +201,30 @@ def hash_view(piece: Piece) -> Piece:
         return piece
     blocks = [_hash_block(b) for b in content]
     return {**piece, "content": blocks} if any(map(is_not, blocks, content)) else piece
+
+
+def reply_view(piece: Piece) -> Piece | None:
+    """``hash_view`` of a reply to log, or ``None`` when its deep content is past the request's
+    budget (``json_depth.DEEP_BUDGET_CONTAINERS``): the reply is then logged without its content
+    (a warning says so; the client has the provider's bytes whatever this answers)."""
+    try:
+        return hash_view(piece)
+    except DeepBudgetExceeded:
+        _log.warning("reply nested too deep past its budget (json_depth.DEEP_BUDGET_CONTAINERS): "
+                     "logged without its content")
+        return None
+
+
+def round_view(piece: Piece) -> Piece:
+    """``hash_view`` of a round the proxy serves (its own tool calls): a round is served and logged
+    whole, so deep content past the request's budget is walked all the same (the provider's, not
+    the client's: as long as the provider's answer), the request's budget then lifted."""
+    try:
+        return hash_view(piece)
+    except DeepBudgetExceeded:
+        budget = deep_budget()
+        budget.unbounded = True
+        return hash_view(piece)
 
 
 class MessagesCodec:
@@ -327,7 +402,7 @@ class MessagesCodec:
         forwarded["messages"] = rest
         if extra:
             forwarded.update(extra)
-        return orjson.dumps(forwarded), forwarded
+        return dumps(forwarded), forwarded
 
 
 def _str(value: Any) -> str | None:

@@ -18,6 +18,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from proxy.conversation.messages_codec import hash_view
+from proxy.json_depth import DeepBudgetExceeded, dumps
 
 Block = dict[str, Any]
 
@@ -41,10 +42,19 @@ def as_calls(uses: Sequence[Block]) -> list[dict[str, Any]]:
     out = []
     for block in uses:
         raw = block.get("input_json")  # (a streamed input that did not parse: passed on as its text)
-        arguments = raw if isinstance(raw, str) else json.dumps(block.get("input", {}))
+        arguments = raw if isinstance(raw, str) else _json_text(block.get("input", {}))
         out.append({"id": block.get("id"), "type": "function",
                     "function": {"name": block.get("name"), "arguments": arguments}})
     return out
+
+
+def _json_text(value: Any) -> str:
+    """``json.dumps(value)``; one nested deeper than the stdlib's writer recurses (a model's input
+    1,000 deep, which orjson reads), as orjson's compact text (``proxy.json_depth``): the same value."""
+    try:
+        return json.dumps(value)
+    except RecursionError:
+        return dumps(value).decode()
 
 
 def without(content: Any, uses: Sequence[Block]) -> list[Block]:
@@ -86,6 +96,11 @@ def after_rounds(run: Sequence[dict[str, Any]], message: dict[str, Any]) -> dict
         return message
     prefix = shown(run)
     n = len(prefix)
-    if not prefix or len(content) <= n or hash_view({"content": content[:n]}) != hash_view({"content": prefix}):
+    if not prefix or len(content) <= n:
         return message
+    try:
+        if hash_view({"content": content[:n]}) != hash_view({"content": prefix}):
+            return message
+    except (DeepBudgetExceeded, RecursionError):  # rounds nested deeper than the request's budget walks, or
+        return message  # than ``!=`` recurses (about 950 levels; orjson reads 1,024): not compared
     return {**message, "content": content[n:]}

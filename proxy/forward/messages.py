@@ -66,6 +66,7 @@ from proxy.forward.rounds import Recovery, sent_with_rounds
 from proxy.forward.session_ids import client_session_id
 from proxy.forward.session_log import SessionLog, new_id
 from proxy.forward.tool_rounds import ToolRounds
+from proxy.json_depth import DeepBudgetExceeded, budget_fields
 from proxy.json_text import parse_json
 from proxy.settings import Settings
 from proxy.telemetry.logs import bind_request
@@ -80,6 +81,10 @@ log = logging.getLogger("context_proxy.messages")
 
 CLAUDE_CODE_SESSION_HEADER = "x-claude-code-session-id"
 """Claude Code names its session in every request; the first choice for the proxy's session id."""
+
+
+TURNS = ("messages", "system")
+"""The body's fields ``MESSAGES.pieces`` makes its turns of (hashed: ``hash_view``)."""
 
 
 def parse_messages_body(raw: bytes) -> dict[str, Any] | None:
@@ -161,7 +166,13 @@ class MessagesPipeline:
             views = [hash_view(p) for p in pieces]
             digests, chain = (digests_now(views, len(raw), self.digest_memo)  # (a small body: no coroutine)
                               or await digests_off_loop(views, len(raw), self.digest_memo))
-        except (orjson.JSONEncodeError, RecursionError):  # nested deeper than it hashes: the provider judges it
+            budget_fields(body, TURNS)  # (its tool schemas, nested deeper than orjson writes)
+        except orjson.JSONEncodeError:  # a value orjson refuses, not for its depth (none ``parse_json`` makes)
+            return await self._forward_unlogged(raw, target, forward_headers, tenant, warn=False)
+        except DeepBudgetExceeded:  # more deep content than a request may cost the loop: as sent, unlogged
+            self.metrics.deep_over_budget("request")
+            log.warning("request nested too deep past its budget (json_depth.DEEP_BUDGET_CONTAINERS): "
+                        "forwarded unlogged")
             return await self._forward_unlogged(raw, target, forward_headers, tenant, warn=False)
         self.log.follow(chain)  # a regenerate's write is then known stored, not read again
         session_id = session_id_of(headers) or self.log.derive_session_id(tenant, pieces, chain)
@@ -208,7 +219,8 @@ class MessagesPipeline:
             return raw
         try:
             digests, chain = await digests_off_loop([hash_view(p) for p in pieces], len(raw), self.digest_memo)
-        except (orjson.JSONEncodeError, RecursionError):
+            budget_fields(body, TURNS)
+        except (orjson.JSONEncodeError, DeepBudgetExceeded):  # (as ``handle``)
             return raw
         session_id = session_id_of(headers) or self.log.derive_session_id(tenant, pieces, chain)
         try:
@@ -222,7 +234,7 @@ class MessagesPipeline:
         except StorageError as exc:
             self.health.saw(exc)
             return raw
-        except orjson.JSONEncodeError:  # (nested deeper than it serializes: counted as sent)
+        except orjson.JSONEncodeError:  # (a value orjson refuses: counted as sent)
             return raw
 
     async def _run(self, ctx: ChatContext, target: str) -> Buffered | Streamed:

@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 from proxy.compaction.overflow import classify_error
-from proxy.conversation.messages_codec import hash_view
+from proxy.conversation.messages_codec import reply_view, round_view
 from proxy.conversation.messages_rounds import as_calls
 from proxy.errors import ProxyError, UpstreamUnreachable
 from proxy.forward.answers import DISCONNECTED, Streamed, generator_over
@@ -28,6 +28,7 @@ from proxy.forward.messages_tools import PING, RoundFilter, ended_by_the_client,
 from proxy.forward.rounds import Recovery, sent_with_rounds
 from proxy.forward.sse import SSEEvent
 from proxy.forward.tool_rounds import ToolRounds
+from proxy.json_depth import DEEP_REPLY_ERROR
 from proxy.settings import Settings
 from proxy.upstream.client import HeldResponse, Upstream
 
@@ -148,13 +149,15 @@ class MessagesStream:
                     error = ended
                     if error == DISCONNECTED and client.done and not client.upstream_error:
                         error = None  # gone after message_stop, before the end of the body: complete all the same
-                    reply = hash_view(client.message()) if not client.empty else None
+                    reply = reply_view(client.message()) if not client.empty else None
+                    if reply is None and not client.empty:  # deep content past the request's budget
+                        error = error or DEEP_REPLY_ERROR
                     if client.truncated or splitter.dropped:  # (an event over SSESplitter's bound is not read)
                         error = error or "the reply is longer than stream_log_max_bytes: logged as far as it fits"
                     self.writer.finish(ctx, resp.status_code, reply, client.usage, error=error,
                                        partial=error is not None, finish_reason=client.stop_reason,
                                        after_answer=after_answer and error is None)
-            finally:  # released even when logging raised (a reply nested deeper than ``hash_view`` recurses)
+            finally:  # released even when logging raised
                 await current[0].aclose()
             logged = True
 
@@ -233,7 +236,7 @@ class MessagesStream:
             if (not filt.client_uses and round_asm.done and not round_asm.truncated
                     and self.tools.serves(ctx, uses, 0)):
                 yield PING
-                await self.tools.serve(ctx, hash_view(round_asm.message()), as_calls(uses))
+                await self.tools.serve(ctx, round_view(round_asm.message()), as_calls(uses))
                 await current[0].aclose()
                 resp, nxt = await self._next_round(ctx, target)
                 if isinstance(nxt, bytes):  # the round's error ends the stream

@@ -16,9 +16,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from proxy.forward.sse import SSEEvent
+from proxy.json_depth import dumps
 from proxy.json_text import parse_json
 
 PING = b'event: ping\ndata: {"type": "ping"}\n\n'
@@ -106,7 +105,7 @@ class RoundFilter:
 
 def rewritten(event: SSEEvent, data: dict[str, Any]) -> SSEEvent:
     """``event`` carrying ``data`` instead (its name kept)."""
-    payload = orjson.dumps(data)
+    payload = dumps(data)
     head = b"event: " + event.event.encode() + b"\n" if event.event else b""
     return SSEEvent(event.event, payload, head + b"data: " + payload)
 
@@ -137,7 +136,7 @@ def provider_error_event(data: bytes) -> bytes:
     if not isinstance(parsed, dict) or parsed.get("type") != "error":
         text = data[:2000].decode("utf-8", "replace")
         parsed = {"type": "error", "error": {"type": "api_error", "message": text}}
-    return b"event: error\ndata: " + orjson.dumps(parsed) + b"\n\n"
+    return b"event: error\ndata: " + dumps(parsed) + b"\n\n"
 
 
 def has_text(content: list[dict[str, Any]]) -> bool:

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
-from proxy.conversation.messages_codec import hash_view
+from proxy.conversation.messages_codec import reply_view, round_view
 from proxy.conversation.messages_rounds import as_calls, merged, split_uses, without
 from proxy.forward.context import ChatContext
 from proxy.forward.log_writer import LogWriter
 from proxy.forward.messages_tools import has_text
 from proxy.forward.tool_rounds import ToolRounds
+from proxy.json_depth import DEEP_REPLY_ERROR, dumps
 from proxy.json_text import parse_json
 
 
@@ -37,7 +36,7 @@ async def own_calls(ctx: ChatContext, data: bytes, tools: ToolRounds) -> tuple[b
         return data, None
     mine, theirs = split_uses(message["content"], ctx.prepared.own_tools)
     if tools.serves(ctx, mine, theirs):
-        await tools.serve(ctx, hash_view({"role": "assistant", "content": message["content"]}), as_calls(mine))
+        await tools.serve(ctx, round_view({"role": "assistant", "content": message["content"]}), as_calls(mine))
         return None
     if not mine and not ctx.internal:
         return data, message
@@ -47,7 +46,7 @@ async def own_calls(ctx: ChatContext, data: bytes, tools: ToolRounds) -> tuple[b
         if message.get("stop_reason") == "tool_use":
             message["stop_reason"] = "end_turn"
     message["content"] = merged(ctx.internal, content)
-    return orjson.dumps(message), message
+    return dumps(message), message
 
 
 def finish_whole(ctx: ChatContext, status: int, data: bytes, writer: LogWriter, *, shared_key: bool,
@@ -74,5 +73,8 @@ def finish_whole(ctx: ChatContext, status: int, data: bytes, writer: LogWriter, 
         return
     usage = message.get("usage") if isinstance(message.get("usage"), dict) else None
     stop = message.get("stop_reason") if isinstance(message.get("stop_reason"), str) else None
-    reply = hash_view({"role": "assistant", "content": message["content"]})
+    reply = reply_view({"role": "assistant", "content": message["content"]})
+    if reply is None:  # deep content past the request's budget: logged without it
+        writer.finish(ctx, status, None, usage, error=DEEP_REPLY_ERROR, finish_reason=stop, after_answer=True)
+        return
     writer.finish(ctx, status, reply, usage, finish_reason=stop, after_answer=True)

@@ -21,12 +21,10 @@ import time
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
-import orjson
-
 from proxy.compaction.base import Compactor
 from proxy.conversation.body_memo import BodyMemo
 from proxy.conversation.canonical import digests_now, digests_off_loop
-from proxy.conversation.chat_request import is_too_deep, parse_chat_request, too_deep
+from proxy.conversation.chat_request import parse_chat_request
 from proxy.conversation.digest_memo import DigestMemo
 from proxy.forward.answers import DISCONNECTED, Buffered, Reply, Streamed, Turn, generator_over
 from proxy.forward.context import ChatContext
@@ -38,6 +36,7 @@ from proxy.forward.session_ids import client_session_id, header_value
 from proxy.forward.session_log import SessionLog, new_id
 from proxy.forward.streaming import Segment, relay_turn, relay_unlogged
 from proxy.forward.tool_rounds import ToolRounds
+from proxy.json_depth import DeepBudgetExceeded, budget_fields
 from proxy.settings import Settings
 from proxy.telemetry.logs import bind_request
 from proxy.telemetry.metrics import Metrics
@@ -120,10 +119,12 @@ class ChatPipeline:
         try:
             digests, chain = (digests_now(messages, len(raw), self.digest_memo)  # (a small body: no coroutine)
                               or await digests_off_loop(messages, len(raw), self.digest_memo))
-        except orjson.JSONEncodeError as exc:  # ``TypeError`` itself: only the depth limit is the client's
-            if not is_too_deep(exc):
-                raise
-            raise too_deep() from None
+            budget_fields(body, ("messages",))  # (its tool schemas, nested deeper than orjson writes)
+        except DeepBudgetExceeded:  # more deep content than a request may cost the loop: as sent, unlogged
+            self.metrics.deep_over_budget("request")
+            log.warning("request nested too deep past its budget (json_depth.DEEP_BUDGET_CONTAINERS): "
+                        "forwarded unlogged")
+            return await self._forward_unlogged(raw, bool(body.get("stream")), header_items, tenant, degraded=False)
         session_id = (client_session_id(headers.get("x-session-id"))
                       or self.log.derive_session_id(tenant, messages, chain))
         try:
@@ -207,14 +208,18 @@ class ChatPipeline:
         return context_headers(ctx, upstream, shared_key=shared_key)
 
     async def _forward_unlogged(self, raw: bytes, stream: bool, header_items: list[tuple[str, str]],
-                                tenant: str) -> Buffered | Streamed:
-        """Fail open: relay the request as sent, without logging or compaction (database down)."""
-        self.metrics.database_error("fail_open")
-        log.warning("database unavailable: forwarding without logging or compaction (database_failure_mode=open)")
+                                tenant: str, *, degraded: bool = True) -> Buffered | Streamed:
+        """Relay the request as sent, without logging or compaction: fail open (the database down:
+        ``degraded``, said in ``x-context-proxy-warning``), or a body the proxy does not log (deep
+        content past its budget: ``json_depth.DEEP_BUDGET_CONTAINERS``)."""
+        if degraded:
+            self.metrics.database_error("fail_open")
+            log.warning("database unavailable: forwarding without logging or compaction (database_failure_mode=open)")
         headers = forward_request_headers(header_items, upstream_api_key=self.settings.upstream_api_key, identity=True)
         resp = await self.upstream.send("POST", UPSTREAM_CHAT_PATH, headers=headers, content=raw, tenant=tenant)
         out = response_headers(resp.headers, keep_encoding=False, shared_key=self.settings.upstream_api_key is not None)
-        out["x-context-proxy-warning"] = DEGRADED_WARNING
+        if degraded:
+            out["x-context-proxy-warning"] = DEGRADED_WARNING
         out.pop("content-length", None)
         if stream and resp.status_code < 400:
             return Streamed(resp.status_code, out, relay_unlogged(resp), resp.aclose)

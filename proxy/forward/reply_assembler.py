@@ -15,6 +15,7 @@ import orjson
 
 from proxy.forward.sse import SSEEvent, SSESplitter
 from proxy.forward.text_template import TextTemplate, learn_chat
+from proxy.json_depth import dumps
 from proxy.json_text import parse_json
 
 _CR = 13
@@ -262,7 +263,7 @@ class ReplyAssembler:
                 acc.name += fn["name"]
             if fn.get("arguments"):
                 piece = fn["arguments"]  # (a string; anything else as its JSON text, as it came)
-                acc.arguments.append(piece if isinstance(piece, str) else orjson.dumps(piece).decode())
+                acc.arguments.append(piece if isinstance(piece, str) else dumps(piece).decode())
 
     def reset_round(self) -> None:
         """Forget the tool calls and finish of a round the client did not see (keep the content)."""

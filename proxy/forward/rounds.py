@@ -24,7 +24,6 @@ import orjson
 
 from proxy.compaction.base import Compactor, Prepared
 from proxy.compaction.overflow import Overflow, classify_error
-from proxy.conversation.chat_request import is_too_deep, too_deep
 from proxy.errors import UpstreamUnreachable
 from proxy.forward.answers import Reply, Turn
 from proxy.forward.context import ChatContext
@@ -35,6 +34,7 @@ from proxy.forward.streaming import (
     start_stream,
 )
 from proxy.forward.tool_rounds import KEEPALIVE, ToolRounds, own_only
+from proxy.json_depth import dumps
 from proxy.json_text import parse_json
 from proxy.settings import Settings
 from proxy.telemetry.metrics import Metrics
@@ -70,21 +70,17 @@ class Recovery:
         """Set ``ctx.prepared``: what to forward (this compactor's defenses; forced after an
         ``overflow``). A database failure with ``database_failure_mode`` open marks ``ctx.degraded``
         and forwards the request as it came; closed, it raises (``storage.errors.StorageError``).
-        Raises the 400 of a body nested too deep to serialize, and ``proxy.errors.CannotFit``. The
-        one way a request of either API is prepared (chat's round loop, the Messages pipeline)."""
+        Raises ``proxy.errors.CannotFit``. The one way a request of either API is prepared (chat's
+        round loop, the Messages pipeline)."""
         try:
             ctx.prepared = await self.compactor.prepare(ctx, overflow=overflow)
-        except orjson.JSONEncodeError as exc:  # ``TypeError`` itself: only the depth limit is the client's
-            if not is_too_deep(exc):
-                raise
-            raise too_deep() from None
         except StorageError as exc:
             self.health.saw(exc)
             if self.settings.database_failure_mode != "open":
                 raise
             self.metrics.database_error("fail_open")
             ctx.degraded = True
-            ctx.prepared = Prepared(orjson.dumps(ctx.body | {"messages": ctx.messages}) if ctx.expanded else ctx.raw)
+            ctx.prepared = Prepared(dumps(ctx.body | {"messages": ctx.messages}) if ctx.expanded else ctx.raw)
 
     async def retry(self, ctx: ChatContext, overflow: Overflow, *, keep_rounds: bool, escalate: bool) -> bool:
         """After an overflow: learn from it; when a retry is left (``max_overflow_retries``, and
@@ -118,7 +114,7 @@ class Recovery:
         await self.prepare(ctx, overflow)
         assert ctx.prepared is not None
         if ctx.internal:
-            ctx.prepared = dataclasses.replace(ctx.prepared, body=orjson.dumps(sent_with_rounds(ctx)))
+            ctx.prepared = dataclasses.replace(ctx.prepared, body=dumps(sent_with_rounds(ctx)))
 
     def _unrecovered(self, ctx: ChatContext, overflow: Overflow) -> bool:
         ctx.unrecovered = overflow

@@ -134,8 +134,8 @@ class TextTemplate:
             probe = head + PROBE_TOKEN + tail if mid is None else head + PROBE_TOKEN + mid + PROBE_TOKEN + tail
             if not probed(orjson.loads(probe)):
                 return False
-        except orjson.JSONDecodeError:
-            return False
+        except (orjson.JSONDecodeError, RecursionError):  # (``probed``'s ``==`` of an event nested deeper
+            return False  # than Python recurses, which orjson reads: up to 1,024 levels)
         start = b"event: " + name + b"\ndata: " if name else b"data: "
         self.pre, self.sep, self.suf = start + head, tail + b"\n\n" + start + head, tail + b"\n\n"
         self.mid = mid

@@ -23,6 +23,7 @@ import orjson
 from proxy.compaction.apis import CHAT_API, ProviderApi
 from proxy.errors import UpstreamError
 from proxy.forward.sse import SSEEvent
+from proxy.json_depth import dumps
 from proxy.json_text import parse_json
 from proxy.tools.own_tools import StreamToolFilter, split_calls
 from proxy.tools.read_tool import Visible, serve_read, visible_in
@@ -162,7 +163,7 @@ class ToolRounds:
                 body["tools"] = tools
             if tools and "tool_choice" in forwarded:
                 body["tool_choice"] = forwarded["tool_choice"]
-        ctx.prepared = dataclasses.replace(ctx.prepared, body=orjson.dumps(body))
+        ctx.prepared = dataclasses.replace(ctx.prepared, body=dumps(body))
 
     def _result(self, call_id: Any, text: str) -> dict[str, Any]:
         """One call's result: a ``tool`` message (chat), or a user turn of its ``tool_result`` block."""
@@ -217,7 +218,7 @@ class ToolRounds:
             choice["finish_reason"] = "stop"
             reply = {k: v for k, v in reply.items() if k != "tool_calls"} | {"content": message["content"]}
         choice["message"] = message
-        return orjson.dumps(parsed), reply
+        return dumps(parsed), reply
 
     async def relay_round(self, ctx: ChatContext, state: StreamState) -> AsyncGenerator[bytes, None]:
         """Relay one upstream stream of a request that offered the proxy's tools: their call deltas
@@ -252,7 +253,7 @@ class ToolRounds:
                     out = chunk  # a shape the filter cannot read: relayed as it came
                 if out is None:
                     continue
-                data = event.raw + b"\n\n" if out is chunk else b"data: " + orjson.dumps(out) + b"\n\n"
+                data = event.raw + b"\n\n" if out is chunk else b"data: " + dumps(out) + b"\n\n"
                 choices = out.get("choices") or []
                 finish = bool(choices) and isinstance(choices[0], dict) and bool(choices[0].get("finish_reason"))
                 if finish or (not choices and out.get("usage")):
@@ -328,7 +329,7 @@ def _finish_stop(data: bytes) -> bytes:
     if choices[0].get("finish_reason") != "tool_calls":
         return data
     fixed = chunk | {"choices": [choices[0] | {"finish_reason": "stop"}, *choices[1:]]}
-    return b"data: " + orjson.dumps(fixed) + b"\n\n"
+    return b"data: " + dumps(fixed) + b"\n\n"
 
 
 async def _events(state: StreamState) -> AsyncGenerator[SSEEvent, None]:

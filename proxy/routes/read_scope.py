@@ -14,6 +14,7 @@ from fastapi import Query, Request
 from starlette.responses import JSONResponse
 
 from proxy.errors import BadRequest, NotFound
+from proxy.json_depth import dumps
 from storage.errors import InvalidCursor
 from storage.records import ArtifactRecord, SessionRecord
 
@@ -35,11 +36,23 @@ def echo(value: str) -> str:
     return value if len(value) <= ECHO_CHARS else f"{value[:ECHO_CHARS]}… ({len(value)} chars)"
 
 
+class AnyDepthJSONResponse(JSONResponse):
+    """Starlette's ``JSONResponse``, for logged content: a body nested deeper than the stdlib's
+    writer recurses (a tool call's input the provider nested 1,000 deep) is written by
+    ``proxy.json_depth`` instead (orjson's compact text: the same JSON value)."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except RecursionError:
+            return dumps(content)
+
+
 def list_response(data: list[dict[str, Any]], has_more: bool, cursors: list[str] | None = None) -> JSONResponse:
-    """OpenAI's list object; ``first_id``/``last_id`` are the first and last item's ``id``, or of
-    ``cursors`` (one per item) where an id alone does not name one item."""
+    """OpenAI's list object (``AnyDepthJSONResponse``); ``first_id``/``last_id`` are the first and
+    last item's ``id``, or of ``cursors`` (one per item) where an id alone does not name one item."""
     ids = [d["id"] for d in data] if cursors is None else cursors
-    return JSONResponse(
+    return AnyDepthJSONResponse(
         {
             "object": "list",
             "data": data,

@@ -211,6 +211,10 @@ class Metrics:
                                  ("outcome",), registry=r)
         self.database_errors = Counter("context_proxy_database_errors", "Database errors, by where they surfaced.",
                                        ("where",), registry=r)
+        self.deep_unlogged = Counter(
+            "context_proxy_deep_unlogged", "Requests forwarded unlogged for content nested past orjson's depth "
+            "beyond the per-request budget (json_depth.DEEP_BUDGET_CONTAINERS).",
+            ("what",), registry=r)
         self.tokenizer_exact = Gauge("context_proxy_tokenizer_exact",
                                      "1 if the tiktoken encoding is loaded (exact counts), 0 if counts are estimated.",
                                      ("encoding",), registry=r)
@@ -302,6 +306,12 @@ class Metrics:
     def database_error(self, where: str) -> None:
         """A ``StorageError`` surfaced at ``where`` (``request``, ``log``, ``artifacts``, ``events``...)."""
         self._child(self.database_errors, where).inc()
+
+    def deep_over_budget(self, what: str) -> None:
+        """A ``request`` forwarded unlogged: nested deeper than orjson writes, past
+        ``json_depth.DEEP_BUDGET_CONTAINERS`` (a reply logged without its content is a warning in
+        the log: ``messages_codec.reply_view``)."""
+        self._child(self.deep_unlogged, what).inc()
 
     def tokenizer(self, encoding: str, exact: bool) -> None:
         """Whether ``encoding`` is counted exactly (tiktoken loaded) or estimated."""

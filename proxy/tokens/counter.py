@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from proxy.cache import Memo
+from proxy.json_depth import write_deep
 from proxy.tokens.encodings import default_cache_dir, load_cached_encoding
 from proxy.tokens.media import (
     ANTHROPIC_IMAGE_MAX_TOKENS,
@@ -138,8 +139,11 @@ class TokenCounter:
         return len(self._enc.encode_ordinary(text))
 
     def count_json(self, value: object) -> int:
-        """Tokens of ``value``'s compact JSON text (``orjson``)."""
-        return self.count_text(orjson.dumps(value).decode())
+        """Tokens of ``value``'s compact JSON text (``orjson``'s, at any depth: ``proxy.json_depth``)."""
+        try:
+            return self.count_text(orjson.dumps(value).decode())
+        except orjson.JSONEncodeError as exc:  # nested deeper than orjson writes
+            return self.count_text(write_deep(exc, value).decode())
 
     def count_frame(self, *, messages: int = 0, names: int = 0, tool_calls: int = 0) -> int:
         """Framing tokens: ``TOKENS_PER_MESSAGE`` per message, ``TOKENS_PER_NAME`` per name,

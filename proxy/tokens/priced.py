@@ -17,6 +17,7 @@ import orjson
 
 from proxy.conversation.codec import Codec, PartCounter
 from proxy.conversation.model import Piece
+from proxy.json_depth import dumps
 
 if TYPE_CHECKING:
     from proxy.conversation.prefix import PrefixState
@@ -107,12 +108,15 @@ class CodecCounter:
         # The same tools arrive with every request of a session, as new objects: a list equal to
         # one of the last few is matched by ``==`` (a C-level walk) before it is serialized and
         # hashed (that was ~1% of a small request's CPU, py-spy under ``tests/benchmarks``).
-        for seen, known in reversed(self._recent_tools):
-            if seen == tools:
-                self.counter.memo_hits += 1
-                return known
+        try:
+            for seen, known in reversed(self._recent_tools):
+                if seen == tools:
+                    self.counter.memo_hits += 1
+                    return known
+        except RecursionError:  # equal down to as deep as ``==`` recurses (about 950 levels): counted anew
+            pass
         schemas = self.codec.tool_schemas(tools)
-        raw = orjson.dumps(schemas, option=orjson.OPT_SORT_KEYS)
+        raw = dumps(schemas, sort_keys=True)
         n = self.counter.count_tool_schemas((self._name, "t:" + hashlib.blake2b(raw, digest_size=16).hexdigest()),
                                             schemas)
         self._recent_tools = [*self._recent_tools[-(RECENT_TOOL_LISTS - 1):], (tools, n)]

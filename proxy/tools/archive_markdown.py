@@ -16,9 +16,8 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-import orjson
-
 from proxy.conversation.canonical import text_of
+from proxy.json_depth import dumps
 from storage.records import MessageRecord
 
 LINE_CHARS = 2000
@@ -79,7 +78,7 @@ def one_line(text: str) -> str:
 def inline_value(value: Any) -> str:
     """An untrusted value as a JSON-quoted code span on one line, cut at ``INLINE_CHARS``."""
     try:
-        quoted = orjson.dumps(value).decode()
+        quoted = dumps(value).decode()
     except TypeError:  # orjson.JSONEncodeError: lone surrogates, odd types
         quoted = ascii(value)
     quoted = one_line(quoted)
@@ -144,7 +143,7 @@ def message_lines(record: MessageRecord) -> Iterator[str]:
                 yield from _nested(part["content"])
             elif (isinstance(part, dict) and not isinstance(part.get("text"), str)
                     and not isinstance(part.get("content"), str)):
-                yield f"[{inline_value(part.get('type', 'part'))} part: {len(orjson.dumps(part))} bytes]"
+                yield f"[{inline_value(part.get('type', 'part'))} part: {len(dumps(part))} bytes]"
                 yield ""
     text = text_of(content)
     if text:
@@ -163,7 +162,7 @@ def _call_lines(call_id: Any, name: Any, arguments: Any) -> Iterator[str]:
     """A tool call: chat's ``tool_calls`` entry, or a Messages ``tool_use`` block (``input``)."""
     yield f"**tool call** {inline_value(call_id)} {inline_value(name)}:"
     yield ""
-    yield from fenced(arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode(), "json")
+    yield from fenced(arguments if isinstance(arguments, str) else dumps(arguments).decode(), "json")
     yield ""
 
 
@@ -174,5 +173,5 @@ def _nested(blocks: list[Any]) -> Iterator[str]:
             yield from fenced(block["text"], "text")
         else:
             kind = block.get("type", "part") if isinstance(block, dict) else "part"
-            yield f"[{inline_value(kind)} part: {len(orjson.dumps(block))} bytes]"
+            yield f"[{inline_value(kind)} part: {len(dumps(block))} bytes]"
         yield ""

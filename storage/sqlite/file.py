@@ -61,12 +61,16 @@ command): writers queue behind it meanwhile, so it gives up soon and is tried ag
 
 def small_rows(new_messages: Sequence[NewMessage]) -> bool:
     """Few rows and little text (``INLINE_MAX_ROWS``, ``INLINE_MAX_CHARS``): cheap enough to write
-    on the event loop's thread."""
+    on the event loop's thread. A message nested too deep to measure is not (its JSON is written
+    without recursion, ``storage.values``, but not for free)."""
     if len(new_messages) > INLINE_MAX_ROWS:
         return False
     budget = INLINE_MAX_CHARS
     for m in new_messages:
-        budget -= _chars(m.message)
+        try:
+            budget -= _chars(m.message)
+        except RecursionError:
+            return False
         if budget < 0:
             return False
     return True

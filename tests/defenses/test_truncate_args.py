@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import copy
 import json
+from typing import Any
 
 import pytest
 
 from proxy.conversation.chat_codec import CHAT
-from proxy.defenses.truncate_args import MARKER, truncate_arguments, truncate_message
+from proxy.conversation.messages_codec import MESSAGES
+from proxy.defenses.truncate_args import MARKER, MAX_DEPTH, truncate_arguments, truncate_message
+from proxy.json_depth import dumps
+from tests.support.values import nested
 
 TOOLS = frozenset({"write_file", "edit_file"})
 LONG = "x" * 3000
@@ -90,3 +94,20 @@ def test_a_call_whose_name_is_not_a_string_is_left_alone():
     message = {"role": "assistant", "content": [{"type": "tool_use", "id": "u", "name": ["write_file"], "input": LONG}],
                "tool_calls": [{"id": "c", "type": "function", "function": {"name": {"x": 1}, "arguments": LONG}}]}
     assert truncate_message(message, TOOLS, 2000, 20, item=CHAT.item(message), codec=CHAT) is None
+
+
+def test_arguments_nested_deeper_than_max_depth_are_kept_as_sent() -> None:
+    """A call whose arguments nest past ``MAX_DEPTH`` (a provider's tool input 600 deep, or its
+    JSON text) is left as sent, every time (before: ``RecursionError`` out of the defense, a
+    failed request); within the bound its long strings are still cut."""
+    for depth in (MAX_DEPTH + 1, 600, 5000):
+        deep: Any = {"content": LONG, "tree": nested(depth, LONG)}
+        text_call = {"id": "w1", "type": "function", "function": {"name": "write_file", "arguments": dumps(deep).decode()}}
+        message = {"role": "assistant", "content": None, "tool_calls": [text_call]}
+        assert truncate_message(message, TOOLS, 2000, 20, item=CHAT.item(message), codec=CHAT) is None
+        turn = {"role": "assistant", "content": [{"type": "tool_use", "id": "w1", "name": "write_file", "input": deep}]}
+        assert truncate_message(turn, TOOLS, 2000, 20, item=MESSAGES.item(turn), codec=MESSAGES) is None
+    shallow = {"content": LONG, "tree": nested(MAX_DEPTH - 2, LONG)}
+    turn = {"role": "assistant", "content": [{"type": "tool_use", "id": "w1", "name": "write_file", "input": shallow}]}
+    out = truncate_message(turn, TOOLS, 2000, 20, item=MESSAGES.item(turn), codec=MESSAGES)
+    assert out is not None and out["content"][0]["input"]["content"] == "x" * 20 + MARKER

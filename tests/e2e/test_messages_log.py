@@ -268,7 +268,8 @@ def test_odd_bodies_are_forwarded_and_never_a_proxy_error(
         anthropic_proxy: Callable[..., str], anthropic_state: FakeAnthropicState) -> None:
     """Found by breaking it: a block nested 600 deep (parsed, too deep to hash in Python) was a 500;
     ``"messages": []`` with no system lost its record to an IndexError. Both go to the provider,
-    which answers them, unlogged (there is nothing the proxy can log of them)."""
+    which answers them; the deep one is logged (it was forwarded unlogged until the hashing and the
+    log took any depth, ``proxy.json_depth``), the empty one not (there is nothing to log of it)."""
     url = anthropic_proxy()
     deep: Any = 1
     for _ in range(600):
@@ -283,7 +284,10 @@ def test_odd_bodies_are_forwarded_and_never_a_proxy_error(
     assert empty.json() == {"type": "error", "error": {"type": "invalid_request_error", "message": anthropic_state
                             .requests[1].error}, "request_id": empty.json().get("request_id")}
     with httpx.Client(base_url=url, headers={"x-api-key": ANTHROPIC_KEY}, timeout=30) as http:
-        assert http.get("/sessions/odd").status_code == 404  # no half-written session of them
+        session = wait_for(lambda: (r := http.get("/sessions/odd")).status_code == 200 and r.json(), 10.0)
+        assert session and session["request_count"] == 1, session  # the deep request's record alone
+        (turn,) = http.get("/sessions/odd/messages").json()["data"]
+    assert turn["content"][0]["extra"] == deep
 
 
 def test_a_stream_event_past_the_splitter_bound_marks_the_reply_cut(anthropic_proxy: Callable[..., str]) -> None:

@@ -193,15 +193,14 @@ async def test_a_refused_request_keeps_only_its_record(log: SessionLog) -> None:
 
 async def test_a_reply_that_cannot_be_logged_is_reported_not_raised(log: SessionLog,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
-    """What building the rows raises (a reply nested deeper than orjson writes) is the write's
-    failure: logged, and the future resolves."""
+    """What building the rows raises (a reply orjson cannot write: an integer beyond 64 bits, which
+    no parsed reply holds; one nested deeper than it writes is written, ``proxy.json_depth``) is
+    the write's failure: logged, and the future resolves."""
     writer = _writer(log)
-    deep: dict[str, Any] = {"role": "assistant", "content": "x"}
-    for _ in range(300):
-        deep = {"role": "assistant", "content": "x", "nested": deep}
-    ctx = await _ctx(log, "deep")
+    odd: dict[str, Any] = {"role": "assistant", "content": "x", "n": 2**70}
+    ctx = await _ctx(log, "odd")
     with caplog.at_level(logging.ERROR, logger="context_proxy.pipeline"):
-        await writer.finish(ctx, 200, deep, None)
+        await writer.finish(ctx, 200, odd, None)
     assert any(r.getMessage() == "logging the reply failed" for r in caplog.records)
 
 

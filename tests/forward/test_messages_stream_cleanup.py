@@ -1,8 +1,9 @@
 """A Messages stream relayed to its end through ``send_stream`` (``proxy.routes.answer``): its
 cleanup (the reply logged, the upstream response released) ends as it did when ``close`` ran it
 under ``send_stream``'s shield, after the body's end was sent: a failure in logging the reply does
-not cost the client the end of its body nor the upstream response its release, and a client that
-leaves while the relay releases the upstream response does not stop that release halfway."""
+not cost the client the end of its body nor the upstream response its release (and a reply nested
+deeper than the recursive helpers go is no such failure: it is logged), and a client that leaves
+while the relay releases the upstream response does not stop that release halfway."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from proxy.upstream.client import HeldResponse
 from proxy.upstream.httpx_transport import HttpxResponse
 from tests.fakes.anthropic.wire import message_object, sse_event, stream_events
 from tests.forward.test_messages_stream_hold_reference import _Context, _Writer
+from tests.support.values import nested, same
 from tests.test_streaming import Parts
 
 _USAGE = {"input_tokens": 10, "output_tokens": 3}
@@ -44,11 +46,12 @@ async def _stay() -> dict[str, str]:
     return {"type": "http.disconnect"}
 
 
-async def test_a_reply_too_deep_to_hash_still_ends_the_client_s_body_and_releases_the_upstream() -> None:
-    """A tool call whose input nests deeper than ``hash_view`` recurses (500 arrays): logging it
-    raises ``RecursionError``. Before, ``close`` raised it after ``send_stream`` had sent the
-    body's end and after the upstream response was released; the relay must not raise it before
-    the body's end (the client would see its complete stream cut), nor skip the release."""
+async def test_a_reply_nested_deeper_than_the_recursive_helpers_go_is_logged_whole_and_relayed_unchanged() -> None:
+    """A tool call whose input nests 500 arrays deep: past ``hash_view``'s recursion and orjson's
+    writer. Before, logging it raised ``RecursionError`` (``close`` raised it after ``send_stream``
+    had sent the body's end and released the upstream response): the reply was never logged.
+    Now it is logged, once, its input whole (the same value); the client's stream is the
+    upstream's bytes, ended, and the upstream response released, as before."""
     deep = "[" * 500 + "]" * 500
     events = [
         sse_event("message_start", {"type": "message_start", "message": message_object(
@@ -65,10 +68,38 @@ async def test_a_reply_too_deep_to_hash_still_ends_the_client_s_body_and_release
     ]
     resp = Parts(*events)
     start = await StreamStart.read(resp, 1 << 20, _SENT)  # type: ignore[arg-type]
-    streamed = MessagesStream(Settings(), None, _Writer(), None, None).relay(  # type: ignore[arg-type]
+    writer = _Writer()
+    streamed = MessagesStream(Settings(), None, writer, None, None).relay(  # type: ignore[arg-type]
         _Context(), resp, {}, start, "/v1/messages")  # type: ignore[arg-type]
     sent = _Sent()
-    with pytest.raises(RecursionError):
+    await send_stream(streamed, _stay, sent)  # type: ignore[arg-type]
+    assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}  # the body's end is out
+    assert b"".join(m.get("body", b"") for m in sent[1:]) == b"".join(events)
+    assert resp.closed  # the upstream response released
+    assert len(writer.finished) == 1 and writer.finished[0].get("error") is None
+    (block,) = writer.finished[0]["reply"]["content"]
+    assert block["id"] == "toolu_01" and same(block["input"], {"a": nested(500)})
+
+
+class _FailingWriter(_Writer):
+    """A ``LogWriter`` whose ``finish`` raises (a log that cannot be written, whatever the reason)."""
+
+    def finish(self, ctx: Any, status: int, reply: Any, usage: Any, **kwargs: Any) -> None:
+        raise RuntimeError("the log failed")
+
+
+async def test_a_reply_the_log_fails_on_still_ends_the_client_s_body_and_releases_the_upstream() -> None:
+    """Logging the reply raises (as a reply nested too deep for ``hash_view`` once did): ``close``
+    raises it after ``send_stream`` sent the body's end and after the upstream response was
+    released; the relay does not raise it before the body's end (the client would see its
+    complete stream cut), nor skip the release."""
+    events = _stream([{"type": "text", "text": "Hello there"}])
+    resp = Parts(*events)
+    start = await StreamStart.read(resp, 1 << 20, _SENT)  # type: ignore[arg-type]
+    streamed = MessagesStream(Settings(), None, _FailingWriter(), None, None).relay(  # type: ignore[arg-type]
+        _Context(), resp, {}, start, "/v1/messages")  # type: ignore[arg-type]
+    sent = _Sent()
+    with pytest.raises(RuntimeError, match="the log failed"):
         await send_stream(streamed, _stay, sent)  # type: ignore[arg-type]
     assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}  # the body's end is out
     assert b"".join(m.get("body", b"") for m in sent[1:]) == b"".join(events)

@@ -22,6 +22,7 @@ from storage.errors import StorageError
 from storage.records import ArtifactRecord, EventRecord, NewMessage, RequestRecord
 from storage.retention import RetentionPolicy, run_retention
 from storage.store import Store
+from tests.support.values import nested, same
 
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 ODD = "a\x00b \ud800 \udfff \ufeffBOM \x10 \x100 \x10u0041 end\x00"
@@ -90,6 +91,25 @@ async def test_odd_text_and_json_read_back_as_written_in_every_column(store: Sto
     limit = await store.get_learned_limit(ODD, ODD, ODD)
     assert limit is not None and (limit.model, limit.source, limit.context_window_tokens) == (ODD, ODD, 100_000)
     assert [x.model for x in await store.list_learned_limits(tenant=ODD, model=ODD)] == [ODD]
+
+
+async def test_a_message_nested_deeper_than_orjson_writes_reads_back_as_written(store: Store) -> None:
+    """A logged turn whose tool input nests past orjson's writer (254) and past its reader (1,024),
+    among other turns: stored (on SQLite written inline, or not, by its size: measuring it does not
+    recurse either; compressed when long), read back equal. Before, the write failed: orjson's
+    depth error, then the stdlib fallback's ``RecursionError`` (and SQLite's size check's)."""
+    session = await store.get_or_create_session("t", "deep", T0)
+    deep = [{"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f",
+                                               "input": {"a": nested(depth, ODD), "n": HUGE}}]}
+            for depth in (300, 1100, 5000)]
+    rows = [NewMessage(chain_hash=_hash(i), parent_hash=_hash(i - 1) if i else None, seq=i, role="assistant",
+                       message=message) for i, message in enumerate(deep)]
+    assert await store.append_and_record(session.pk, rows, _record("deep-req", session.pk), T0) == 3
+    for i, message in enumerate(deep):
+        stored = await store.get_message_by_hash(session.pk, _hash(i))
+        assert stored is not None and same(stored.message, message)
+    listed, _ = await store.list_branch_messages(session.pk, _hash(2), None, 10)
+    assert len(listed) == 3 and all(same(m.message, d) for m, d in zip(listed, deep, strict=True))
 
 
 async def test_plain_text_is_stored_unchanged(store: Store) -> None:

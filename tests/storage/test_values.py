@@ -3,11 +3,14 @@ the characters that matter and by property on any string."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from storage.values import (
+    DEEP_JSON_MARK,
     ESCAPE,
     JSON_FALLBACK_MARK,
     clamp_count,
@@ -16,6 +19,7 @@ from storage.values import (
     loads_json,
     unescape_text,
 )
+from tests.support.values import nested, same
 
 ANY_TEXT = st.text(st.characters(codec=None, exclude_categories=()), max_size=40) | st.text(
     st.sampled_from(["\x00", ESCAPE, "0", "u", "\ud800", "\udfff", "\ufeff", "a", "é"]), max_size=30)
@@ -63,6 +67,28 @@ def test_json_fallback_only_for_what_orjson_refuses() -> None:
         dumps_json({"a": object()})
     with pytest.raises(TypeError):
         dumps_json({"a": 2**64, "b": float("nan")})
+
+
+@pytest.mark.parametrize("depth", [255, 600, 1100, 100_000])
+def test_json_nested_deeper_than_orjson_writes_reads_back_equal(depth: int) -> None:
+    """Past orjson's writer (254) and past its reader (1,024; a reply reassembled from a stream
+    may be a few levels deeper than the body it came in): stored as a table of its containers,
+    read back equal, key order and odd leaves (a wide integer, a lone surrogate) kept. Before,
+    the stdlib fallback recursed: ``RecursionError`` past about 500 levels, and nothing orjson
+    wrote past 1,024 would have read back."""
+    value = {"z": 1, "input": {"b": nested(depth, {"wide": 2**70, "half": "\ud800", "f": 1.0})}, "a": [None, "x"]}
+    data = dumps_json(value)
+    assert data.startswith(DEEP_JSON_MARK.encode())
+    for stored in (data, data.decode()):
+        back = loads_json(stored)
+        assert same(back, value)  # (``==`` itself would recurse)
+
+
+def test_a_value_that_holds_itself_is_not_json() -> None:
+    value: list[Any] = [nested(300)]
+    value.append(value)
+    with pytest.raises(TypeError):
+        dumps_json(value)
 
 
 def test_clamp_count() -> None:

@@ -25,7 +25,9 @@ Fixtures (registered for the whole suite by ``tests/conftest.py``):
   fields; all are shut down after the test;
 - ``inprocess_proxy`` -> ``await inprocess_factory()`` (default settings: defenses on).
 
-Outside pytest (or for a second provider), ``async with start_inprocess(settings, provider)``.
+Outside pytest (or for a second provider), ``async with start_inprocess(settings, provider)``; a
+proxy on the strict fake Anthropic provider: ``async with start_messages_inprocess(url, provider)``.
+``await session_messages(http, session_id)``: a session's messages once it is logged.
 Errors: ``RuntimeError`` when the app's lifespan fails or does not start within 30 s.
 """
 
@@ -117,18 +119,7 @@ class InProcessProxy:
     async def wait_logged(self, session_id: str, requests: int, timeout_s: float = 10.0) -> dict[str, Any]:
         """Wait until ``session_id`` has ``requests`` request records (they are written after the
         response); returns the session's JSON. Raises ``AssertionError`` at the deadline."""
-        last: list[httpx.Response] = []
-
-        async def logged() -> dict[str, Any] | None:
-            resp = await self.http.get(f"/sessions/{session_id}")
-            last[:] = [resp]
-            body: dict[str, Any] = resp.json()
-            return body if resp.status_code == 200 and body["request_count"] >= requests else None
-
-        found: dict[str, Any] | None = await wait_for_async(logged, timeout_s)
-        if found is None:
-            raise AssertionError(f"session {session_id} did not reach {requests} logged requests: {last[0].text}")
-        return found
+        return await wait_session(self.http, session_id, requests, timeout_s)
 
     async def aclose(self) -> None:
         for client in self._clients:
@@ -159,6 +150,58 @@ async def start_inprocess(settings: Settings, provider: FakeProvider) -> AsyncIt
         finally:
             await proxy.aclose()
             await transport.aclose()
+
+
+ANTHROPIC_CLIENT_KEY = "sk-ant-client-0123456789"
+"""The key a Messages test client sends (``x-api-key``: its tenant)."""
+
+
+@contextlib.asynccontextmanager
+async def start_messages_inprocess(database_url: str, provider: Any, **overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """A proxy app whose Anthropic upstream is ``provider`` (a ``tests.fakes.anthropic.FakeAnthropic``)
+    on ``database_url`` (``overrides``: ``Settings`` fields), its lifespan run; yields an
+    ``httpx.AsyncClient`` on it sending ``ANTHROPIC_CLIENT_KEY`` and ``anthropic-version`` (the
+    read API answers it too). Shut down at exit."""
+    settings = Settings(**{"anthropic_upstream_url": "http://anthropic.test", "upstream_url": "http://127.0.0.1:9/v1",
+                           "database_url": database_url, "tiktoken_cache_dir": tiktoken_cache_dir(), **overrides})
+    app = create_app(settings, upstream_transport=StreamingASGITransport(provider, raise_app_exceptions=False))
+    transport = StreamingASGITransport(app)
+    async with LifespanManager(app), httpx.AsyncClient(
+            transport=transport, base_url=PROXY_URL, timeout=30.0,
+            headers={"x-api-key": ANTHROPIC_CLIENT_KEY, "anthropic-version": "2023-06-01"}) as http:
+        try:
+            yield http
+        finally:
+            await transport.aclose()
+
+
+async def wait_session(http: httpx.AsyncClient, session_id: str, requests: int, timeout_s: float = 10.0) -> dict[str, Any]:
+    """Wait until ``session_id`` has ``requests`` request records, read through ``http`` (a client
+    on the app); returns the session's JSON. Raises ``AssertionError`` at the deadline."""
+    last: list[httpx.Response] = []
+
+    async def logged() -> dict[str, Any] | None:
+        resp = await http.get(f"/sessions/{session_id}")
+        last[:] = [resp]
+        body: dict[str, Any] = resp.json()
+        return body if resp.status_code == 200 and body["request_count"] >= requests else None
+
+    found: dict[str, Any] | None = await wait_for_async(logged, timeout_s)
+    if found is None:
+        raise AssertionError(f"session {session_id} did not reach {requests} logged requests: {last[0].text}")
+    return found
+
+
+async def session_messages(http: httpx.AsyncClient, session_id: str, requests: int = 1,
+                           timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    """``session_id``'s messages (its newest branch, as the read API lists them) once it has
+    ``requests`` request records (``wait_session``), through ``http`` (``InProcessProxy.http``,
+    ``start_messages_inprocess``'s client)."""
+    await wait_session(http, session_id, requests, timeout_s)
+    resp = await http.get(f"/sessions/{session_id}/messages")
+    assert resp.status_code == 200, resp.text
+    data: list[dict[str, Any]] = resp.json()["data"]
+    return data
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ What the provider adds (``replies.py`` lists what a test writes):
 
 from __future__ import annotations
 
-import copy
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -47,7 +46,7 @@ def _reply_prefix(body: dict[str, Any], blocks_before: list[dict[str, Any]]) -> 
 def _fill(body: dict[str, Any], reply: Reply, signer: ThinkingSigner) -> list[dict[str, Any]]:
     content: list[dict[str, Any]] = []
     for original in reply.content:
-        block = copy.deepcopy(original)
+        block = dict(original)  # (only its own keys are set: a tool's input nested 600 deep is no recursion)
         kind = block.get("type")
         if kind == "tool_use":
             block.setdefault("id", make_id("toolu_01"))
