@@ -106,6 +106,18 @@ async def test_a_deep_chat_reply_is_logged_and_its_echo_continues_the_branch(
 _CHUNK = b'data: {"id":"chatcmpl-deep","object":"chat.completion.chunk","created":1,"model":"gpt-4o","choices":'
 
 
+async def relayed_chat_stream(inprocess_proxy: InProcessProxy, fake_provider: FakeProvider, stream: list[bytes]) -> bytes:
+    """The body the client gets for a streamed chat request (session ``deep``) the provider answers
+    with the SSE chunks ``stream``, as bytes; its status 200."""
+    fake_provider.state.fail_next.append(("sse", stream))
+    async with inprocess_proxy.http.stream("POST", "/v1/chat/completions", headers={"x-session-id": "deep"},
+                                           json={"model": "gpt-4o", "stream": True,
+                                                 "messages": [{"role": "user", "content": "go"}]}) as resp:
+        body = await resp.aread()
+    assert resp.status_code == 200, body[-600:]
+    return body
+
+
 async def test_a_chat_stream_s_tool_call_arguments_sent_as_a_deep_value_are_logged(
         inprocess_proxy: InProcessProxy, fake_provider: FakeProvider) -> None:
     """Some servers send a tool call's ``arguments`` as a JSON value, not its text: the relay passes
@@ -118,12 +130,7 @@ async def test_a_chat_stream_s_tool_call_arguments_sent_as_a_deep_value_are_logg
         _CHUNK + b'[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}\n\n',
         b"data: [DONE]\n\n",
     ]
-    fake_provider.state.fail_next.append(("sse", stream))
-    async with inprocess_proxy.http.stream("POST", "/v1/chat/completions", headers={"x-session-id": "deep"},
-                                           json={"model": "gpt-4o", "stream": True,
-                                                 "messages": [{"role": "user", "content": "go"}]}) as resp:
-        body = await resp.aread()
-    assert resp.status_code == 200 and body == b"".join(stream)  # relayed as it came
+    assert await relayed_chat_stream(inprocess_proxy, fake_provider, stream) == b"".join(stream)  # as it came
     logged = await session_messages(inprocess_proxy.http, "deep")
     calls = logged[1]["tool_calls"]
     assert calls[0]["function"]["arguments"] == '{"tree":' + nested_text(DEPTH) + "}"

@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from tests.forward.test_deep_replies import relayed_chat_stream
 from tests.support.inprocess import (
     FakeProvider,
     InProcessProxy,
@@ -37,12 +38,8 @@ async def test_a_chat_stream_text_chunk_with_a_deep_field_is_relayed_and_logged(
         _CHUNK + b'[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n',
         b"data: [DONE]\n\n",
     ]
-    fake_provider.state.fail_next.append(("sse", stream))
-    async with inprocess_proxy.http.stream("POST", "/v1/chat/completions", headers={"x-session-id": "deep"},
-                                           json={"model": "gpt-4o", "stream": True,
-                                                 "messages": [{"role": "user", "content": "go"}]}) as resp:
-        body = await resp.aread()
-    assert resp.status_code == 200 and body == b"".join(stream), body[-600:]
+    body = await relayed_chat_stream(inprocess_proxy, fake_provider, stream)
+    assert body == b"".join(stream), body[-600:]
     logged = await session_messages(inprocess_proxy.http, "deep")
     assert logged[1]["content"] == "Hello"
 
@@ -68,6 +65,16 @@ def messages_stream(deep: bytes) -> list[bytes]:
     ]
 
 
+async def request_body(receive: Any) -> bytes:
+    """An ASGI request's whole body."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
 class RawMessagesProvider:
     """An Anthropic upstream answering every request with the event stream ``events``, as bytes."""
 
@@ -78,13 +85,7 @@ class RawMessagesProvider:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        self.bodies.append(body)
+        self.bodies.append(await request_body(receive))
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream")]})
         for event in self.events:
@@ -119,13 +120,7 @@ class ScriptedMessagesProvider:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        self.bodies.append(body)
+        self.bodies.append(await request_body(receive))
         out = self.replies[min(len(self.bodies), len(self.replies)) - 1]
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": out})
